@@ -1,0 +1,32 @@
+"""onetrip: fused Triton kernels for transformer inference, and tools that show the
+seams between kernels.
+
+    import onetrip
+    y = onetrip.bias_gelu(x, bias)
+    normed, h = onetrip.add_rms_norm(x, residual, weight, eps=1e-6)
+
+The ops are imported on first use, so that a program (the ``onetrip`` command, a test
+session) can choose Triton's interpreter through ``TRITON_INTERPRET=1`` before any
+kernel is defined.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_OPS = None
+
+
+def __getattr__(name: str):
+    global _OPS
+    if _OPS is None:
+        _OPS = importlib.import_module("onetrip.ops")
+    if name in _OPS.__all__:
+        return getattr(_OPS, name)
+    raise AttributeError(f"module 'onetrip' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(importlib.import_module("onetrip.ops").__all__))

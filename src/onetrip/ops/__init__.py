@@ -1,0 +1,24 @@
+"""onetrip's fused ops: one file per op, each with its Triton kernel, launcher,
+torch custom-op registration and an unfused PyTorch reference (``*_ref``)."""
+
+from .bias_gelu import bias_gelu, bias_gelu_ref
+from .glu import gelu_mul, gelu_mul_ref, silu_mul, silu_mul_ref
+from .rotary import apply_rotary, apply_rotary_ref
+from .norm import (
+    add_layer_norm,
+    add_layer_norm_ref,
+    add_rms_norm,
+    add_rms_norm_ref,
+    layer_norm,
+    layer_norm_ref,
+    rms_norm,
+    rms_norm_ref,
+)
+
+__all__ = [
+    "bias_gelu", "bias_gelu_ref",
+    "silu_mul", "silu_mul_ref", "gelu_mul", "gelu_mul_ref",
+    "apply_rotary", "apply_rotary_ref",
+    "add_rms_norm", "add_rms_norm_ref", "rms_norm", "rms_norm_ref",
+    "add_layer_norm", "add_layer_norm_ref", "layer_norm", "layer_norm_ref",
+]

@@ -1,0 +1,156 @@
+"""Shared plumbing for the fused ops: argument checks, 2-D row views, output buffers.
+
+Every public op follows the same path:
+
+    checks (errors that name the argument)  ->  2-D row views  ->  custom op  ->  Triton launch
+
+The custom op receives views whose last dimension has unit stride; any other
+leading layout is expressed by a row stride, or copied once when it cannot be."""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import torch
+import triton
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def dtype_names(dtypes: Iterable[torch.dtype]) -> str:
+    return ", ".join(_DTYPE_NAMES.get(d, str(d)) for d in dtypes)
+
+
+def check_tensor(
+    name: str,
+    t: object,
+    *,
+    dtypes: Sequence[torch.dtype] = FLOAT_DTYPES,
+    min_ndim: int = 1,
+) -> torch.Tensor:
+    """Raise a TypeError/ValueError naming ``name`` unless ``t`` is a float tensor we accept."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name} has dtype {t.dtype}; allowed: {dtype_names(dtypes)}")
+    if t.dim() < min_ndim:
+        raise ValueError(f"{name} must have at least {min_ndim} dimension(s), got shape {tuple(t.shape)}")
+    return t
+
+
+def check_same_device(ref_name: str, ref: torch.Tensor, **others: torch.Tensor | None) -> None:
+    for name, t in others.items():
+        if t is not None and t.device != ref.device:
+            raise ValueError(f"{name} is on {t.device} but {ref_name} is on {ref.device}; all tensors must share a device")
+
+
+def check_shape(name: str, t: torch.Tensor, shape: Sequence[int], what: str) -> None:
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} has shape {tuple(t.shape)}; expected {tuple(shape)} ({what})")
+
+
+def check_dtype_match(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
+    if t.dtype != ref.dtype:
+        raise TypeError(f"{name} has dtype {t.dtype} but {ref_name} has {ref.dtype}; they must match")
+
+
+def as_rows(t: torch.Tensor, width: int) -> torch.Tensor:
+    """View ``t`` (..., width) as (rows, width) with unit stride along the width.
+
+    Strided rows stay views (the kernels take a row stride); a layout that cannot be
+    expressed by one row stride is copied once.
+    """
+    if t.stride(-1) != 1 and width > 1:
+        t = t.contiguous()
+    return t.reshape(math.prod(t.shape[:-1]), width)  # not -1: ambiguous when width == 0
+
+
+def output(
+    name: str,
+    out: torch.Tensor | None,
+    shape: Sequence[int],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> torch.Tensor:
+    """Return ``out`` after checking it, or a new empty tensor of ``shape``."""
+    if out is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(out).__name__}")
+    check_shape(name, out, shape, "the shape of the result")
+    if out.dtype != dtype:
+        raise TypeError(f"{name} has dtype {out.dtype}; the result is {dtype}")
+    if out.device != device:
+        raise ValueError(f"{name} is on {out.device}; the inputs are on {device}")
+    return out
+
+
+def rows_out(out: torch.Tensor, width: int) -> tuple[torch.Tensor, bool]:
+    """A (rows, width) view of ``out`` the kernel can write, and whether it is a scratch copy.
+
+    When ``out`` cannot be viewed with one row stride and a unit column stride, the
+    kernel writes a contiguous scratch buffer that the caller copies back.
+    """
+    rows = math.prod(out.shape[:-1])
+    if out.stride(-1) == 1 or width == 1:
+        try:
+            return out.view(rows, width), False
+        except RuntimeError:
+            pass
+    return torch.empty((rows, width), dtype=out.dtype, device=out.device), True
+
+
+def is_interpreting() -> bool:
+    """True when Triton kernels run through Triton's CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    """Kernels run on CUDA tensors, and on CPU tensors only under Triton's interpreter.
+
+    Elsewhere (CPU tensors, no interpreter) each op runs its PyTorch reference.
+    """
+    return t.is_cuda or (t.device.type == "cpu" and is_interpreting())
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device``; a nominal 4 on the CPU (interpreter)."""
+    if device.type != "cuda":
+        return 4
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def acc_dtype(t: torch.Tensor) -> torch.dtype:
+    """The accumulation dtype of the references: float32, or float64 for float64 inputs."""
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Launch shape of the 2-D element-wise kernels: a (block_m, block_n) tile per program."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+
+
+def tile_config(rows: int, width: int, *, tile: int = 8192, max_block_n: int = 4096, num_warps: int = 8) -> TileConfig:
+    """A tile of about ``tile`` elements: full rows when they are narrow, row slices when wide.
+
+    Each thread should own at least 8 elements (16 bytes of bf16, one vector load), so
+    small tiles get fewer warps.
+    """
+    block_n = min(triton.next_power_of_2(max(width, 1)), max_block_n)
+    block_m = max(1, min(triton.next_power_of_2(max(rows, 1)), tile // block_n))
+    warps = max(1, min(num_warps, (block_m * block_n) // 256))
+    return TileConfig(block_m, block_n, warps)

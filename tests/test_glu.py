@@ -1,0 +1,123 @@
+import functools
+
+import pytest
+import torch
+
+from onetrip.ops.glu import _glu_op, gelu_mul, gelu_mul_ref, silu_mul, silu_mul_ref
+from onetrip.testing import assert_close, poison_, strided_like, upcast
+
+from conftest import DTYPES, LAYOUTS, WIDE, WIDTHS
+
+# (name, fused op, its reference), each taking (gate_up, up=None, *, out=None).
+ACTIVATIONS = {
+    "silu": (silu_mul, silu_mul_ref),
+    "gelu_tanh": (functools.partial(gelu_mul, approximate="tanh"), functools.partial(gelu_mul_ref, approximate="tanh")),
+    "gelu_none": (functools.partial(gelu_mul, approximate="none"), functools.partial(gelu_mul_ref, approximate="none")),
+}
+FORMS = ["concatenated", "two_tensors"]
+
+
+def make_inputs(form, shape, dtype, device, gen, layout="contiguous", up_layout=None):
+    """(gate_up, None) with gate_up of shape (..., 2F), or (gate, up) each of shape (..., F)."""
+    if form == "concatenated":
+        return strided_like(shape[:-1] + (2 * shape[-1],), dtype, device, layout, generator=gen), None
+    return (
+        strided_like(shape, dtype, device, layout, generator=gen),
+        strided_like(shape, dtype, device, up_layout or layout, generator=gen),
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width", WIDTHS + [WIDE])
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("activation", list(ACTIVATIONS))
+def test_matches_reference(device, gen, dtype, width, form, activation):
+    op, ref = ACTIVATIONS[activation]
+    rows = 3 if width > 5000 else 37
+    inputs = make_inputs(form, (rows, width), dtype, device, gen)
+    out = poison_(torch.empty(rows, width, dtype=dtype, device=device))
+    y = op(*inputs, out=out)
+    assert y is out
+    assert_close(activation, y, ref(*upcast(*inputs)), ref(*inputs))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("form", FORMS)
+def test_layouts_and_leading_dims(device, gen, form, layout):
+    # Two tensors: gate in `layout`, up in the next one, so each has its own row stride.
+    up_layout = LAYOUTS[(LAYOUTS.index(layout) + 1) % len(LAYOUTS)]
+    inputs = make_inputs(form, (5, 7, 111), torch.bfloat16, device, gen, layout, up_layout)
+    for name, (op, ref) in ACTIVATIONS.items():
+        y = op(*inputs)
+        assert y.shape == (5, 7, 111) and y.dtype == torch.bfloat16
+        assert_close(name, y, ref(*upcast(*inputs)), ref(*inputs))
+
+
+def test_halves_of_one_tensor_as_two(device, gen):
+    gate_up = strided_like((6, 2, 2 * 45), torch.float16, device, "padded", generator=gen)
+    gate, up = gate_up.chunk(2, -1)
+    y = silu_mul(gate, up)
+    assert_close("silu", y, silu_mul_ref(upcast(gate_up)), silu_mul_ref(gate_up))
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_strided_out(device, gen, form):
+    inputs = make_inputs(form, (9, 33), torch.float16, device, gen)
+    out = poison_(torch.empty(9, 40, dtype=torch.float16, device=device))[:, :33]
+    y = gelu_mul(*inputs, approximate="none", out=out)
+    assert y is out
+    assert_close("gelu_none", out, gelu_mul_ref(*upcast(*inputs), "none"), gelu_mul_ref(*inputs, "none"))
+
+
+def test_non_viewable_out_is_written(device, gen):
+    gate_up = strided_like((4, 6, 16), torch.float32, device, generator=gen)
+    out = poison_(torch.empty(6, 4, 8, device=device)).transpose(0, 1)  # no single row stride
+    silu_mul(gate_up, out=out)
+    assert_close("silu", out, silu_mul_ref(upcast(gate_up)), silu_mul_ref(gate_up))
+
+
+@pytest.mark.parametrize("shape", [(0, 16), (3, 0)])
+def test_empty(device, shape):
+    gate_up = torch.empty(shape, device=device)
+    assert silu_mul(gate_up).shape == shape[:-1] + (shape[-1] // 2,)
+    assert gelu_mul(gate_up, torch.empty(shape, device=device)).shape == shape
+
+
+def test_cpu_without_interpreter_runs_reference(monkeypatch, gen):
+    gate_up = strided_like((5, 22), torch.bfloat16, "cpu", generator=gen)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert torch.equal(silu_mul(gate_up), silu_mul_ref(gate_up))
+    assert torch.equal(gelu_mul(gate_up), gelu_mul_ref(gate_up))
+
+
+def test_custom_op_registration(device, gen):
+    gate, up = make_inputs("two_tensors", (3, 17), torch.float32, device, gen)
+    for activation in ("silu", "gelu_tanh", "gelu_erf"):
+        torch.library.opcheck(_glu_op, (gate, up, torch.empty_like(gate), activation))
+
+
+def test_bad_input(device):
+    x = torch.randn(4, 8, device=device)
+    with pytest.raises(TypeError, match="gate_up must be a torch.Tensor, got list"):
+        silu_mul([1.0, 2.0])
+    with pytest.raises(TypeError, match="gate_up has dtype torch.int32"):
+        silu_mul(x.int())
+    with pytest.raises(ValueError, match=r"gate_up has shape \(4, 7\), an odd last dimension"):
+        gelu_mul(torch.randn(4, 7, device=device))
+    with pytest.raises(TypeError, match="up has dtype torch.int64"):
+        silu_mul(x, torch.ones(4, 8, dtype=torch.long, device=device))
+    with pytest.raises(ValueError, match=r"up has shape \(4, 7\); expected \(4, 8\)"):
+        silu_mul(x, torch.randn(4, 7, device=device))
+    with pytest.raises(TypeError, match="up has dtype torch.float16 but gate_up has torch.float32"):
+        gelu_mul(x, x.half())
+    if device != "cpu":
+        with pytest.raises(ValueError, match="up is on cpu but gate_up is on cuda"):
+            silu_mul(x, x.cpu())
+    with pytest.raises(ValueError, match="approximate must be one of"):
+        gelu_mul(x, approximate="erf")
+    with pytest.raises(ValueError, match=r"out has shape \(4, 8\); expected \(4, 4\)"):
+        silu_mul(x, out=torch.empty(4, 8, device=device))
+    with pytest.raises(TypeError, match="out has dtype torch.float16; the result is torch.float32"):
+        gelu_mul(x, x, out=torch.empty(4, 8, device=device).half())
+    with pytest.raises(TypeError, match="out must be a torch.Tensor or None, got ndarray"):
+        silu_mul(x, out=x.numpy(force=True))

@@ -1,0 +1,140 @@
+import pytest
+import torch
+
+import onetrip
+from onetrip.ops import norm as norm_mod
+from onetrip.ops.norm import NormConfig, add_layer_norm_ref, add_rms_norm_ref
+from onetrip.testing import assert_close, poison_, strided_like, upcast
+
+from conftest import DTYPES, LAYOUTS, ON_GPU, WIDE, WIDTHS
+
+KINDS = ["rms", "gemma", "layer"]
+
+
+def _run(kind, x, r, w, b, eps, **kw):
+    if kind == "layer":
+        return onetrip.add_layer_norm(x, r, w, b, eps, **kw)
+    return onetrip.add_rms_norm(x, r, w, eps, gemma=kind == "gemma", **kw)
+
+
+def _ref(kind, x, r, w, b, eps):
+    if kind == "layer":
+        return add_layer_norm_ref(x, r, w, b, eps)
+    return add_rms_norm_ref(x, r, w, eps, gemma=kind == "gemma")
+
+
+def _params(kind, width, dtype, device, gen):
+    w = strided_like((width,), dtype, device, generator=gen)
+    b = strided_like((width,), dtype, device, generator=gen) if kind == "layer" else None
+    return w, b
+
+
+def _check(kind, x, r, w, b, eps, normed, h):
+    exact_y, exact_h = _ref(kind, *upcast(x, r, w, b), eps)
+    torch_y, torch_h = _ref(kind, x, r, w, b, eps)
+    assert_close(f"{kind} normed", normed, exact_y, torch_y)
+    if r is not None:
+        assert_close(f"{kind} residual", h, exact_h, torch_h)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width", WIDTHS + [WIDE])
+@pytest.mark.parametrize("kind", KINDS)
+def test_matches_reference(device, gen, kind, dtype, width):
+    rows = 2 if width > 5000 else 19
+    x = strided_like((rows, width), dtype, device, generator=gen)
+    # An offset mean makes LayerNorm's variance a small difference of large numbers.
+    r = strided_like((rows, width), dtype, device, generator=gen) + (3.0 if kind == "layer" else 0.0)
+    w, b = _params(kind, width, dtype, device, gen)
+    out = poison_(torch.empty_like(x))
+    res_out = poison_(torch.empty_like(x))
+    normed, h = _run(kind, x, r, w, b, 1e-6, out=out, residual_out=res_out)
+    assert normed is out and h is res_out
+    _check(kind, x, r, w, b, 1e-6, normed, h)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("width", [17, 5000])
+def test_no_residual(device, gen, kind, width):
+    x = strided_like((7, width), torch.bfloat16, device, generator=gen)
+    w, b = _params(kind, width, torch.bfloat16, device, gen)
+    normed, h = _run(kind, x, None, w, b, 1e-5)
+    assert h is x
+    _check(kind, x, None, w, b, 1e-5, normed, None)
+    single = onetrip.layer_norm(x, w, b, 1e-5) if kind == "layer" else onetrip.rms_norm(x, w, 1e-5, gemma=kind == "gemma")
+    assert torch.equal(single, normed)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_layouts(device, gen, kind, layout):
+    x = strided_like((3, 5, 111), torch.float16, device, layout, generator=gen)
+    r = strided_like((3, 5, 111), torch.float16, device, "rows" if layout != "rows" else "padded", generator=gen)
+    w, b = _params(kind, 111, torch.float16, device, gen)
+    normed, h = _run(kind, x, r, w, b, 1e-6)
+    assert normed.shape == x.shape and h.shape == x.shape
+    _check(kind, x, r, w, b, 1e-6, normed, h)
+
+
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+def test_no_weight_and_fp32_weight(device, gen, kind):
+    x = strided_like((6, 300), torch.bfloat16, device, generator=gen)
+    r = strided_like((6, 300), torch.bfloat16, device, generator=gen)
+    _check(kind, x, r, None, None, 1e-6, *_run(kind, x, r, None, None, 1e-6))
+    w = strided_like((300,), torch.float32, device, generator=gen)
+    b = strided_like((300,), torch.float32, device, generator=gen) if kind == "layer" else None
+    _check(kind, x, r, w, b, 1e-6, *_run(kind, x, r, w, b, 1e-6))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("mode", ["rows", "two_pass"] + (["coop"] if ON_GPU else []))
+def test_split_modes(device, gen, kind, mode):
+    """Every mode on one awkward width: chunks of 128 split 1023 into 8 with a ragged last one."""
+    rows, width = 5, 1023
+    x = strided_like((rows, width), torch.bfloat16, device, generator=gen)
+    r = strided_like((rows, width), torch.bfloat16, device, generator=gen) + 2.0
+    w, b = _params(kind, width, torch.bfloat16, device, gen)
+    cfg = NormConfig(mode, 2 if mode == "rows" else 1, 1024 if mode == "rows" else 128, 4)
+    y = poison_(torch.empty_like(x))
+    h = poison_(torch.empty_like(x))
+    norm_mod._launch(x, r, w, b, y, h, 1e-6, kind != "layer", kind == "gemma", cfg)
+    _check(kind, x, r, w, b, 1e-6, y, h)
+
+
+def test_in_place_residual(device, gen):
+    x = strided_like((4, 64), torch.float32, device, generator=gen)
+    r = strided_like((4, 64), torch.float32, device, generator=gen)
+    w = strided_like((64,), torch.float32, device, generator=gen)
+    expected_y, expected_h = add_rms_norm_ref(x, r, w, 1e-6)
+    y, h = onetrip.add_rms_norm(x, r, w, 1e-6, residual_out=r)
+    assert h is r
+    torch.testing.assert_close(h, expected_h)
+    torch.testing.assert_close(y, expected_y, rtol=1e-5, atol=1e-5)
+
+
+def test_empty(device):
+    for shape in [(0, 8), (3, 0)]:
+        x = torch.empty(shape, device=device)
+        y, h = onetrip.add_rms_norm(x, x.clone(), torch.ones(shape[-1], device=device))
+        assert y.shape == shape and h.shape == shape
+
+
+def test_bad_input(device):
+    x = torch.randn(4, 8, device=device)
+    w = torch.ones(8, device=device)
+    with pytest.raises(ValueError, match=r"residual has shape \(4, 7\)"):
+        onetrip.add_rms_norm(x, torch.randn(4, 7, device=device), w)
+    with pytest.raises(TypeError, match="residual has dtype torch.float16 but x has torch.float32"):
+        onetrip.add_rms_norm(x, x.half(), w)
+    with pytest.raises(ValueError, match=r"weight has shape \(9,\)"):
+        onetrip.add_layer_norm(x, None, torch.ones(9, device=device), None)
+    with pytest.raises(TypeError, match="x has dtype torch.int64"):
+        onetrip.rms_norm(x.long(), w)
+    with pytest.raises(ValueError, match="gemma=True"):
+        onetrip.rms_norm(x, None, gemma=True)
+    with pytest.raises(ValueError, match="eps must be"):
+        onetrip.rms_norm(x, w, eps=-1.0)
+    with pytest.raises(ValueError, match="residual_out was given"):
+        onetrip.add_rms_norm(x, None, w, residual_out=torch.empty_like(x))
+    with pytest.raises(TypeError, match="out has dtype torch.float16"):
+        onetrip.rms_norm(x, w, out=torch.empty(4, 8, device=device, dtype=torch.float16))
