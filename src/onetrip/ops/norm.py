@@ -93,27 +93,32 @@ def _norm_kernel(
     if HAS_BIAS:
         b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
 
-    # -- statistics of this tile: sum of squares (RMS) or mean and M2 (LayerNorm) ---------
-    n_here = tl.minimum(N - chunk * BLOCK_N, BLOCK_N).to(tl.float32)
-    if PHASE != 3:
+    # -- statistics: sum of squares (RMS) or mean and M2 (LayerNorm) -------------------------
+    if PHASE == 0:  # whole rows: one value per row of the tile
         if IS_RMS:
-            s0 = tl.sum(h * h, axis=1)  # (BLOCK_M,)
-            s1 = s0
+            rstd = tl.rsqrt(tl.sum(h * h, axis=1) / N + eps)  # (BLOCK_M,)
         else:
-            s0 = tl.sum(h, axis=1) / n_here  # chunk mean
-            d = tl.where(mask, h - s0[:, None], 0.0)
-            s1 = tl.sum(d * d, axis=1)       # chunk M2
-    if PHASE == 0:
-        if IS_RMS:
-            rstd = tl.rsqrt(s0 / N + eps)
-        else:
-            mean = s0
-            rstd = tl.rsqrt(s1 / N + eps)
+            mean = tl.sum(h, axis=1) / N
+            d = tl.where(mask, h - mean[:, None], 0.0)
+            rstd = tl.rsqrt(tl.sum(d * d, axis=1) / N + eps)
+            mean = mean[:, None]
+        rstd = rstd[:, None]
     else:
-        part = part_ptr + (rows64 * C + chunk) * 2
+        # Split rows (BLOCK_M == 1): scalars. Keeping them scalar matters: a (1, BLOCK_C)
+        # tensor of partials broadcast against the (1, BLOCK_N) chunk made the compiler
+        # pick a layout for the whole chunk that ran 10-100x slower (measured on an H200).
+        part = part_ptr + (row_block.to(tl.int64) * C + chunk) * 2
+        n_here = tl.minimum(N - chunk * BLOCK_N, BLOCK_N).to(tl.float32)
         if PHASE != 3:
-            tl.store(part, s0, mask=row_ok)
-            tl.store(part + 1, s1, mask=row_ok)
+            if IS_RMS:
+                s0 = tl.sum(h * h)
+                s1 = s0
+            else:
+                s0 = tl.sum(h) / n_here  # chunk mean
+                d = tl.where(mask, h - s0, 0.0)
+                s1 = tl.sum(d * d)       # chunk M2
+            tl.store(part, s0)
+            tl.store(part + 1, s1)
         if PHASE == 2:
             return
         if PHASE == 1:
@@ -125,29 +130,29 @@ def _norm_kernel(
                 arrived = tl.atomic_add(sync_ptr + 1 + row_block, 0, sem="acquire")
             tl.debug_barrier()
         cidx = tl.arange(0, BLOCK_C)
-        c_ok = row_ok[:, None] & (cidx < C)[None, :]
-        pp = part_ptr + (rows64[:, None] * C + cidx[None, :]) * 2  # (BLOCK_M, BLOCK_C)
+        c_ok = cidx < C
+        pp = part_ptr + (row_block.to(tl.int64) * C + cidx) * 2  # (BLOCK_C,)
         p0 = tl.load(pp, mask=c_ok, other=0.0, volatile=True)
         if IS_RMS:
-            rstd = tl.rsqrt(tl.sum(p0, axis=1) / N + eps)
+            rstd = tl.rsqrt(tl.sum(p0) / N + eps)
         else:
             # Chan et al.: M2 = sum_c [M2_c + n_c (mean_c - mean)^2], stable for large N.
             p1 = tl.load(pp + 1, mask=c_ok, other=0.0, volatile=True)
-            n_c = tl.where(c_ok, tl.minimum(N - cidx * BLOCK_N, BLOCK_N).to(tl.float32)[None, :], 0.0)
-            mean = tl.sum(n_c * p0, axis=1) / N
-            dm = p0 - mean[:, None]
-            rstd = tl.rsqrt(tl.sum(p1 + n_c * dm * dm, axis=1) / N + eps)
+            n_c = tl.where(c_ok, tl.minimum(N - cidx * BLOCK_N, BLOCK_N).to(tl.float32), 0.0)
+            mean = tl.sum(n_c * p0) / N
+            dm = p0 - mean
+            rstd = tl.rsqrt(tl.sum(p1 + n_c * dm * dm) / N + eps)
 
     # -- normalize and store ------------------------------------------------------------------
     if IS_RMS:
-        y = h * rstd[:, None]
+        y = h * rstd
         if HAS_WEIGHT:
             if GEMMA:
                 y = y * (1.0 + w[None, :])
             else:  # Llama: round to x's dtype, then multiply by the weight
                 y = cast_out(y, y_ptr.dtype.element_ty).to(tl.float32) * w[None, :]
     else:
-        y = (h - mean[:, None]) * rstd[:, None]
+        y = (h - mean) * rstd
         if HAS_WEIGHT:
             y = y * w[None, :]
         if HAS_BIAS:
@@ -166,20 +171,22 @@ class NormConfig:
 
 
 def norm_config(rows: int, width: int, device: torch.device, *, max_row_block: int = 16384,
-                chunk: int = 8192, tile: int = 4096) -> NormConfig:
+                chunk: int = 4096, chunk_warps: int = 8) -> NormConfig:
     """Whole rows up to ``max_row_block`` elements, else chunks of ``chunk`` elements.
 
-    Warps: enough that each thread holds 8-32 elements of a tile (16-64 bytes of bf16
-    loaded per tensor), so loads are 16 bytes wide and registers do not spill.
+    Measured on an H200 (benchmarks/NOTES.md): whole rows ran at 90-96% of copy from 1K to
+    16K wide with about 8 elements per thread (one 16-byte bf16 load per tensor) up to 16
+    warps; at 64K one program per row spilled (74-228 bytes) and fell to 17-54%, so wider
+    rows are split.
     """
     block_n = triton.next_power_of_2(max(width, 1))
     if block_n <= max_row_block:
-        block_m = max(1, min(triton.next_power_of_2(max(rows, 1)), tile // block_n))
-        warps = max(1, min(16, block_m * block_n // 512))
+        block_m = max(1, min(triton.next_power_of_2(max(rows, 1)), 1024 // block_n))
+        warps = min(16, max(4, block_m * block_n // 256))
         return NormConfig("rows", block_m, block_n, warps)
     n_chunks = triton.cdiv(width, chunk)
     coop = not is_interpreting() and device.type == "cuda" and n_chunks <= sm_count(device)
-    return NormConfig("coop" if coop else "two_pass", 1, chunk, max(1, min(16, chunk // 512)))
+    return NormConfig("coop" if coop else "two_pass", 1, chunk, chunk_warps)
 
 
 def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bool,

@@ -1,0 +1,147 @@
+"""Sweep launch configurations of the memory-bound kernels on a GPU; print the best per width.
+
+    PYTHONPATH=src python3 benchmarks/tune_ops.py [--out DIR] [--quick]
+
+For each kernel family and width (rows = 2**26 / width, bf16: 128 MiB per tensor) it times every candidate
+config (CUDA graph replay, L2 flushed before each rep, median), and records GB/s, % of the
+copy bandwidth, and the compiler's report of the kernel (registers, spills, shared
+memory). The chosen heuristics in the ops come from this table (benchmarks/NOTES.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import torch
+import triton
+
+from onetrip.bench.harness import copy_bandwidth_gbs, device_info, time_ms
+import importlib
+
+bg = importlib.import_module("onetrip.ops.bias_gelu")  # the package re-exports a function of that name
+glu = importlib.import_module("onetrip.ops.glu")
+norm = importlib.import_module("onetrip.ops.norm")
+from onetrip.ops._common import TileConfig
+
+WIDTHS = [1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144]
+DT = torch.bfloat16
+ELEMS = 2**26
+
+
+def tile_candidates(width):
+    for tile, max_bn, warps in itertools.product([2048, 4096, 8192, 16384], [1024, 4096], [4, 8, 16]):
+        bn = min(triton.next_power_of_2(width), max_bn)
+        bm = max(1, tile // bn)
+        if bm * bn < warps * 32 * 4:  # under 4 elements per thread: loads narrower than 8 bytes
+            continue
+        yield TileConfig(bm, bn, warps)
+
+
+def norm_candidates(width):
+    bn = triton.next_power_of_2(width)
+    if bn <= 65536:
+        for tile, warps in itertools.product([1, 4096, 8192], [4, 8, 16, 32]):
+            bm = max(1, tile // bn)
+            per_thread = bm * bn // (warps * 32)
+            if 4 <= per_thread <= 128:
+                yield norm.NormConfig("rows", bm, bn, warps)
+    if width >= 8192:
+        for chunk, warps in itertools.product([2048, 4096, 8192], [4, 8, 16]):
+            per_thread = chunk // (warps * 32)
+            if chunk < width and 4 <= per_thread <= 64:
+                yield norm.NormConfig("coop", 1, chunk, warps)
+
+
+def report(kernel):
+    if kernel is None:
+        return {}
+    meta = getattr(kernel, "metadata", None)
+    return {"n_regs": getattr(kernel, "n_regs", None), "n_spills": getattr(kernel, "n_spills", None),
+            "shared": getattr(meta, "shared", None)}
+
+
+def sweep_family(name, width, make, candidates, nbytes, copy_gbs, results):
+    best = None
+    for cfg in candidates:
+        fn, launch = make(cfg)
+        try:
+            k = launch()
+            torch.cuda.synchronize()
+            t = time_ms(fn)
+        except Exception as e:  # a config that fails to compile (too many registers, shared memory)
+            results.append({"family": name, "width": width, "config": repr(cfg), "error": repr(e)[:300]})
+            continue
+        gbs = nbytes / t.median_ms / 1e6
+        rec = {"family": name, "width": width, "rows": ELEMS // width, "config": repr(cfg), "ms": t.median_ms,
+               "gbs": gbs, "pct_copy": 100 * gbs / copy_gbs, **report(k)}
+        results.append(rec)
+        if best is None or rec["ms"] < best["ms"]:
+            best = rec
+    if best:
+        print(f"{name:14s} {width:7d}  {best['gbs']:7.0f} GB/s {best['pct_copy']:5.1f}%  regs={best.get('n_regs')} "
+              f"spills={best.get('n_spills')}  {best['config']}", flush=True)
+    return best
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--families", default="bias_gelu,silu_mul,add_rms_norm,rms_norm,add_layer_norm")
+    ap.add_argument("--widths", default=None, help="comma-separated widths (default: all, or the quick five)")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    info = device_info(dev)
+    copy = copy_bandwidth_gbs(dev)
+    print(f"{info.get('gpu')}  copy {copy:.0f} GB/s", flush=True)
+    widths = [1024, 4096, 16384, 65536, 262144] if args.quick else WIDTHS
+    if args.widths:
+        widths = [int(w) for w in args.widths.split(",")]
+    fams = args.families.split(",")
+    results, best = [], {}
+    g = torch.Generator(device=dev).manual_seed(0)
+    for width in widths:
+        rows = ELEMS // width
+        x = torch.randn(rows, width, device=dev, generator=g).to(DT)
+        r = torch.randn(rows, width, device=dev, generator=g).to(DT)
+        w = torch.randn(width, device=dev, generator=g).to(DT)
+        y, h = torch.empty_like(x), torch.empty_like(x)
+        E = x.element_size() * rows * width
+        W = w.element_size() * width
+        if "bias_gelu" in fams:
+            def mk(cfg):
+                f = lambda: bg._launch(x, w, y, "tanh", cfg)
+                return f, f
+            best[("bias_gelu", width)] = sweep_family("bias_gelu", width, mk, tile_candidates(width), 2 * E + W, copy, results)
+        if "silu_mul" in fams:
+            gu = torch.cat([x, r], 1)
+            def mk(cfg):
+                f = lambda: glu._launch(gu[:, :width], gu[:, width:], y, "silu", cfg)
+                return f, f
+            best[("silu_mul", width)] = sweep_family("silu_mul", width, mk, tile_candidates(width), 3 * E, copy, results)
+            del gu
+        for fam, res, is_rms in [("add_rms_norm", True, True), ("rms_norm", False, True), ("add_layer_norm", True, False)]:
+            if fam not in fams:
+                continue
+            def mk(cfg, res=res, is_rms=is_rms):
+                f = lambda: norm._launch(x, r if res else None, w, None if is_rms else w, y, h if res else None,
+                                         1e-6, is_rms, False, cfg)
+                return f, f
+            nbytes = (4 if res else 2) * E + (1 if is_rms else 2) * W
+            best[(fam, width)] = sweep_family(fam, width, mk, norm_candidates(width), nbytes, copy, results)
+        del x, r, y, h
+        torch.cuda.empty_cache()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"tune-{info.get('gpu', 'gpu').replace(' ', '_')}-{info.get('date', '')[:10]}.json"
+    path.write_text(json.dumps({"meta": {**info, "copy_gbs": copy}, "results": results}, indent=1))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,8 @@
+"""``python -m onetrip ...``: the same as the ``onetrip`` command."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())
