@@ -33,26 +33,30 @@ ELEMS = 2**26
 
 
 def tile_candidates(width):
-    for tile, max_bn, warps in itertools.product([2048, 4096, 8192, 16384], [1024, 4096], [4, 8, 16]):
-        bn = min(triton.next_power_of_2(width), max_bn)
+    seen = set()
+    for tile, max_bn, warps in itertools.product([1024, 2048, 4096], [1024, 4096], [2, 4, 8]):
+        bn = min(triton.next_power_of_2(width), max_bn, tile)
         bm = max(1, tile // bn)
-        if bm * bn < warps * 32 * 4:  # under 4 elements per thread: loads narrower than 8 bytes
+        per_thread = bm * bn // (warps * 32)
+        if not 4 <= per_thread <= 32 or (bm, bn, warps) in seen:
             continue
+        seen.add((bm, bn, warps))
         yield TileConfig(bm, bn, warps)
 
 
 def norm_candidates(width):
     bn = triton.next_power_of_2(width)
     if bn <= 65536:
-        for tile, warps in itertools.product([1, 4096, 8192], [4, 8, 16, 32]):
+        for tile, warps in itertools.product([1, 4096, 8192, 2 * bn, 4 * bn], [4, 8, 16, 32]):
             bm = max(1, tile // bn)
             per_thread = bm * bn // (warps * 32)
-            if 4 <= per_thread <= 128:
-                yield norm.NormConfig("rows", bm, bn, warps)
+            if 4 <= per_thread <= 64 and bm * bn <= 65536:
+                for iters in (1, 2, 4):
+                    yield norm.NormConfig("rows", bm, bn, warps, iters)
     if width >= 8192:
-        for chunk, warps in itertools.product([2048, 4096, 8192], [4, 8, 16]):
+        for chunk, warps in itertools.product([4096, 8192, 16384], [4, 8, 16]):
             per_thread = chunk // (warps * 32)
-            if chunk < width and 4 <= per_thread <= 64:
+            if chunk < width and 8 <= per_thread <= 64:
                 yield norm.NormConfig("coop", 1, chunk, warps)
 
 
@@ -124,7 +128,8 @@ def main():
                 return f, f
             best[("silu_mul", width)] = sweep_family("silu_mul", width, mk, tile_candidates(width), 3 * E, copy, results)
             del gu
-        for fam, res, is_rms in [("add_rms_norm", True, True), ("rms_norm", False, True), ("add_layer_norm", True, False)]:
+        for fam, res, is_rms in [("add_rms_norm", True, True), ("rms_norm", False, True),
+                                 ("add_layer_norm", True, False), ("layer_norm", False, False)]:
             if fam not in fams:
                 continue
             def mk(cfg, res=res, is_rms=is_rms):

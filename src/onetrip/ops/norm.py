@@ -56,6 +56,41 @@ _ROWS, _COOP, _STATS, _APPLY = 0, 1, 2, 3  # the kernel's PHASE
 
 
 @triton.jit
+def _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm,
+            HAS_RESIDUAL: tl.constexpr, STORE_H: tl.constexpr):
+    """h = x + r of a (rows, cols) tile in float32 (unrounded: the statistics use the exact
+    sum); stores h rounded to its dtype when STORE_H."""
+    rows64 = rows.to(tl.int64)[:, None]  # rows * stride exceeds 2**31 for tensors over 4 GiB
+    h = tl.load(x_ptr + rows64 * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        h += tl.load(r_ptr + rows64 * stride_rm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        if STORE_H:
+            tl.store(h_ptr + rows64 * stride_hm + cols[None, :], cast_out(h, h_ptr.dtype.element_ty), mask=mask)
+    return h
+
+
+@triton.jit
+def _store_y(y_ptr, h, mean, rstd, w, b, rows, cols, mask, stride_ym,
+             IS_RMS: tl.constexpr, GEMMA: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """y = norm(h) from its statistics (scalars, or (BLOCK_M, 1) columns), stored rounded."""
+    if IS_RMS:
+        y = h * rstd
+        if HAS_WEIGHT:
+            if GEMMA:
+                y = y * (1.0 + w.to(tl.float32)[None, :])
+            else:  # Llama: round to x's dtype, then multiply by the weight
+                y = cast_out(y, y_ptr.dtype.element_ty).to(tl.float32) * w.to(tl.float32)[None, :]
+    else:
+        y = (h - mean) * rstd
+        if HAS_WEIGHT:
+            y = y * w.to(tl.float32)[None, :]
+        if HAS_BIAS:
+            y += b.to(tl.float32)[None, :]
+    tl.store(y_ptr + rows.to(tl.int64)[:, None] * stride_ym + cols[None, :], cast_out(y, y_ptr.dtype.element_ty),
+             mask=mask)
+
+
+@triton.jit
 def _norm_kernel(
     x_ptr, r_ptr, w_ptr, b_ptr,       # x, r: (M, N) rows; w, b: (N,)
     y_ptr, h_ptr,                     # y = norm(h), h = x + r: (M, N) rows
@@ -67,56 +102,63 @@ def _norm_kernel(
     HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
     PHASE: tl.constexpr,              # _ROWS, _COOP, _STATS or _APPLY
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
+    ROW_ITERS: tl.constexpr,          # "rows" mode: row tiles per program (constexpr: with 1,
+                                      # no loop, and no loop-carried weight registers)
 ):
-    # -- which (row block, chunk) this program owns --------------------------------------
+    # -- which chunk of columns (and, split, which row) this program owns -------------------
     if PHASE == 1:
         t = tl.atomic_add(sync_ptr, 1)  # ticket in start order (see the module docstring)
     else:
         t = tl.program_id(0)
-    row_block = t // C
     chunk = t % C
-    rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
-    cols = chunk * BLOCK_N + tl.arange(0, BLOCK_N)      # (BLOCK_N,)
-    row_ok = rows < M
+    cols = chunk * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
     col_ok = cols < N
-    mask = row_ok[:, None] & col_ok[None, :]
-    rows64 = rows.to(tl.int64)  # rows * stride exceeds 2**31 for tensors over 4 GiB
-
-    # -- h = x + r in float32 (not rounded: the statistics use the exact sum) --------------
-    h = tl.load(x_ptr + rows64[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    if HAS_RESIDUAL:
-        h += tl.load(r_ptr + rows64[:, None] * stride_rm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        if PHASE != 3:  # the apply pass of "two_pass" recomputes h; it was stored already
-            tl.store(h_ptr + rows64[:, None] * stride_hm + cols[None, :], cast_out(h, h_ptr.dtype.element_ty), mask=mask)
+    # The weight and bias are loaded once per program: they come from L2 for every program,
+    # and for a 16K-wide LayerNorm without residual, reloading them per row moved twice as
+    # many bytes from L2 as from HBM (58% of copy bandwidth at one row per program, 76% at
+    # two, on an H200).
+    # Kept in their own dtype between uses: as float32 they held 32 more registers per
+    # thread at 16K wide and 16 warps (128 instead of ~85, spilling with a residual).
+    w = 0.0
+    b = 0.0
     if HAS_WEIGHT:
-        w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=col_ok, other=0.0)
     if HAS_BIAS:
-        b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + cols, mask=col_ok, other=0.0)
 
-    # -- statistics: sum of squares (RMS) or mean and M2 (LayerNorm) -------------------------
-    if PHASE == 0:  # whole rows: one value per row of the tile
-        if IS_RMS:
-            rstd = tl.rsqrt(tl.sum(h * h, axis=1) / N + eps)  # (BLOCK_M,)
-        else:
-            mean = tl.sum(h, axis=1) / N
-            d = tl.where(mask, h - mean[:, None], 0.0)
-            rstd = tl.rsqrt(tl.sum(d * d, axis=1) / N + eps)
-            mean = mean[:, None]
-        rstd = rstd[:, None]
+    if PHASE == 0:
+        # -- whole rows: ROW_ITERS consecutive tiles of BLOCK_M rows --------------------------
+        for it in range(ROW_ITERS):
+            rows = (t * ROW_ITERS + it) * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
+            mask = (rows < M)[:, None] & col_ok[None, :]
+            h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL, True)
+            if IS_RMS:
+                mean = 0.0
+                rstd = tl.rsqrt(tl.sum(h * h, axis=1) / N + eps)[:, None]  # (BLOCK_M, 1)
+            else:
+                mean = tl.sum(h, axis=1) / N
+                d = tl.where(mask, h - mean[:, None], 0.0)
+                rstd = tl.rsqrt(tl.sum(d * d, axis=1) / N + eps)[:, None]
+                mean = mean[:, None]
+            _store_y(y_ptr, h, mean, rstd, w, b, rows, cols, mask, stride_ym, IS_RMS, GEMMA, HAS_WEIGHT, HAS_BIAS)
     else:
-        # Split rows (BLOCK_M == 1): scalars. Keeping them scalar matters: a (1, BLOCK_C)
-        # tensor of partials broadcast against the (1, BLOCK_N) chunk made the compiler
-        # pick a layout for the whole chunk that ran 10-100x slower (measured on an H200).
-        part = part_ptr + (row_block.to(tl.int64) * C + chunk) * 2
-        n_here = tl.minimum(N - chunk * BLOCK_N, BLOCK_N).to(tl.float32)
+        # -- split rows (BLOCK_M == 1): statistics are scalars. Keeping them scalar matters: a
+        # (1, BLOCK_C) tensor of partials broadcast against the (1, BLOCK_N) chunk made the
+        # compiler pick a layout for the whole chunk that ran 10-100x slower (H200).
+        row = t // C
+        rows = row + tl.arange(0, 1)
+        mask = col_ok[None, :]
+        h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL,
+                    PHASE != 3)  # the apply pass of "two_pass" recomputes h; it was stored already
+        part = part_ptr + (row.to(tl.int64) * C + chunk) * 2
         if PHASE != 3:
             if IS_RMS:
                 s0 = tl.sum(h * h)
                 s1 = s0
             else:
-                s0 = tl.sum(h) / n_here  # chunk mean
+                s0 = tl.sum(h) / tl.minimum(N - chunk * BLOCK_N, BLOCK_N).to(tl.float32)  # chunk mean
                 d = tl.where(mask, h - s0, 0.0)
-                s1 = tl.sum(d * d)       # chunk M2
+                s1 = tl.sum(d * d)  # chunk M2
             tl.store(part, s0)
             tl.store(part + 1, s1)
         if PHASE == 2:
@@ -125,15 +167,16 @@ def _norm_kernel(
             # Grid-wide wait for this row's C partials: make ours visible (barrier, then a
             # release by the counter update), spin with acquire loads, barrier again.
             tl.debug_barrier()
-            arrived = tl.atomic_add(sync_ptr + 1 + row_block, 1, sem="release") + 1
+            arrived = tl.atomic_add(sync_ptr + 1 + row, 1, sem="release") + 1
             while arrived < C:
-                arrived = tl.atomic_add(sync_ptr + 1 + row_block, 0, sem="acquire")
+                arrived = tl.atomic_add(sync_ptr + 1 + row, 0, sem="acquire")
             tl.debug_barrier()
         cidx = tl.arange(0, BLOCK_C)
         c_ok = cidx < C
-        pp = part_ptr + (row_block.to(tl.int64) * C + cidx) * 2  # (BLOCK_C,)
+        pp = part_ptr + (row.to(tl.int64) * C + cidx) * 2  # (BLOCK_C,)
         p0 = tl.load(pp, mask=c_ok, other=0.0, volatile=True)
         if IS_RMS:
+            mean = 0.0
             rstd = tl.rsqrt(tl.sum(p0) / N + eps)
         else:
             # Chan et al.: M2 = sum_c [M2_c + n_c (mean_c - mean)^2], stable for large N.
@@ -142,47 +185,38 @@ def _norm_kernel(
             mean = tl.sum(n_c * p0) / N
             dm = p0 - mean
             rstd = tl.rsqrt(tl.sum(p1 + n_c * dm * dm) / N + eps)
-
-    # -- normalize and store ------------------------------------------------------------------
-    if IS_RMS:
-        y = h * rstd
-        if HAS_WEIGHT:
-            if GEMMA:
-                y = y * (1.0 + w[None, :])
-            else:  # Llama: round to x's dtype, then multiply by the weight
-                y = cast_out(y, y_ptr.dtype.element_ty).to(tl.float32) * w[None, :]
-    else:
-        y = (h - mean) * rstd
-        if HAS_WEIGHT:
-            y = y * w[None, :]
-        if HAS_BIAS:
-            y += b[None, :]
-    tl.store(y_ptr + rows64[:, None] * stride_ym + cols[None, :], cast_out(y, y_ptr.dtype.element_ty), mask=mask)
+        _store_y(y_ptr, h, mean, rstd, w, b, rows, cols, mask, stride_ym, IS_RMS, GEMMA, HAS_WEIGHT, HAS_BIAS)
 
 
 @dataclass(frozen=True)
 class NormConfig:
-    """How the kernel covers rows: see the module docstring for the three modes."""
+    """How the kernel covers rows (see the module docstring for the three modes).
+
+    "rows": each program normalizes ``row_iters`` consecutive tiles of ``block_m`` rows
+    (``block_n`` >= the width). Split modes: chunks of ``block_n`` columns, one row each.
+    """
 
     mode: str  # "rows" | "coop" | "two_pass"
     block_m: int
     block_n: int
     num_warps: int
+    row_iters: int = 1
 
 
-def norm_config(rows: int, width: int, device: torch.device, *, max_row_block: int = 16384,
-                chunk: int = 4096, chunk_warps: int = 8) -> NormConfig:
-    """Whole rows up to ``max_row_block`` elements, else chunks of ``chunk`` elements.
+def norm_config(rows: int, width: int, device: torch.device, *, is_rms: bool = True, has_residual: bool = True,
+                chunk: int = 8192, chunk_warps: int = 4) -> NormConfig:
+    """Whole rows up to 16K elements (32K for RMSNorm), else chunks of ``chunk`` elements.
 
-    Measured on an H200 (benchmarks/NOTES.md): whole rows ran at 90-96% of copy from 1K to
-    16K wide with about 8 elements per thread (one 16-byte bf16 load per tensor) up to 16
-    warps; at 64K one program per row spilled (74-228 bytes) and fell to 17-54%, so wider
-    rows are split.
+    From sweeps on an H200 (benchmarks/NOTES.md): whole rows run at 90-97% of copy
+    bandwidth up to 16K wide (32K for RMSNorm, with 32 warps) with 1-4 rows per tile and
+    8-16 elements per thread; wider single-row programs spill and fall to 17-62%, so wider
+    rows are split. RMSNorm without a residual prefers twice the warps of the others.
     """
     block_n = triton.next_power_of_2(max(width, 1))
-    if block_n <= max_row_block:
-        block_m = max(1, min(triton.next_power_of_2(max(rows, 1)), 1024 // block_n))
-        warps = min(16, max(4, block_m * block_n // 256))
+    if block_n <= (32768 if is_rms else 16384):
+        block_m = max(1, min(triton.next_power_of_2(max(rows, 1)), 8192 // block_n, 4))
+        per_warp = 512 if is_rms and not has_residual else 1024
+        warps = max(4, min(16 if block_n <= 16384 else 32, block_m * block_n // per_warp))
         return NormConfig("rows", block_m, block_n, warps)
     n_chunks = triton.cdiv(width, chunk)
     coop = not is_interpreting() and device.type == "cuda" and n_chunks <= sm_count(device)
@@ -198,7 +232,7 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
     M, N = x.shape
     if M == 0 or N == 0:
         return None
-    cfg = config or norm_config(M, N, x.device)
+    cfg = config or norm_config(M, N, x.device, is_rms=is_rms, has_residual=residual is not None)
     C = triton.cdiv(N, cfg.block_n)
     if cfg.mode == "rows" and C != 1:
         raise ValueError(f"config.block_n={cfg.block_n} must cover the width {N} in mode 'rows'")
@@ -206,8 +240,10 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
     part = torch.empty((M, C, 2), dtype=torch.float32, device=x.device) if C > 1 else dummy
     sync = torch.zeros(1 + M, dtype=torch.int32, device=x.device) if cfg.mode == "coop" else dummy
     phases = {"rows": (_ROWS,), "coop": (_COOP,), "two_pass": (_STATS, _APPLY)}[cfg.mode]
+    row_iters = cfg.row_iters if cfg.mode == "rows" else 1
+    grid = (triton.cdiv(triton.cdiv(M, cfg.block_m), row_iters) * C,)
     for phase in phases:
-        kernel = _norm_kernel[(triton.cdiv(M, cfg.block_m) * C,)](
+        kernel = _norm_kernel[grid](
             x, residual if residual is not None else dummy, weight if weight is not None else dummy,
             bias if bias is not None else dummy, y, h if h is not None else dummy, part, sync,
             M, N, C,
@@ -217,7 +253,7 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
             IS_RMS=is_rms, GEMMA=gemma,
             HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
             PHASE=phase, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_C=max(2, triton.next_power_of_2(C)),
-            num_warps=cfg.num_warps,
+            ROW_ITERS=row_iters, num_warps=cfg.num_warps,
         )
     return kernel
 
