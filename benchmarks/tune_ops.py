@@ -51,8 +51,7 @@ def norm_candidates(width):
             bm = max(1, tile // bn)
             per_thread = bm * bn // (warps * 32)
             if 4 <= per_thread <= 64 and bm * bn <= 65536:
-                for iters in (1, 2, 4):
-                    yield norm.NormConfig("rows", bm, bn, warps, iters)
+                yield norm.NormConfig("rows", bm, bn, warps)
     if width >= 8192:
         for chunk, warps in itertools.product([4096, 8192, 16384], [4, 8, 16]):
             per_thread = chunk // (warps * 32)

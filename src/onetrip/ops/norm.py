@@ -102,8 +102,6 @@ def _norm_kernel(
     HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
     PHASE: tl.constexpr,              # _ROWS, _COOP, _STATS or _APPLY
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
-    ROW_ITERS: tl.constexpr,          # "rows" mode: row tiles per program (constexpr: with 1,
-                                      # no loop, and no loop-carried weight registers)
 ):
     # -- which chunk of columns (and, split, which row) this program owns -------------------
     if PHASE == 1:
@@ -113,12 +111,6 @@ def _norm_kernel(
     chunk = t % C
     cols = chunk * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
     col_ok = cols < N
-    # The weight and bias are loaded once per program: they come from L2 for every program,
-    # and for a 16K-wide LayerNorm without residual, reloading them per row moved twice as
-    # many bytes from L2 as from HBM (58% of copy bandwidth at one row per program, 76% at
-    # two, on an H200).
-    # Kept in their own dtype between uses: as float32 they held 32 more registers per
-    # thread at 16K wide and 16 warps (128 instead of ~85, spilling with a residual).
     w = 0.0
     b = 0.0
     if HAS_WEIGHT:
@@ -127,20 +119,21 @@ def _norm_kernel(
         b = tl.load(b_ptr + cols, mask=col_ok, other=0.0)
 
     if PHASE == 0:
-        # -- whole rows: ROW_ITERS consecutive tiles of BLOCK_M rows --------------------------
-        for it in range(ROW_ITERS):
-            rows = (t * ROW_ITERS + it) * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
-            mask = (rows < M)[:, None] & col_ok[None, :]
-            h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL, True)
-            if IS_RMS:
-                mean = 0.0
-                rstd = tl.rsqrt(tl.sum(h * h, axis=1) / N + eps)[:, None]  # (BLOCK_M, 1)
-            else:
-                mean = tl.sum(h, axis=1) / N
-                d = tl.where(mask, h - mean[:, None], 0.0)
-                rstd = tl.rsqrt(tl.sum(d * d, axis=1) / N + eps)[:, None]
-                mean = mean[:, None]
-            _store_y(y_ptr, h, mean, rstd, w, b, rows, cols, mask, stride_ym, IS_RMS, GEMMA, HAS_WEIGHT, HAS_BIAS)
+        # -- whole rows: a tile of BLOCK_M rows ----------------------------------------------
+        # (Giving each program several tiles, to load the weight once for all of them, was
+        # slower in every case swept on an H200: benchmarks/NOTES.md.)
+        rows = t * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
+        mask = (rows < M)[:, None] & col_ok[None, :]
+        h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL, True)
+        if IS_RMS:
+            mean = 0.0
+            rstd = tl.rsqrt(tl.sum(h * h, axis=1) / N + eps)[:, None]  # (BLOCK_M, 1)
+        else:
+            mean = tl.sum(h, axis=1) / N
+            d = tl.where(mask, h - mean[:, None], 0.0)
+            rstd = tl.rsqrt(tl.sum(d * d, axis=1) / N + eps)[:, None]
+            mean = mean[:, None]
+        _store_y(y_ptr, h, mean, rstd, w, b, rows, cols, mask, stride_ym, IS_RMS, GEMMA, HAS_WEIGHT, HAS_BIAS)
     else:
         # -- split rows (BLOCK_M == 1): statistics are scalars. Keeping them scalar matters: a
         # (1, BLOCK_C) tensor of partials broadcast against the (1, BLOCK_N) chunk made the
@@ -192,31 +185,32 @@ def _norm_kernel(
 class NormConfig:
     """How the kernel covers rows (see the module docstring for the three modes).
 
-    "rows": each program normalizes ``row_iters`` consecutive tiles of ``block_m`` rows
-    (``block_n`` >= the width). Split modes: chunks of ``block_n`` columns, one row each.
+    "rows": each program normalizes a tile of ``block_m`` rows (``block_n`` >= the width).
+    Split modes: chunks of ``block_n`` columns of one row each.
     """
 
     mode: str  # "rows" | "coop" | "two_pass"
     block_m: int
     block_n: int
     num_warps: int
-    row_iters: int = 1
 
 
-def norm_config(rows: int, width: int, device: torch.device, *, is_rms: bool = True, has_residual: bool = True,
+def norm_config(rows: int, width: int, device: torch.device, *, is_rms: bool = True,
                 chunk: int = 8192, chunk_warps: int = 4) -> NormConfig:
     """Whole rows up to 16K elements (32K for RMSNorm), else chunks of ``chunk`` elements.
 
-    From sweeps on an H200 (benchmarks/NOTES.md): whole rows run at 90-97% of copy
-    bandwidth up to 16K wide (32K for RMSNorm, with 32 warps) with 1-4 rows per tile and
-    8-16 elements per thread; wider single-row programs spill and fall to 17-62%, so wider
-    rows are split. RMSNorm without a residual prefers twice the warps of the others.
+    From sweeps on an H200 (benchmarks/NOTES.md): whole rows run at 94-99% of copy
+    bandwidth up to 16K wide (RMSNorm to 32K, with 32 warps) with tiles of two rows up to
+    4K wide (and for LayerNorm to 16K) and about 32 elements per warp-thread group
+    (tile / 1024 warps); single-row programs past that spill and fall to 17-62%, so wider
+    rows are split. With or without a residual, one rule was within 2-3% of the best.
+    Split rows: chunks of 8192 with 4 warps were the best or within 1% of it at 32K-256K.
     """
     block_n = triton.next_power_of_2(max(width, 1))
     if block_n <= (32768 if is_rms else 16384):
-        block_m = max(1, min(triton.next_power_of_2(max(rows, 1)), 8192 // block_n, 4))
-        per_warp = 512 if is_rms and not has_residual else 1024
-        warps = max(4, min(16 if block_n <= 16384 else 32, block_m * block_n // per_warp))
+        pair = 2 if block_n <= 4096 or not is_rms else 1
+        block_m = max(1, min(triton.next_power_of_2(max(rows, 1)), max(pair, 2048 // block_n)))
+        warps = max(4, min(16 if block_n <= 16384 else 32, block_m * block_n // 1024))
         return NormConfig("rows", block_m, block_n, warps)
     n_chunks = triton.cdiv(width, chunk)
     coop = not is_interpreting() and device.type == "cuda" and n_chunks <= sm_count(device)
@@ -232,7 +226,7 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
     M, N = x.shape
     if M == 0 or N == 0:
         return None
-    cfg = config or norm_config(M, N, x.device, is_rms=is_rms, has_residual=residual is not None)
+    cfg = config or norm_config(M, N, x.device, is_rms=is_rms)
     C = triton.cdiv(N, cfg.block_n)
     if cfg.mode == "rows" and C != 1:
         raise ValueError(f"config.block_n={cfg.block_n} must cover the width {N} in mode 'rows'")
@@ -240,8 +234,7 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
     part = torch.empty((M, C, 2), dtype=torch.float32, device=x.device) if C > 1 else dummy
     sync = torch.zeros(1 + M, dtype=torch.int32, device=x.device) if cfg.mode == "coop" else dummy
     phases = {"rows": (_ROWS,), "coop": (_COOP,), "two_pass": (_STATS, _APPLY)}[cfg.mode]
-    row_iters = cfg.row_iters if cfg.mode == "rows" else 1
-    grid = (triton.cdiv(triton.cdiv(M, cfg.block_m), row_iters) * C,)
+    grid = (triton.cdiv(M, cfg.block_m) * C,)
     for phase in phases:
         kernel = _norm_kernel[grid](
             x, residual if residual is not None else dummy, weight if weight is not None else dummy,
@@ -253,7 +246,7 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
             IS_RMS=is_rms, GEMMA=gemma,
             HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
             PHASE=phase, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_C=max(2, triton.next_power_of_2(C)),
-            ROW_ITERS=row_iters, num_warps=cfg.num_warps,
+            num_warps=cfg.num_warps,
         )
     return kernel
 
