@@ -87,6 +87,11 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown"
 
 
+def new_flush_buffer(device: torch.device | str = "cuda") -> torch.Tensor:
+    """The buffer ``time_ms`` reads before each rep to evict its inputs from L2."""
+    return torch.ones(flush_bytes(device) // 4, dtype=torch.float32, device=device)
+
+
 def flush_bytes(device: torch.device | str | None = None) -> int:
     """Size of the buffer read before each timed call: max(256 MiB, 4 x L2)."""
     if not torch.cuda.is_available():
@@ -173,8 +178,8 @@ def time_ms(
     graph, graph_error = _capture(fn) if use_graph else (None, None)
     run = graph.replay if graph is not None else fn
     if flush is None:
-        flush = torch.ones(flush_bytes() // 4, dtype=torch.float32, device="cuda")
-    flush_sink = torch.empty((), dtype=torch.float32, device="cuda")
+        flush = new_flush_buffer()
+    flush_sink = torch.empty((), dtype=flush.dtype, device=flush.device)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for start, end in zip(starts, ends):

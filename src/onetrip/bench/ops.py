@@ -177,13 +177,13 @@ def run_ops_bench(ops: Sequence[str] | None, dtype: torch.dtype, out_dir: Path, 
         console.print(f"[yellow]skipped {name}: onetrip has no such op yet[/]")
     device = torch.device("cuda")
     meta = {**harness.device_info(device), "suite": "ops", "dtype": DTYPE_NAMES[dtype], "quick": quick,
-            "timing": "median of 100 CUDA-graph replays, L2 flushed before each",
+            "timing": "median of 100 CUDA-graph replays, L2 flushed (by reading 256 MiB) before each",
             "bytes": "each input read once + each output written once; 1 GB = 1e9 bytes"}
     meta["copy_gbs"] = harness.copy_bandwidth_gbs(device)
     console.print(f"{meta['gpu']}: copy bandwidth {meta['copy_gbs']:.0f} GB/s (read + write)")
     stem = Path(out_dir) / f"ops-{harness.slug(meta['gpu'])}-{meta['dtype']}-{meta['date'][:10].replace('-', '')}"
     _raise_recompile_limit()
-    flush = torch.empty(harness.flush_bytes(device), dtype=torch.uint8, device=device)
+    flush = harness.new_flush_buffer(device)
     records: list[dict] = []
     columns = (TextColumn("{task.description:<44}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     total = sum(len(c.shapes(quick)) * len(providers_for(c)) for c in cases)

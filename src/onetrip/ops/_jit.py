@@ -27,9 +27,9 @@ def cast_out(y, DTYPE: tl.constexpr):
 def gelu(x, APPROX_TANH: tl.constexpr):
     """GELU of float32 ``x``: the tanh approximation, or the exact erf form."""
     if APPROX_TANH:
-        # 0.5 x (1 + tanh(u)) == x * sigmoid(2u): one exp and one division instead of a
-        # tanh, which not every Triton's core language has. -1.5957... = -2 * sqrt(2 / pi).
-        return x / (1.0 + tl.exp(-1.5957691216057308 * (x + 0.044715 * x * x * x)))
+        # 0.5 x (1 + tanh(u)) == x * sigmoid(2u): one exp and one reciprocal instead of a
+        # tanh, which not every Triton's core language has. 1.5957... = 2 * sqrt(2 / pi).
+        return x * tl.sigmoid(1.5957691216057308 * (x + 0.044715 * x * x * x))
     else:
         return 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476))  # 1 / sqrt(2)
 
@@ -37,4 +37,4 @@ def gelu(x, APPROX_TANH: tl.constexpr):
 @triton.jit
 def silu(x):
     """x * sigmoid(x) of float32 ``x``."""
-    return x / (1.0 + tl.exp(-x))
+    return x * tl.sigmoid(x)

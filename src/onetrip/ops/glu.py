@@ -52,8 +52,12 @@ def _glu_kernel(
 ):
     # ACTIVATION is constexpr so that each variant compiles to straight-line code holding
     # only its own exp or erf: no per-element branch, one kernel body for all three.
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    # One grid axis, column blocks fastest: programs that run together stream neighbouring
+    # bytes of a row. With row blocks fastest, a 16K-wide silu_mul ran 3-5% slower (H200).
+    pid = tl.program_id(0)
+    n_col_blocks = tl.cdiv(N, BLOCK_N)
+    pid_m = pid // n_col_blocks
+    pid_n = pid % n_col_blocks
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (rows < M)[:, None] & (cols < N)[None, :]
@@ -79,7 +83,7 @@ def _launch(gate: torch.Tensor, up: torch.Tensor, y: torch.Tensor, activation: s
     if M == 0 or N == 0:
         return None
     cfg = config or tile_config(M, N)
-    grid = (triton.cdiv(M, cfg.block_m), triton.cdiv(N, cfg.block_n))
+    grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
     return _glu_kernel[grid](
         gate, up, y,
         M, N,
