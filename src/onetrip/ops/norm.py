@@ -355,8 +355,13 @@ def layer_norm(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[t
 
 # -- references: op by op, as a user would write them (HF transformers' modules) -------------
 
-def add_rms_norm_ref(x, residual, weight, eps=1e-6, gemma=False):
-    """Unfused: the add rounds to x's dtype, then HF's LlamaRMSNorm / GemmaRMSNorm."""
+def add_rms_norm_ref(x, residual, weight, eps=1e-6, gemma=False, round_to=None):
+    """Unfused: the add rounds to x's dtype, then HF's LlamaRMSNorm / GemmaRMSNorm.
+
+    ``round_to``: the dtype the normalized value is cast to before Llama's weight multiply
+    (default: x's dtype). The cast is part of that convention's definition, so an exact
+    (float64) evaluation of a bf16 op passes ``round_to=torch.bfloat16``.
+    """
     h = x if residual is None else x + residual
     hf = h.to(acc_dtype(h))
     y = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)
@@ -364,11 +369,11 @@ def add_rms_norm_ref(x, residual, weight, eps=1e-6, gemma=False):
         return y.to(h.dtype), h
     if gemma:
         return (y * (1.0 + weight.to(hf.dtype))).to(h.dtype), h
-    return (weight * y.to(h.dtype)).to(h.dtype), h
+    return (weight * y.to(round_to or h.dtype)).to(h.dtype), h
 
 
-def rms_norm_ref(x, weight, eps=1e-6, gemma=False):
-    return add_rms_norm_ref(x, None, weight, eps, gemma)[0]
+def rms_norm_ref(x, weight, eps=1e-6, gemma=False, round_to=None):
+    return add_rms_norm_ref(x, None, weight, eps, gemma, round_to)[0]
 
 
 def add_layer_norm_ref(x, residual, weight, bias, eps=1e-5):
