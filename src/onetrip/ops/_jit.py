@@ -38,3 +38,20 @@ def gelu(x, APPROX_TANH: tl.constexpr):
 def silu(x):
     """x * sigmoid(x) of float32 ``x``."""
     return x * tl.sigmoid(x)
+
+
+@triton.jit
+def row_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """This program's (BLOCK_M, BLOCK_N) tile of an (M, N) problem on a 1-D grid.
+
+    Returns (rows as int64 (BLOCK_M,), cols (BLOCK_N,), mask (BLOCK_M, BLOCK_N)). Column
+    blocks vary fastest, so programs that run together stream neighbouring bytes of a row:
+    with row blocks fastest, a 16K-wide silu_mul ran 3-5% slower on an H200. Rows are
+    64-bit because rows * row stride exceeds 2**31 elements for tensors over 4 GiB.
+    """
+    pid = tl.program_id(0)
+    n_col_blocks = tl.cdiv(N, BLOCK_N)
+    rows = (pid // n_col_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = (pid % n_col_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
+    return rows.to(tl.int64), cols, mask

@@ -129,10 +129,20 @@ def _norm_kernel(
             mean = 0.0
             rstd = tl.rsqrt(tl.sum(h * h, axis=1) / N + eps)[:, None]  # (BLOCK_M, 1)
         else:
-            mean = tl.sum(h, axis=1) / N
-            d = tl.where(mask, h - mean[:, None], 0.0)
-            rstd = tl.rsqrt(tl.sum(d * d, axis=1) / N + eps)[:, None]
-            mean = mean[:, None]
+            # Shifted moments: with K = h[row, 0] (each thread loads it; no exchange),
+            # sum(h - K) and sum((h - K)^2) are two independent reductions that overlap,
+            # where mean-then-M2 chains two. K is a sample of the row, so |mean - K| is
+            # of the order of the standard deviation and var = E[d^2] - E[d]^2 keeps
+            # float32's precision (a test shifts rows by 1000 standard deviations).
+            r0 = rows.to(tl.int64) * stride_xm
+            k0 = tl.load(x_ptr + r0, mask=rows < M, other=0.0).to(tl.float32)
+            if HAS_RESIDUAL:
+                k0 += tl.load(r_ptr + rows.to(tl.int64) * stride_rm, mask=rows < M, other=0.0).to(tl.float32)
+            d = tl.where(mask, h - k0[:, None], 0.0)
+            mean_d = tl.sum(d, axis=1) / N
+            var = tl.maximum(tl.sum(d * d, axis=1) / N - mean_d * mean_d, 0.0)
+            rstd = tl.rsqrt(var + eps)[:, None]
+            mean = (k0 + mean_d)[:, None]
         _store_y(y_ptr, h, mean, rstd, w, b, rows, cols, mask, stride_ym, IS_RMS, GEMMA, HAS_WEIGHT, HAS_BIAS)
     else:
         # -- split rows (BLOCK_M == 1): statistics are scalars. Keeping them scalar matters: a
@@ -195,21 +205,21 @@ class NormConfig:
     num_warps: int
 
 
-def norm_config(rows: int, width: int, device: torch.device, *, is_rms: bool = True,
+def norm_config(rows: int, width: int, device: torch.device, *, is_rms: bool = True, has_residual: bool = True,
                 chunk: int = 8192, chunk_warps: int = 4) -> NormConfig:
     """Whole rows up to 16K elements (32K for RMSNorm), else chunks of ``chunk`` elements.
 
     From sweeps on an H200 (benchmarks/NOTES.md): whole rows run at 94-99% of copy
     bandwidth up to 16K wide (RMSNorm to 32K, with 32 warps) with tiles of two rows up to
-    4K wide (and for LayerNorm to 16K) and about 32 elements per warp-thread group
-    (tile / 1024 warps); single-row programs past that spill and fall to 17-62%, so wider
-    rows are split. With or without a residual, one rule was within 2-3% of the best.
-    Split rows: chunks of 8192 with 4 warps were the best or within 1% of it at 32K-256K.
+    4K wide (and for LayerNorm, except a 16K row with its residual, where two rows spill),
+    and tile / 1024 warps; single-row programs past that spill and fall to 17-62%, so wider
+    rows are split. Split rows: chunks of 8192 with 4 warps were the best or within 1% of
+    it at 32K-256K.
     """
     block_n = triton.next_power_of_2(max(width, 1))
     if block_n <= (32768 if is_rms else 16384):
-        pair = 2 if block_n <= 4096 or not is_rms else 1
-        block_m = max(1, min(triton.next_power_of_2(max(rows, 1)), max(pair, 2048 // block_n)))
+        pair = block_n <= 4096 or (not is_rms and (block_n <= 8192 or not has_residual))
+        block_m = max(1, min(triton.next_power_of_2(max(rows, 1)), max(2 if pair else 1, 2048 // block_n)))
         warps = max(4, min(16 if block_n <= 16384 else 32, block_m * block_n // 1024))
         return NormConfig("rows", block_m, block_n, warps)
     n_chunks = triton.cdiv(width, chunk)
@@ -226,7 +236,7 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
     M, N = x.shape
     if M == 0 or N == 0:
         return None
-    cfg = config or norm_config(M, N, x.device, is_rms=is_rms)
+    cfg = config or norm_config(M, N, x.device, is_rms=is_rms, has_residual=residual is not None)
     C = triton.cdiv(N, cfg.block_n)
     if cfg.mode == "rows" and C != 1:
         raise ValueError(f"config.block_n={cfg.block_n} must cover the width {N} in mode 'rows'")
