@@ -128,14 +128,14 @@ def _norm_kernel(
         if IS_RMS:
             mean = 0.0
             rstd = tl.rsqrt(tl.sum(h * h, axis=1) / N + eps)[:, None]  # (BLOCK_M, 1)
-        else:
-            # Shifted moments: with K = h[row, 0] (each thread loads it; no exchange),
-            # sum(h - K) and sum((h - K)^2) are two independent reductions that overlap,
-            # where mean-then-M2 chains two. K is a sample of the row, so |mean - K| is
-            # of the order of the standard deviation and var = E[d^2] - E[d]^2 keeps
-            # float32's precision (a test shifts rows by 1000 standard deviations).
-            r0 = rows.to(tl.int64) * stride_xm
-            k0 = tl.load(x_ptr + r0, mask=rows < M, other=0.0).to(tl.float32)
+        elif x_ptr.dtype.element_ty != tl.float32:
+            # 16-bit inputs: shifted moments. With K = h[row, 0] (each thread loads it, no
+            # exchange), sum(h - K) and sum((h - K)^2) are two independent reductions that
+            # overlap, where mean-then-M2 chains two. K is a sample of the row, so |mean - K|
+            # is of the order of the standard deviation and var = E[d^2] - E[d]^2 loses a few
+            # float32 ulps: far below a 16-bit output's rounding, but several times PyTorch's
+            # error on float32 outputs, which therefore take the two-pass branch below.
+            k0 = tl.load(x_ptr + rows.to(tl.int64) * stride_xm, mask=rows < M, other=0.0).to(tl.float32)
             if HAS_RESIDUAL:
                 k0 += tl.load(r_ptr + rows.to(tl.int64) * stride_rm, mask=rows < M, other=0.0).to(tl.float32)
             d = tl.where(mask, h - k0[:, None], 0.0)
@@ -143,6 +143,11 @@ def _norm_kernel(
             var = tl.maximum(tl.sum(d * d, axis=1) / N - mean_d * mean_d, 0.0)
             rstd = tl.rsqrt(var + eps)[:, None]
             mean = (k0 + mean_d)[:, None]
+        else:
+            mean = tl.sum(h, axis=1) / N
+            d = tl.where(mask, h - mean[:, None], 0.0)
+            rstd = tl.rsqrt(tl.sum(d * d, axis=1) / N + eps)[:, None]
+            mean = mean[:, None]
         _store_y(y_ptr, h, mean, rstd, w, b, rows, cols, mask, stride_ym, IS_RMS, GEMMA, HAS_WEIGHT, HAS_BIAS)
     else:
         # -- split rows (BLOCK_M == 1): statistics are scalars. Keeping them scalar matters: a
