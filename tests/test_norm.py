@@ -114,6 +114,10 @@ def test_layer_norm_far_from_zero(device, gen, width, dtype):
     w, b = _params("layer", width, dtype, device, gen)
     _check("layer", x, r, w, b, 1e-5, *_run("layer", x, r, w, b, 1e-5))
     _check("layer", x, None, w, b, 1e-5, *_run("layer", x, None, w, b, 1e-5))
+    # Split rows (chunks of 128 combined with Chan's formula) must hold up as well.
+    y, h = poison_(torch.empty_like(x)), poison_(torch.empty_like(x))
+    norm_mod._launch(x, r, w, b, y, h, 1e-5, False, False, NormConfig("two_pass", 1, 128, 4))
+    _check("layer", x, r, w, b, 1e-5, y, h)
 
 
 def test_in_place_residual(device, gen):

@@ -91,6 +91,27 @@ def _store_y(y_ptr, h, mean, rstd, w, b, rows, cols, mask, stride_ym,
 
 
 @triton.jit
+def _mean_rstd(h, mask, N, eps, CORRECTED: tl.constexpr):
+    """Per-row mean and 1/sqrt(var + eps) of a (BLOCK_M, BLOCK_N) float32 tile.
+
+    mean = sum(h) / N, then var = sum((h - mean)^2) / N: two dependent reductions. The mean
+    is off by float32's rounding of a sum of N values, which matters when |mean| >> std:
+    rows 100 std from zero gave twice PyTorch's error on float32 outputs. CORRECTED (used
+    for float32 inputs) adds sum(h - mean) / N to the mean and subtracts its square from the
+    variance; the extra reduction cost a 16-bit LayerNorm up to 40% of its bandwidth on an
+    H200, whose rounding hides the error anyway, so 16-bit inputs skip it.
+    """
+    mean = tl.sum(h, axis=1) / N
+    d = tl.where(mask, h - mean[:, None], 0.0)
+    var = tl.sum(d * d, axis=1) / N
+    if CORRECTED:
+        c1 = tl.sum(d, axis=1) / N
+        mean += c1
+        var = tl.maximum(var - c1 * c1, 0.0)
+    return mean, tl.rsqrt(var + eps)
+
+
+@triton.jit
 def _norm_kernel(
     x_ptr, r_ptr, w_ptr, b_ptr,       # x, r: (M, N) rows; w, b: (N,)
     y_ptr, h_ptr,                     # y = norm(h), h = x + r: (M, N) rows
@@ -128,26 +149,10 @@ def _norm_kernel(
         if IS_RMS:
             mean = 0.0
             rstd = tl.rsqrt(tl.sum(h * h, axis=1) / N + eps)[:, None]  # (BLOCK_M, 1)
-        elif x_ptr.dtype.element_ty != tl.float32:
-            # 16-bit inputs: shifted moments. With K = h[row, 0] (each thread loads it, no
-            # exchange), sum(h - K) and sum((h - K)^2) are two independent reductions that
-            # overlap, where mean-then-M2 chains two. K is a sample of the row, so |mean - K|
-            # is of the order of the standard deviation and var = E[d^2] - E[d]^2 loses a few
-            # float32 ulps: far below a 16-bit output's rounding, but several times PyTorch's
-            # error on float32 outputs, which therefore take the two-pass branch below.
-            k0 = tl.load(x_ptr + rows.to(tl.int64) * stride_xm, mask=rows < M, other=0.0).to(tl.float32)
-            if HAS_RESIDUAL:
-                k0 += tl.load(r_ptr + rows.to(tl.int64) * stride_rm, mask=rows < M, other=0.0).to(tl.float32)
-            d = tl.where(mask, h - k0[:, None], 0.0)
-            mean_d = tl.sum(d, axis=1) / N
-            var = tl.maximum(tl.sum(d * d, axis=1) / N - mean_d * mean_d, 0.0)
-            rstd = tl.rsqrt(var + eps)[:, None]
-            mean = (k0 + mean_d)[:, None]
         else:
-            mean = tl.sum(h, axis=1) / N
-            d = tl.where(mask, h - mean[:, None], 0.0)
-            rstd = tl.rsqrt(tl.sum(d * d, axis=1) / N + eps)[:, None]
+            mean, rstd = _mean_rstd(h, mask, N, eps, x_ptr.dtype.element_ty == tl.float32)
             mean = mean[:, None]
+            rstd = rstd[:, None]
         _store_y(y_ptr, h, mean, rstd, w, b, rows, cols, mask, stride_ym, IS_RMS, GEMMA, HAS_WEIGHT, HAS_BIAS)
     else:
         # -- split rows (BLOCK_M == 1): statistics are scalars. Keeping them scalar matters: a
@@ -164,9 +169,14 @@ def _norm_kernel(
                 s0 = tl.sum(h * h)
                 s1 = s0
             else:
-                s0 = tl.sum(h) / tl.minimum(N - chunk * BLOCK_N, BLOCK_N).to(tl.float32)  # chunk mean
+                n_here = tl.minimum(N - chunk * BLOCK_N, BLOCK_N).to(tl.float32)
+                s0 = tl.sum(h) / n_here  # chunk mean
                 d = tl.where(mask, h - s0, 0.0)
-                s1 = tl.sum(d * d)  # chunk M2
+                s1 = tl.sum(d * d)       # chunk M2
+                if x_ptr.dtype.element_ty == tl.float32:  # corrected as in _mean_rstd
+                    c1 = tl.sum(d)
+                    s0 += c1 / n_here
+                    s1 = tl.maximum(s1 - c1 * c1 / n_here, 0.0)
             tl.store(part, s0)
             tl.store(part + 1, s1)
         if PHASE == 2:
@@ -210,21 +220,21 @@ class NormConfig:
     num_warps: int
 
 
-def norm_config(rows: int, width: int, device: torch.device, *, is_rms: bool = True, has_residual: bool = True,
+def norm_config(rows: int, width: int, device: torch.device, *, is_rms: bool = True,
                 chunk: int = 8192, chunk_warps: int = 4) -> NormConfig:
     """Whole rows up to 16K elements (32K for RMSNorm), else chunks of ``chunk`` elements.
 
     From sweeps on an H200 (benchmarks/NOTES.md): whole rows run at 94-99% of copy
     bandwidth up to 16K wide (RMSNorm to 32K, with 32 warps) with tiles of two rows up to
-    4K wide (and for LayerNorm, except a 16K row with its residual, where two rows spill),
-    and tile / 1024 warps; single-row programs past that spill and fall to 17-62%, so wider
-    rows are split. Split rows: chunks of 8192 with 4 warps were the best or within 1% of
-    it at 32K-256K.
+    4K wide (and for LayerNorm to 16K) and about 32 elements per warp-thread group
+    (tile / 1024 warps); single-row programs past that spill and fall to 17-62%, so wider
+    rows are split. With or without a residual, one rule was within 2-3% of the best.
+    Split rows: chunks of 8192 with 4 warps were the best or within 1% of it at 32K-256K.
     """
     block_n = triton.next_power_of_2(max(width, 1))
     if block_n <= (32768 if is_rms else 16384):
-        pair = block_n <= 4096 or (not is_rms and (block_n <= 8192 or not has_residual))
-        block_m = max(1, min(triton.next_power_of_2(max(rows, 1)), max(2 if pair else 1, 2048 // block_n)))
+        pair = 2 if block_n <= 4096 or not is_rms else 1
+        block_m = max(1, min(triton.next_power_of_2(max(rows, 1)), max(pair, 2048 // block_n)))
         warps = max(4, min(16 if block_n <= 16384 else 32, block_m * block_n // 1024))
         return NormConfig("rows", block_m, block_n, warps)
     n_chunks = triton.cdiv(width, chunk)
@@ -241,12 +251,12 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
     M, N = x.shape
     if M == 0 or N == 0:
         return None
-    cfg = config or norm_config(M, N, x.device, is_rms=is_rms, has_residual=residual is not None)
+    cfg = config or norm_config(M, N, x.device, is_rms=is_rms)
     C = triton.cdiv(N, cfg.block_n)
     if cfg.mode == "rows" and C != 1:
         raise ValueError(f"config.block_n={cfg.block_n} must cover the width {N} in mode 'rows'")
     dummy = x
-    part = torch.empty((M, C, 2), dtype=torch.float32, device=x.device) if C > 1 else dummy
+    part = torch.empty((M, C, 2), dtype=torch.float32, device=x.device) if cfg.mode != "rows" else dummy
     sync = torch.zeros(1 + M, dtype=torch.int32, device=x.device) if cfg.mode == "coop" else dummy
     phases = {"rows": (_ROWS,), "coop": (_COOP,), "two_pass": (_STATS, _APPLY)}[cfg.mode]
     grid = (triton.cdiv(M, cfg.block_m) * C,)
