@@ -1,11 +1,14 @@
 """The ``onetrip`` command.
 
     onetrip bench ops [--op NAME ...] [--dtype bf16|fp16|fp32] [--out DIR] [--quick]
+    onetrip profile TRACE.json[.gz] [--json OUT]
     onetrip env
 
 ``bench ops`` times each fused op against eager PyTorch, torch.compile and Liger-Kernel
 on a CUDA GPU and writes JSON, CSV and a PNG plot; on a machine without a GPU it checks
 onetrip's kernels against their references through Triton's interpreter instead.
+``profile`` reads a PyTorch profiler (Kineto) trace and reports the seams between kernels:
+kernels per step, idle gaps, launch overhead, element-wise chains, N x N intermediates.
 ``env`` prints the device, the versions involved, and how kernels will run.
 Also runnable as ``python -m onetrip ...``.
 """
@@ -38,6 +41,14 @@ def _build_parser(op_names: tuple[str, ...], dtype_names: tuple[str, ...]) -> ar
     ops.add_argument("--quick", action="store_true", help="widths 1K, 4K, 16K, 64K and 256K only")
     ops.set_defaults(func=_bench_ops)
 
+    prof = commands.add_parser(
+        "profile", help="report the seams between kernels in a PyTorch profiler trace",
+        description="Stream a PyTorch profiler (Kineto / Chrome trace) JSON file, optionally gzipped, and report "
+        "kernels per step, idle gaps, launch overhead, element-wise chains, N x N intermediates and casts.")
+    prof.add_argument("trace", type=Path, help="trace file (.json or .json.gz)")
+    prof.add_argument("--json", type=Path, metavar="OUT", help="also write the report as JSON to OUT")
+    prof.set_defaults(func=_profile)
+
     env = commands.add_parser("env", help="the device, versions, and how kernels will run",
                               description="Print the device, the versions involved, and how kernels will run.")
     env.set_defaults(func=_env)
@@ -55,6 +66,21 @@ def _bench_ops(args: argparse.Namespace) -> int:
     records = run_ops_bench(args.op, dtype, args.out, args.quick)
     failed = [r for r in records if r["provider"] == "onetrip" and (r["ok"] is False or r["error"])]
     return 1 if failed else 0
+
+
+def _profile(args: argparse.Namespace) -> int:
+    from .profile import analyze_trace, render_report
+
+    try:
+        report = analyze_trace(args.trace)
+    except (OSError, ValueError) as exc:
+        print(f"onetrip profile: {exc}", file=sys.stderr)
+        return 2
+    render_report(report)
+    if args.json:
+        args.json.write_text(report.to_json())
+        print(f"wrote {args.json}")
+    return 0
 
 
 def kernel_mode() -> str:
