@@ -1,0 +1,460 @@
+"""Decode attention over a KV cache (contiguous or paged), split-KV (flash-decoding), GQA.
+
+For each sequence b of length L = cache_seqlens[b] (the q_len new tokens already
+appended to the cache) and query i < q_len at position p_i = L - q_len + i:
+
+    s_ij = (q_i . k_j) * scale                    scale defaults to 1 / sqrt(head_dim)
+    s_ij = softcap * tanh(s_ij / softcap)          when softcap > 0
+    visible: j <= p_i (causal among the new tokens), and j >= p_i - left when left >= 0
+    out_i = sum_j softmax_j(s_ij) v_j              zeros when no key is visible
+
+Why a dedicated kernel: at decode, attention is a stream over the cache (read once,
+bandwidth bound) with only q_len queries per head. A program per (sequence, kv head) loads
+each K/V tile once for its whole group of GROUP = heads / kv_heads query heads and q_len
+queries, a (GROUP * q_len, BLOCK_N) score tile, so GQA costs no extra cache traffic. With
+few sequences there are too few (sequence, kv head) pairs to fill the GPU, so the sequence
+is split into ``num_splits`` ranges handled by separate programs (flash-decoding): each
+writes its normalized partial output and log-sum-exp (float32) to a workspace, and a small
+second kernel merges them:
+
+    out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M),    M = max_s lse_s
+
+Scores are kept in base 2 (log2(e) folded into the scale) so the online softmax uses exp2.
+The unfused reference (``decode_attention_ref``) gathers the cache, materializes the
+(heads, q_len, max_seq) scores and probabilities and re-reads them: ~4 extra passes over
+heads * max_seq scores, for a stream whose essential traffic is the cache itself.
+
+Graph capture: cache_seqlens stays on the device (never read on the host); the grid and
+the workspace depend only on shapes (batch, heads, q_len, num_splits, head_dim), so one
+captured call serves any lengths: change cache_seqlens in place and replay.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import (check_dtype_match, check_same_device, check_shape, check_tensor, is_interpreting, output,
+                      sm_count, use_triton)
+from ._jit import cast_out
+
+LOG2E = 1.4426950408889634
+MAX_Q_LEN = 16
+# Triton's interpreter multiplies bfloat16 tiles wrongly in tl.dot (errors of 1e10 on
+# unit-normal inputs), so under it the operands are upcast to float32 first: exact products
+# accumulated in float32, which is what the tensor cores do.
+_INTERPRETED_DOT = tl.constexpr(is_interpreting())
+
+
+@triton.jit
+def _tanh(x):
+    """tanh of float32 ``x`` from exp (libdevice's tanh is not in the interpreter).
+
+    (1 - e) / (1 + e) with e = exp(-2|x|) loses relative accuracy as |x| -> 0 (1 - e
+    cancels), so below 0.25 an odd Taylor polynomial is used; its first omitted term is
+    below 1e-10 there.
+    """
+    a = tl.abs(x)
+    e = tl.exp(-2.0 * a)
+    big = (1.0 - e) / (1.0 + e)
+    x2 = x * x
+    poly = -17.0 / 315 + x2 * (62.0 / 2835 + x2 * (-1382.0 / 155925))
+    small = a * (1.0 + x2 * (-1.0 / 3 + x2 * (2.0 / 15 + x2 * poly)))
+    t = tl.where(a < 0.25, small, big)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def _dot(a, b, PRECISION: tl.constexpr):
+    if _INTERPRETED_DOT:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(a, b, input_precision=PRECISION)
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr,        # q, out (B, Q_LEN, H, D); caches (blocks, block_size, KVH, D)
+    seqlens_ptr, table_ptr,            # (B,) int32; (B, max_blocks) int32 when PAGED
+    ws_o_ptr, ws_lse_ptr,              # SPLIT: (B * KVH, S, GROUP * Q_LEN, D) and (B * KVH, S, GROUP * Q_LEN) fp32
+    kv_heads, num_splits, head_dim,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_ob, stride_os, stride_oh,
+    stride_tb,
+    qk_scale, softcap_log2, window_left,
+    GROUP: tl.constexpr, Q_LEN: tl.constexpr,
+    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,   # constexpr: j // PAGE_SIZE becomes a shift
+    SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, SPLIT: tl.constexpr,
+    PRECISION: tl.constexpr,                        # "ieee" for float32 (no TF32), else "tf32"
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    b = pid // kv_heads
+    kvh = pid % kv_heads
+    L = tl.load(seqlens_ptr + b)
+
+    # -- the (GROUP * Q_LEN, D) queries of this kv head: row r = query i, head kvh*GROUP + g
+    r = tl.arange(0, BLOCK_M)
+    i = r // GROUP
+    g = r % GROUP
+    row_ok = r < GROUP * Q_LEN
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < head_dim
+    q_off = b.to(tl.int64) * stride_qb + i * stride_qs + (kvh * GROUP + g) * stride_qh
+    q = tl.load(q_ptr + q_off[:, None] + d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    qpos = L - Q_LEN + i  # (BLOCK_M,) negative when L < Q_LEN: such rows see nothing
+
+    # -- this split's keys: the visible range [lo, L) in whole tiles, cut into num_splits
+    # contiguous runs. Splitting the visible range (not max_seq) keeps splits balanced for
+    # short sequences and sliding windows; empty runs write zeros and lse = -inf.
+    lo = 0
+    if HAS_WINDOW:
+        lo = tl.maximum(L - Q_LEN - window_left, 0)
+    tile_lo = lo // BLOCK_N
+    n_tiles = tl.maximum(tl.cdiv(L, BLOCK_N) - tile_lo, 0)
+    per_split = tl.cdiv(n_tiles, num_splits)
+    start = (tile_lo + split * per_split) * BLOCK_N
+    end = tl.minimum(start + per_split * BLOCK_N, L)
+
+    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)  # running max, base-2 units
+    l_i = tl.zeros((BLOCK_M,), tl.float32)                  # running sum of 2^(s - m)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        j = n0 + tl.arange(0, BLOCK_N)
+        j_ok = j < end  # never read slots at or past L: they may hold anything
+        if PAGED:  # the page of each key: one table entry per key covers any page size
+            blk = tl.load(table_ptr + b.to(tl.int64) * stride_tb + j // PAGE_SIZE, mask=j_ok, other=0)
+            slot = j % PAGE_SIZE
+        else:
+            blk = b
+            slot = j
+        kv_mask = j_ok[:, None] & d_ok[None, :]
+        k_off = blk.to(tl.int64) * stride_kb + slot * stride_ks + kvh * stride_kh
+        k = tl.load(k_ptr + k_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        s = _dot(q, tl.trans(k), PRECISION)  # (BLOCK_M, BLOCK_N) float32
+        if SOFTCAP:  # qk_scale = scale / softcap, softcap_log2 = softcap * log2(e)
+            s = softcap_log2 * _tanh(s * qk_scale)
+        else:        # qk_scale = scale * log2(e)
+            s = s * qk_scale
+        visible = j_ok[None, :] & (j[None, :] <= qpos[:, None])
+        if HAS_WINDOW:
+            visible = visible & (j[None, :] >= qpos[:, None] - window_left)
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        # A row with nothing visible yet keeps m = -inf; subtracting 0 instead of -inf
+        # keeps its exponentials at 0 rather than NaN.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v_off = blk.to(tl.int64) * stride_vb + slot * stride_vs + kvh * stride_vh
+        v = tl.load(v_ptr + v_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        # P rounded to V's dtype for the tensor-core product, as FlashAttention does.
+        acc = acc * alpha[:, None] + _dot(cast_out(p, v_ptr.dtype.element_ty), v, PRECISION)
+        m_i = m_new
+
+    o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # rows with no visible key: 0
+    if SPLIT:
+        lse = tl.where(l_i > 0.0, m_i + tl.log2(tl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
+        rows = (pid.to(tl.int64) * num_splits + split) * (GROUP * Q_LEN) + r
+        tl.store(ws_lse_ptr + rows, lse, mask=row_ok)
+        tl.store(ws_o_ptr + rows[:, None] * head_dim + d[None, :], o, mask=row_ok[:, None] & d_ok[None, :])
+    else:
+        o_off = b.to(tl.int64) * stride_ob + i * stride_os + (kvh * GROUP + g) * stride_oh
+        tl.store(o_ptr + o_off[:, None] + d[None, :], cast_out(o, o_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _merge_kernel(
+    ws_o_ptr, ws_lse_ptr, o_ptr,       # workspace as written by _decode_kernel; out (B, Q_LEN, H, D)
+    kv_heads, num_splits, head_dim,
+    stride_ob, stride_os, stride_oh,
+    GROUP: tl.constexpr, Q_LEN: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    # One program per BLOCK_R output rows of one (b, kvh): the splits' log-sum-exps as one
+    # (BLOCK_S, BLOCK_R) tile, then their partial outputs one split at a time, so registers
+    # hold (BLOCK_R, D) whatever the split count.
+    GQ: tl.constexpr = GROUP * Q_LEN
+    n_rblocks: tl.constexpr = (GQ + BLOCK_R - 1) // BLOCK_R
+    pid = tl.program_id(0)
+    bk = pid // n_rblocks
+    r = (pid % n_rblocks) * BLOCK_R + tl.arange(0, BLOCK_R)
+    r_ok = r < GQ
+    b = bk // kv_heads
+    kvh = bk % kv_heads
+    sp = tl.arange(0, BLOCK_S)
+    base = bk.to(tl.int64) * num_splits * GQ
+    lse = tl.load(ws_lse_ptr + base + sp[:, None] * GQ + r[None, :], mask=(sp < num_splits)[:, None] & r_ok[None, :],
+                  other=float("-inf"))
+    m = tl.max(lse, axis=0)
+    m = tl.where(m == float("-inf"), 0.0, m)  # rows no split saw: weights all 0, output 0
+    den = tl.sum(tl.exp2(lse - m[None, :]), axis=0)
+    d = tl.arange(0, BLOCK_D)
+    mask = r_ok[:, None] & (d < head_dim)[None, :]
+    acc = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
+    for s in range(num_splits):
+        rows = base + s * GQ + r
+        w = tl.exp2(tl.load(ws_lse_ptr + rows, mask=r_ok, other=float("-inf")) - m)  # 0 for an empty split
+        acc += w[:, None] * tl.load(ws_o_ptr + rows[:, None] * head_dim + d[None, :], mask=mask, other=0.0)
+    y = acc / tl.where(den > 0.0, den, 1.0)[:, None]
+    o_off = b.to(tl.int64) * stride_ob + (r // GROUP) * stride_os + (kvh * GROUP + r % GROUP) * stride_oh
+    tl.store(o_ptr + o_off[:, None] + d[None, :], cast_out(y, o_ptr.dtype.element_ty), mask=mask)
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Launch shape: keys in tiles of ``block_n``; the sequence cut into ``num_splits``."""
+
+    block_n: int
+    num_warps: int
+    num_splits: int
+
+
+def decode_config(batch: int, kv_heads: int, max_seq: int, head_dim: int, device: torch.device, *,
+                  rows: int = 1, waves: int = 2) -> DecodeConfig:
+    """Tiles of 64 keys (32 for head_dim > 128, to bound the K/V tile's registers), and
+    enough splits that batch * kv_heads * num_splits programs fill ``waves`` waves of SMs,
+    at most one split per tile of max_seq. ``rows`` = group * q_len query rows per program:
+    8 warps once the float32 accumulator (rows x head_dim) passes 64 values per thread of 4
+    warps. Untuned: a first guess until the GPU sweep."""
+    block_n = 64 if head_dim <= 128 else 32
+    programs = max(1, batch * kv_heads)
+    splits = max(1, min(triton.cdiv(waves * sm_count(device), programs), triton.cdiv(max(max_seq, 1), block_n)))
+    acc = max(16, triton.next_power_of_2(rows)) * triton.next_power_of_2(head_dim)
+    return DecodeConfig(block_n, 4 if acc <= 64 * 128 else 8, splits)
+
+
+def _default_config(q, k_cache, block_table, num_splits: int = 0) -> DecodeConfig:
+    """decode_config for these tensors; ``num_splits`` > 0 overrides its split count."""
+    B, Q, H, D = q.shape
+    max_seq = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
+    cfg = decode_config(B, k_cache.shape[2], max_seq, D, q.device, rows=Q * H // k_cache.shape[2])
+    return cfg if num_splits <= 0 else DecodeConfig(cfg.block_n, cfg.num_warps, num_splits)
+
+
+def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale: float, window_left: int,
+            softcap: float, config: DecodeConfig | None = None):
+    """Launch on validated tensors (last dims unit stride). Returns the compiled attention
+    kernel (its ``n_regs``, ``n_spills``), or None when nothing ran."""
+    B, Q, H, D = q.shape
+    KVH = k_cache.shape[2]
+    group = H // KVH
+    paged = block_table is not None
+    page = k_cache.shape[1]
+    if B * H * D == 0:
+        return None
+    cfg = config or _default_config(q, k_cache, block_table)
+    S = cfg.num_splits
+    # The workspace is sized from shapes alone, so the call is graph capturable.
+    ws_o = torch.empty((B * KVH, S, group * Q, D) if S > 1 else (1,), dtype=torch.float32, device=q.device)
+    ws_lse = torch.empty((B * KVH, S, group * Q) if S > 1 else (1,), dtype=torch.float32, device=q.device)
+    if softcap > 0:
+        qk_scale, softcap_log2 = softmax_scale / softcap, softcap * LOG2E
+    else:
+        qk_scale, softcap_log2 = softmax_scale * LOG2E, 0.0
+    block_m = max(16, triton.next_power_of_2(group * Q))  # tl.dot needs 16 rows at least
+    block_d = max(16, triton.next_power_of_2(D))
+    kernel = _decode_kernel[(B * KVH, S)](
+        q, k_cache, v_cache, out, cache_seqlens, block_table if paged else cache_seqlens, ws_o, ws_lse,
+        KVH, S, D,
+        *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *out.stride()[:3],
+        block_table.stride(0) if paged else 0,
+        qk_scale, softcap_log2, max(window_left, 0),
+        GROUP=group, Q_LEN=Q, PAGED=paged, PAGE_SIZE=page if paged else 1,
+        SOFTCAP=softcap > 0, HAS_WINDOW=window_left >= 0, SPLIT=S > 1,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, num_warps=cfg.num_warps,
+    )
+    if S > 1:
+        block_r = min(triton.next_power_of_2(group * Q), 16)
+        _merge_kernel[(B * KVH * triton.cdiv(group * Q, block_r),)](
+            ws_o, ws_lse, out, KVH, S, D, *out.stride()[:3],
+            GROUP=group, Q_LEN=Q, BLOCK_R=block_r, BLOCK_S=triton.next_power_of_2(S), BLOCK_D=block_d,
+            num_warps=4,
+        )
+    return kernel
+
+
+@torch.library.custom_op("onetrip::decode_attention", mutates_args=("out",))
+def _decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
+               block_table: Optional[torch.Tensor], out: torch.Tensor, softmax_scale: float, window_left: int,
+               softcap: float, num_splits: int) -> None:
+    """num_splits 0: the heuristic's choice. The workspace is allocated here (inside a
+    captured graph it comes from the graph's memory pool)."""
+    if use_triton(q):
+        config = _default_config(q, k_cache, block_table, num_splits)
+        _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale, window_left, softcap, config)
+        return
+    # CPU without the interpreter: the reference in float32, rounded once like the kernel.
+    ref = decode_attention_ref(q.float(), k_cache.float(), v_cache.float(), cache_seqlens, block_table,
+                               softmax_scale, (window_left, -1), softcap)
+    out.copy_(ref)
+
+
+@_decode_op.register_fake
+def _(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale, window_left, softcap, num_splits):
+    return None
+
+
+def _check_int(name: str, t: object, shape: tuple, what: str, device: torch.device) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise TypeError(f"{name} has dtype {t.dtype}; allowed: torch.int32")
+    check_shape(name, t, shape, what)
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but q is on {device}; all tensors must share a device")
+    return t
+
+
+def _check_cache(q, k_cache, v_cache, cache_seqlens, block_table):
+    """Shared by decode_attention and append_kv: returns (kv_heads, page size or None)."""
+    B, _, H, D = q.shape
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        check_tensor(name, c)
+        check_dtype_match(name, c, "q", q)
+        if c.dim() != 4:
+            raise ValueError(f"{name} has shape {tuple(c.shape)}; expected (batch, max_seq, kv_heads, head_dim) "
+                             f"or, paged, (num_blocks, block_size, kv_heads, head_dim)")
+        if c.shape[-1] != D:
+            raise ValueError(f"{name} has head_dim {c.shape[-1]} but q has {D}; they must match")
+        if c.stride(-1) != 1 and D > 1:
+            raise ValueError(f"{name} must have unit stride along head_dim (got strides {c.stride()}); the cache "
+                             f"is written in place, so it is not copied")
+    check_shape("v_cache", v_cache, k_cache.shape, "the shape of k_cache")
+    check_same_device("q", q, k_cache=k_cache, v_cache=v_cache)
+    kvh = k_cache.shape[2]
+    if kvh == 0 or H % kvh != 0:
+        raise ValueError(f"q has {H} heads and the cache {kvh} kv_heads; heads must be a multiple of kv_heads")
+    _check_int("cache_seqlens", cache_seqlens, (B,), "one length per sequence of q's batch", q.device)
+    if block_table is None:
+        if k_cache.shape[0] != B:
+            raise ValueError(f"k_cache has shape {tuple(k_cache.shape)} but q's batch is {B}; a contiguous cache "
+                             f"is (batch, max_seq, kv_heads, head_dim) (pass block_table for a paged cache)")
+        return kvh, None
+    if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2:
+        got = tuple(block_table.shape) if isinstance(block_table, torch.Tensor) else type(block_table).__name__
+        raise ValueError(f"block_table must be a (batch, max_blocks) int32 tensor, got {got}")
+    _check_int("block_table", block_table, (B, block_table.shape[1]), "(batch, max_blocks)", q.device)
+    if block_table.stride(-1) != 1 and block_table.shape[1] > 1:
+        raise ValueError("block_table must have unit stride along max_blocks")
+    return kvh, k_cache.shape[1]
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    *,
+    block_table: Optional[torch.Tensor] = None,
+    softmax_scale: Optional[float] = None,
+    window: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    num_splits: Optional[int] = None,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Attention of q_len new queries per sequence over its KV cache (see the module docstring).
+
+    Query i of sequence b sits at position L - q_len + i with L = cache_seqlens[b]; it sees
+    keys 0..L - q_len + i (causal among the new tokens, which must already be in the cache:
+    ``append_kv`` writes them). q_len > 1 is speculative verification::
+
+        keys    0 1 2 ... L-3 L-2 L-1
+        q0      x x x ...  x              (q_len = 3)
+        q1      x x x ...  x   x
+        q2      x x x ...  x   x   x
+
+    Args:
+        q: (batch, q_len, heads, head_dim), float16, bfloat16 or float32; q_len 1..16,
+            head_dim up to 256 (any; powers of two waste nothing).
+        k_cache, v_cache: of q's dtype, unit stride along head_dim; contiguous
+            (batch, max_seq, kv_heads, head_dim), or paged (num_blocks, block_size,
+            kv_heads, head_dim) with ``block_table``. heads % kv_heads == 0 (GQA, MQA).
+        cache_seqlens: (batch,) int32 on q's device, each in [0, max_seq]; not read on the
+            host and not checked (that would need a sync). Slots at or past it are never read.
+        block_table: (batch, max_blocks) int32: page b's n-th block of block_size tokens;
+            entries past a sequence's length are never read. max_seq = max_blocks * block_size.
+        softmax_scale: default 1 / sqrt(head_dim).
+        window: (left, right) as in FlashAttention, -1 unbounded: query at p sees keys
+            p - left .. p. The op is causal, so right must be -1 or 0 (the same thing).
+        softcap: > 0 gives s = softcap * tanh(s / softcap) (Gemma 2, Grok), before masking.
+        num_splits: split-KV count; None picks from the shape and the SM count.
+        out: optional (batch, q_len, heads, head_dim) output of q's dtype.
+
+    Returns:
+        out. Rows with no visible key (L = 0, or L < q_len for the first queries) are 0.
+        Softmax in float32 with exp2; one or two launches; no host synchronisation, and a
+        workspace sized from shapes: CUDA-graph capturable.
+    """
+    check_tensor("q", q, min_ndim=4)
+    if q.dim() != 4:
+        raise ValueError(f"q has shape {tuple(q.shape)}; expected (batch, q_len, heads, head_dim)")
+    B, Q, H, D = q.shape
+    if not 1 <= Q <= MAX_Q_LEN:
+        raise ValueError(f"q has q_len {Q} (shape {tuple(q.shape)}); decode_attention takes 1..{MAX_Q_LEN} "
+                         f"new tokens per sequence")
+    if not 1 <= D <= 256:
+        raise ValueError(f"q has head_dim {D}; allowed: 1..256")
+    _check_cache(q, k_cache, v_cache, cache_seqlens, block_table)
+    if (not isinstance(window, (tuple, list)) or len(window) != 2 or not all(isinstance(w, int) for w in window)
+            or window[0] < -1 or window[1] not in (-1, 0)):
+        raise ValueError(f"window must be (left, right) with left >= -1 (-1: unbounded) and right -1 or 0 "
+                         f"(the op is causal); got {window!r}")
+    if not isinstance(softcap, (int, float)) or softcap < 0 or math.isnan(softcap):
+        raise ValueError(f"softcap must be a float >= 0 (0: off), got {softcap!r}")
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(D)
+    if num_splits is not None and (not isinstance(num_splits, int) or num_splits < 1):
+        raise ValueError(f"num_splits must be a positive int or None, got {num_splits!r}")
+    out = output("out", out, q.shape, q.dtype, q.device)
+    work = out if out.stride(-1) == 1 or D == 1 else torch.empty_like(out, memory_format=torch.contiguous_format)
+    qc = q if q.stride(-1) == 1 or D == 1 else q.contiguous()
+    if B * H * D > 0:
+        _decode_op(qc, k_cache, v_cache, cache_seqlens, block_table, work, float(softmax_scale), int(window[0]),
+                   float(softcap), num_splits or 0)
+    if work is not out:
+        out.copy_(work)
+    return out
+
+
+def decode_attention_ref(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=None,
+                         window=(-1, -1), softcap=0.0):
+    """Unfused, op by op in q's dtype: gather each sequence's cache (through block_table when
+    paged), scores matmul, scale, softcap, mask, softmax, matmul. Returns (batch, q_len,
+    heads, head_dim); rows with no visible key give zeros. On float64 copies it is the exact
+    reference of the tests."""
+    B, Q, H, D = q.shape
+    scale = 1.0 / math.sqrt(D) if softmax_scale is None else softmax_scale
+    if block_table is not None:
+        idx = block_table.long().clamp(0, k_cache.shape[0] - 1)  # unused entries may be anything
+        k, v = k_cache[idx].flatten(1, 2), v_cache[idx].flatten(1, 2)  # (B, max_blocks * page, KVH, D)
+    else:
+        k, v = k_cache, v_cache
+    S, group = k.shape[1], H // k.shape[2]
+    L = cache_seqlens.long()
+    j = torch.arange(S, device=q.device)
+    valid = j[None, :] < L[:, None]  # (B, S); slots past L may hold NaN: zero them
+    k = torch.where(valid[:, :, None, None], k, 0).repeat_interleave(group, dim=2).transpose(1, 2)  # (B, H, S, D)
+    v = torch.where(valid[:, :, None, None], v, 0).repeat_interleave(group, dim=2).transpose(1, 2)
+    qpos = L[:, None] - Q + torch.arange(Q, device=q.device)[None, :]  # (B, Q)
+    visible = valid[:, None, :] & (j[None, None, :] <= qpos[:, :, None])  # (B, Q, S)
+    if window[0] >= 0:
+        visible &= j[None, None, :] >= qpos[:, :, None] - window[0]
+    scores = q.transpose(1, 2) @ k.transpose(-1, -2)  # (B, H, Q, S)
+    scores = scores * scale
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
+    scores = scores.masked_fill(~visible[:, None], float("-inf"))
+    p = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # all -inf rows: NaN -> 0
+    return (p @ v).transpose(1, 2)  # (B, Q, H, D)
