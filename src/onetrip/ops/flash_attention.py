@@ -1,0 +1,308 @@
+"""Prefill attention without the (seq_q x seq_k) score matrix: FlashAttention-style forward.
+
+    S = softmax_scale * Q K^T                      (per batch, per head)
+    S = softcap * tanh(S / softcap)                (when softcap > 0)
+    S[i, j] = -inf where key j is masked for query i (causal / sliding window / padding)
+    O = softmax(S) V,     lse[i] = log sum_j exp(S[i, j])
+
+Forward only: there is no backward (inference). The kernel (``_attention_jit.py``) keeps
+one block of query rows in registers and streams K and V tiles through an online softmax,
+so its extra memory is the output and the optional lse: O(seq). The unfused reference
+(``attention_ref``) materializes batch x heads x seq_q x seq_k scores and moves them
+through HBM about 8 times (matmul writes S; scale, softcap, mask and softmax each read
+and write it; the second matmul reads P): at 8192 tokens and 32 heads, 4 GiB of bf16
+per pass, where the kernel reads Q and writes O once and reads K and V once per query
+block (seq_q / block_m times; how much of that L2 serves is for the GPU session to measure).
+
+Causal and window masks are aligned to the bottom-right corner (as FlashAttention >= 2.1):
+with diag = seq_k - seq_q, query i sees key j when  i + diag - left <= j <= i + diag + right,
+and causal is right = 0. The last query always sits on the last key, which is what decode
+and chunked prefill with a KV cache need::
+
+    seq_q = 3, seq_k = 5 (diag = 2), causal      seq_q = 5, seq_k = 3 (diag = -2), causal
+            k0 k1 k2 k3 k4                              k0 k1 k2
+        q0   x  x  x  .  .                          q0   .  .  .    <- sees no key: zeros,
+        q1   x  x  x  x  .                          q1   .  .  .       lse = -inf
+        q2   x  x  x  x  x                          q2   x  .  .
+                                                    q3   x  x  .
+                                                    q4   x  x  x
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+
+from ._attention_jit import LOG2E, _attn_fwd_kernel
+from ._common import check_dtype_match, check_same_device, check_tensor, output, use_triton
+
+MAX_HEAD_DIM = 256
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """Launch shape: ``block_m`` query rows per program, K/V tiles of ``block_n`` keys."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def attention_config(head_dim: int, max_seqlen_q: Optional[int] = None) -> AttentionConfig:
+    """A starting point by head dim, not yet tuned on a GPU (the Hopper session will sweep it).
+
+    Registers bound the tile: the float32 accumulator is block_m x head_dim and the score
+    tile block_m x block_n per program, so wide heads take fewer rows. Compiled for sm_90
+    on a CPU (Triton 3.9, ``ptxas -v``, bf16, causal): 128 x 64 used 255 registers at head
+    dim 64 (4 warps) and 254 at 128 (8 warps), no spills; at 256, 64 x 64 with 8 warps
+    spilled 28 bytes, 64 x 32 none (4 warps: 160 bytes). Shared memory then holds
+    num_stages K and V tiles: 2 x 32 x 256 bf16 x 2 (64 KiB) + Q (32 KiB) at head dim 256.
+    Short queries (decode, tests) shrink block_m to the next power of two >= max_seqlen_q
+    (at least 16, tl.dot's minimum).
+    """
+    if head_dim <= 64:
+        cfg = AttentionConfig(128, 64, 4, 3)
+    elif head_dim <= 128:
+        cfg = AttentionConfig(128, 64, 8, 3)
+    else:
+        cfg = AttentionConfig(64, 32, 8, 2)
+    if max_seqlen_q is not None:
+        cfg = AttentionConfig(min(cfg.block_m, max(16, triton.next_power_of_2(max(max_seqlen_q, 1)))),
+                              cfg.block_n, cfg.num_warps, cfg.num_stages)
+    return cfg
+
+
+def _launch(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, softmax_scale: float,
+            window: tuple[int, int], softcap: float, config: AttentionConfig | None = None):
+    """Launch on validated tensors (unit stride along head_dim). Dense: q, out (B, Sq, H, D),
+    k, v (B, Sk, Hkv, D), lse (B, H, Sq) or None. Varlen: the same without B, cu_seqlens
+    (B + 1,) int32, lse (H, Tq). ``window`` already holds causal (right = 0).
+
+    Returns the compiled kernel (its ``n_regs``, ``n_spills``) or None when there is no work.
+    """
+    varlen = cu_seqlens_q is not None
+    if varlen:
+        batch, seqlen_q, seqlen_k = cu_seqlens_q.shape[0] - 1, max_seqlen_q, 0
+        qb = kb = vb = ob = lb = 0  # packed tokens: the sequence's start comes from cu_seqlens
+    else:
+        batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+        qb, kb, vb, ob = q.stride(0), k.stride(0), v.stride(0), out.stride(0)
+        lb = lse.stride(0) if lse is not None else 0
+    heads, head_dim, kv_heads = q.shape[-2], q.shape[-1], k.shape[-2]
+    if batch == 0 or heads == 0 or seqlen_q == 0 or q.numel() == 0:
+        return None
+    cfg = config or attention_config(head_dim, seqlen_q)
+    left, right = window
+    cap = float(softcap)
+    grid = (triton.cdiv(seqlen_q, cfg.block_m), heads, batch)
+    s = lambda t: (t.stride(-3), t.stride(-2))  # (token, head) strides
+    dummy = cu_seqlens_q if varlen else q
+    return _attn_fwd_kernel[grid](
+        q, k, v, out, lse if lse is not None else out, dummy, cu_seqlens_k if varlen else dummy,
+        seqlen_q, seqlen_k, heads // kv_heads,
+        qb, *s(q), kb, *s(k), vb, *s(v), ob, *s(out),
+        lb, lse.stride(-2) if lse is not None else 0,
+        softmax_scale * LOG2E, softmax_scale / cap if cap > 0 else 0.0, cap * LOG2E, left, right,
+        HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        IS_VARLEN=varlen, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, HAS_SOFTCAP=cap > 0,
+        STORE_LSE=lse is not None,
+        # float32 inputs: full-precision products (the GPU default would round them to tf32).
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+
+
+@torch.library.custom_op("onetrip::flash_attention", mutates_args=("out", "lse"))
+def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: Optional[torch.Tensor],
+                  cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int,
+                  softmax_scale: float, window_left: int, window_right: int, softcap: float) -> None:
+    if use_triton(q):
+        _launch(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale,
+                (window_left, window_right), softcap)
+        return
+    o, l = attention_ref(q, k, v, False, softmax_scale, (window_left, window_right), softcap,
+                         cu_seqlens_q, cu_seqlens_k, return_lse=True)
+    out.copy_(o)
+    if lse is not None:
+        lse.copy_(l)
+
+
+@_attention_op.register_fake
+def _(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_left, window_right, softcap):
+    return None
+
+
+def _check_int(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                    softmax_scale: Optional[float] = None, window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                    cu_seqlens_q: Optional[torch.Tensor] = None, cu_seqlens_k: Optional[torch.Tensor] = None,
+                    max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None,
+                    return_lse: bool = False, out: Optional[torch.Tensor] = None):
+    """softmax(mask(softcap(scale * Q K^T))) V in one kernel, forward only (no autograd).
+
+    Args:
+        q: (batch, seq_q, heads, head_dim), or packed (total_q, heads, head_dim) with
+            cu_seqlens_q. float16, bfloat16 or float32; any strides with a unit stride
+            along head_dim (others are copied once). head_dim 1..256 (32, 64, 80, 96, 128,
+            192, 256 tested; padded to a power of two inside, with masks).
+        k, v: (batch, seq_k, kv_heads, head_dim) or (total_k, kv_heads, head_dim), q's
+            dtype; heads % kv_heads == 0 (GQA/MQA: query head h reads kv head
+            h // (heads // kv_heads), K and V are not repeated).
+        causal: mask key j for query i when j > i + seq_k - seq_q (bottom-right, see the
+            module docstring); same as window right = 0.
+        softmax_scale: default 1 / sqrt(head_dim).
+        window: (left, right) sliding window, -1 = unbounded: query i sees keys
+            i + diag - left <= j <= i + diag + right, diag = seq_k - seq_q.
+        softcap: > 0 applies softcap * tanh(s / softcap) to the scaled scores, before the mask.
+        cu_seqlens_q, cu_seqlens_k: (batch + 1,) int32 prefix sums of the sequence lengths
+            (varlen); both or neither. Lengths may be 0.
+        max_seqlen_q: required with cu_seqlens_q: the grid covers this many queries per
+            sequence, so it must be >= every length (read from the host by the caller, not
+            here: no device->host synchronisation, so the call is CUDA-graph capturable).
+        max_seqlen_k: accepted for interface compatibility; unused (the key loop reads
+            each sequence's own length). Varlen tokens past cu_seqlens_q[-1] are not written.
+        return_lse: also return the natural-log logsumexp of each row's masked scores,
+            float32 (batch, heads, seq_q), or (heads, total_q) for varlen.
+        out: optional output of q's shape and dtype, written in place.
+
+    Returns:
+        out of q's shape and dtype, or (out, lse). A query that sees no key (masked
+        entirely, or a sequence with no keys) gets zeros and lse = -inf, never NaN.
+        Softmax statistics and P @ V accumulate in float32. No allocation depends on
+        tensor values: works under torch.compile(fullgraph=True) and CUDA-graph capture.
+    """
+    check_tensor("q", q, min_ndim=3)
+    check_tensor("k", k, min_ndim=3)
+    check_tensor("v", v, min_ndim=3)
+    check_dtype_match("k", k, "q", q)
+    check_dtype_match("v", v, "q", q)
+    check_same_device("q", q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    ndim = 3 if varlen else 4
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != ndim:
+            layout = "(total_tokens, heads, head_dim) with cu_seqlens" if varlen else "(batch, seq, heads, head_dim)"
+            raise ValueError(f"{name} has shape {tuple(t.shape)}; expected {layout}")
+    if k.shape != v.shape:
+        raise ValueError(f"v has shape {tuple(v.shape)} but k has {tuple(k.shape)}; they must match")
+    heads, head_dim, kv_heads = q.shape[-2], q.shape[-1], k.shape[-2]
+    if k.shape[-1] != head_dim:
+        raise ValueError(f"k has head_dim {k.shape[-1]} but q has {head_dim}; they must match")
+    if not 1 <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(f"head_dim is {head_dim}; supported: 1 to {MAX_HEAD_DIM}")
+    if kv_heads == 0 or heads % kv_heads != 0:
+        raise ValueError(f"q has {heads} heads and k has {kv_heads}; heads must be a multiple of kv_heads")
+    if varlen:
+        if cu_seqlens_q is None or cu_seqlens_k is None:
+            raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together")
+        for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1 or t.shape[0] < 1:
+                what = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+                raise ValueError(f"{name} must be a 1-D int32 tensor of batch + 1 offsets, got {what}")
+        if cu_seqlens_q.shape != cu_seqlens_k.shape:
+            raise ValueError(f"cu_seqlens_q has {cu_seqlens_q.shape[0]} entries and cu_seqlens_k "
+                             f"{cu_seqlens_k.shape[0]}; both are batch + 1")
+        if max_seqlen_q is None:
+            raise ValueError("max_seqlen_q is required with cu_seqlens_q (the longest query length, an int: "
+                             "reading it from cu_seqlens here would synchronise with the device)")
+        _check_int("max_seqlen_q", max_seqlen_q, 0)
+        if max_seqlen_k is not None:
+            _check_int("max_seqlen_k", max_seqlen_k, 0)
+    elif k.shape[0] != q.shape[0]:
+        raise ValueError(f"k has batch {k.shape[0]} but q has {q.shape[0]}; they must match")
+    if not (isinstance(window, (tuple, list)) and len(window) == 2):
+        raise ValueError(f"window must be a (left, right) pair of ints, -1 = unbounded; got {window!r}")
+    _check_int("window[0]", window[0], -1)
+    _check_int("window[1]", window[1], -1)
+    if not isinstance(softcap, (int, float)) or softcap < 0 or not math.isfinite(softcap):
+        raise ValueError(f"softcap must be a finite float >= 0 (0 = off), got {softcap!r}")
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(head_dim)
+    left, right = int(window[0]), int(window[1])
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+
+    out = output("out", out, q.shape, q.dtype, q.device)
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    o = out if out.stride(-1) == 1 else torch.empty_like(out, memory_format=torch.contiguous_format)
+    lse = None
+    if return_lse:
+        lse_shape = (heads, q.shape[0]) if varlen else (q.shape[0], heads, q.shape[1])
+        lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+    _attention_op(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q if varlen else q.shape[1]),
+                  float(softmax_scale), left, right, float(softcap))
+    if o is not out:
+        out.copy_(o)
+    return (out, lse) if return_lse else out
+
+
+# -- reference: op by op, as a user would write it ------------------------------------------
+
+def _visible(seq_q, seq_k, window, device):
+    """(seq_q, seq_k) bool: key j visible to query i (bottom-right aligned band)."""
+    i = torch.arange(seq_q, device=device)[:, None]
+    j = torch.arange(seq_k, device=device)[None, :]
+    diag = seq_k - seq_q
+    ok = torch.ones(seq_q, seq_k, dtype=torch.bool, device=device)
+    if window[0] >= 0:
+        ok &= j >= i + diag - window[0]
+    if window[1] >= 0:
+        ok &= j <= i + diag + window[1]
+    return ok
+
+
+def _dense_ref(q, k, v, scale, window, softcap):
+    """(B, Sq, H, D) -> ((B, Sq, H, D), lse (B, H, Sq) float32), scores materialized."""
+    group = q.shape[2] // k.shape[2]
+    qt = q.transpose(1, 2)                                      # (B, H, Sq, D)
+    kt = k.transpose(1, 2).repeat_interleave(group, dim=1)      # (B, H, Sk, D): a copy, unlike the kernel
+    vt = v.transpose(1, 2).repeat_interleave(group, dim=1)
+    s = torch.matmul(qt, kt.transpose(-1, -2)) * scale          # (B, H, Sq, Sk): the quadratic tensor
+    if softcap > 0:
+        s = torch.tanh(s / softcap) * softcap
+    ok = _visible(q.shape[1], k.shape[1], window, q.device)
+    s = s.masked_fill(~ok, float("-inf"))
+    lse = torch.logsumexp(s.float() if s.dtype != torch.float64 else s, dim=-1)
+    # A row with no visible key is softmax(all -inf) = NaN; the defined result is zeros.
+    p = torch.softmax(s, dim=-1).masked_fill(~ok.any(-1, keepdim=True), 0.0)
+    o = torch.matmul(p, vt).transpose(1, 2)                     # (B, Sq, H, D)
+    if lse.dtype != torch.float64:
+        lse = lse.float()
+    return o, lse
+
+
+def attention_ref(q, k, v, causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0,
+                  cu_seqlens_q=None, cu_seqlens_k=None, *, return_lse=False):
+    """Unfused attention in q's dtype op by op: matmul, scale, softcap, mask, softmax, matmul.
+
+    Same shapes and masking as ``flash_attention``; rows that see no key give zeros (and
+    lse -inf). On float64 copies (``onetrip.testing.upcast``) it is the exact reference.
+    Varlen reads the lengths on the host (a synchronisation: reference use only).
+    """
+    scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else softmax_scale
+    left, right = window
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    if cu_seqlens_q is None:
+        o, lse = _dense_ref(q, k, v, scale, (left, right), softcap)
+    else:
+        cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+        outs, lses = [], []
+        for b in range(len(cq) - 1):
+            o_b, l_b = _dense_ref(q[None, cq[b]:cq[b + 1]], k[None, ck[b]:ck[b + 1]], v[None, ck[b]:ck[b + 1]],
+                                  scale, (left, right), softcap)
+            outs.append(o_b[0])
+            lses.append(l_b[0])
+        o = torch.cat(outs, 0) if outs else q.new_zeros(q.shape)
+        lse = torch.cat(lses, -1) if lses else torch.zeros(q.shape[1], 0, dtype=torch.float32, device=q.device)
+    return (o, lse) if return_lse else o
