@@ -34,7 +34,7 @@ import triton.language as tl
 
 from ._common import check_dtype_match, check_same_device, check_shape, check_tensor, use_triton
 from .decode_attention import _check_cache
-from .rotary import _rotate_heads, _work, apply_rotary_ref, rotary_config
+from .rotary import _cos_sin_rows, _rotate_heads, _work, apply_rotary_ref, rotary_config
 
 
 @triton.jit
@@ -64,13 +64,7 @@ def _append_kv_kernel(
         blk = b
         slot = pos
 
-    j = tl.arange(0, BLOCK_HALF)
-    cmask = tok_ok[:, None] & (j < half)[None, :]
-    # One cos and one sin row per token, shared by all q and k heads.
-    cos = tl.load(cos_ptr + pos[:, None] * stride_cos + j[None, :], mask=cmask, other=0.0).to(tl.float32)
-    sin = tl.load(sin_ptr + pos[:, None] * stride_sin + j[None, :], mask=cmask, other=0.0).to(tl.float32)
-    cos = cos[:, None, :]
-    sin = sin[:, None, :]
+    cos, sin = _cos_sin_rows(cos_ptr, sin_ptr, pos, tok_ok, half, stride_cos, stride_sin, BLOCK_HALF)
     q_off = b * stride_qb + i * stride_qs
     # q in place: its pass-through dims are already where they belong.
     _rotate_heads(q_ptr, q_ptr, q_off, q_off, tok_ok, stride_qh, stride_qh, q_heads, half, tail, cos, sin,

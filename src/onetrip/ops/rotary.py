@@ -66,6 +66,17 @@ def _rotate_heads(
 
 
 @triton.jit
+def _cos_sin_rows(cos_ptr, sin_ptr, pos, tok_ok, half, stride_cos, stride_sin, BLOCK_HALF: tl.constexpr):
+    """The cos and sin rows of each token's position, float32 (BLOCK_T, 1, BLOCK_HALF):
+    loaded once per token and broadcast over all of its q and k heads."""
+    i = tl.arange(0, BLOCK_HALF)
+    cmask = tok_ok[:, None] & (i < half)[None, :]
+    cos = tl.load(cos_ptr + pos[:, None] * stride_cos + i[None, :], mask=cmask, other=0.0).to(tl.float32)
+    sin = tl.load(sin_ptr + pos[:, None] * stride_sin + i[None, :], mask=cmask, other=0.0).to(tl.float32)
+    return cos[:, None, :], sin[:, None, :]
+
+
+@triton.jit
 def _rotary_kernel(
     q_ptr, k_ptr, qo_ptr, ko_ptr,  # (B, S, heads, D) and (B, S, kv_heads, D), unit stride along D
     cos_ptr, sin_ptr,  # (max_pos, half), unit column stride
@@ -86,13 +97,7 @@ def _rotary_kernel(
         pos = tl.load(pos_ptr + tok % n_pos, mask=tok_ok, other=0).to(tl.int64)
     else:
         pos = s
-    i = tl.arange(0, BLOCK_HALF)
-    cmask = tok_ok[:, None] & (i < half)[None, :]
-    # One cos and one sin row per token, loaded once for all q and k heads.
-    cos = tl.load(cos_ptr + pos[:, None] * stride_cos + i[None, :], mask=cmask, other=0.0).to(tl.float32)
-    sin = tl.load(sin_ptr + pos[:, None] * stride_sin + i[None, :], mask=cmask, other=0.0).to(tl.float32)
-    cos = cos[:, None, :]
-    sin = sin[:, None, :]
+    cos, sin = _cos_sin_rows(cos_ptr, sin_ptr, pos, tok_ok, half, stride_cos, stride_sin, BLOCK_HALF)
     _rotate_heads(q_ptr, qo_ptr, b * stride_qb + s * stride_qs, b * stride_qob + s * stride_qos, tok_ok,
                   stride_qh, stride_qoh, q_heads, half, tail, cos, sin,
                   INTERLEAVED, COPY_TAIL, BLOCK_H, BLOCK_HALF, BLOCK_TAIL)
