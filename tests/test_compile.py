@@ -22,6 +22,15 @@ def _cases(device):
     pos = torch.arange(7, device=device)
     freqs = torch.outer(pos.float(), 10000.0 ** (-torch.arange(0, 32, 2, device=device).float() / 32))
     cos, sin = freqs.cos(), freqs.sin()
+    kc, vc = rn(2, 16, 2, 32), rn(2, 16, 2, 32)  # KV caches (batch, max_seq, kv_heads, head_dim)
+    lens = torch.tensor([3, 5], dtype=torch.int32, device=device)  # positions within the 7-row rope table
+    q1, k1, v1 = rn(2, 1, 4, 32), rn(2, 1, 2, 32), rn(2, 1, 2, 32)
+
+    def decode_step():  # one decode step as the engine will run it
+        qr, kcache, vcache = q1.clone(), kc.clone(), vc.clone()
+        onetrip.append_kv(qr, k1, v1, kcache, vcache, lens, cos, sin)
+        return onetrip.decode_attention(qr, kcache, vcache, lens + 1)
+
     return {
         "bias_gelu": (lambda: onetrip.bias_gelu(x, b)),
         "add_rms_norm": (lambda: onetrip.add_rms_norm(x, r, w, 1e-6)),
@@ -32,6 +41,8 @@ def _cases(device):
         "gelu_mul": (lambda: onetrip.gelu_mul(x, r)),
         "apply_rotary": (lambda: onetrip.apply_rotary(q, k, cos, sin)),
         "apply_rotary_inplace": (lambda: onetrip.apply_rotary(q.clone(), k.clone(), cos, sin, inplace=True)),
+        "flash_attention": (lambda: onetrip.flash_attention(q, k, k, causal=True, return_lse=True)),
+        "decode_step": decode_step,
     }
 
 

@@ -1,0 +1,262 @@
+"""Model configuration: one frozen dataclass for Llama-family decoders, named presets,
+reading and writing Hugging Face ``config.json`` dicts, and the rotary tables.
+
+    cfg = get_config("llama-3.2-1b")            # or ModelConfig.from_hf(json.load(...))
+    cos, sin = rope_tables(cfg, 4096, "cuda")   # (4096, head_dim // 2) float32 each
+
+Covered families (``ModelConfig.architecture`` derives the name from the flags):
+
+    LlamaForCausalLM   plain Llama 2/3 (optionally with Llama-3 "llama3" rope scaling)
+    Qwen2ForCausalLM   Llama + biases on the q, k and v projections
+    Qwen3ForCausalLM   Llama + RMSNorm of each q and k head before the rotary
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama-3's "llama3" frequency scaling (Llama 3.1 and later).
+
+    Wavelengths shorter than ``original_max_position_embeddings / high_freq_factor`` keep
+    their frequency; longer than ``original / low_freq_factor`` are divided by ``factor``;
+    in between, a linear blend in ``original / wavelength``.
+    """
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shapes and constants of a Llama-family decoder (no weights).
+
+    Projection shapes (out, in), as stored in Hugging Face checkpoints:
+    q (num_heads * head_dim, hidden), k and v (num_kv_heads * head_dim, hidden),
+    o (hidden, num_heads * head_dim), gate and up (intermediate, hidden),
+    down (hidden, intermediate), embedding and LM head (vocab, hidden).
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float = 10000.0
+    rope_scaling: Optional[RopeScaling] = None
+    rms_norm_eps: float = 1e-5
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # Qwen2: biases on q, k, v (not on o)
+    qk_norm: bool = False  # Qwen3: RMSNorm over head_dim of each q and k head
+    max_position_embeddings: int = 8192
+
+    def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                     "num_kv_heads", "head_dim"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"ModelConfig.{name} must be positive, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even for the rotary embedding, got {self.head_dim}")
+        if self.attention_bias and self.qk_norm:
+            raise ValueError("attention_bias with qk_norm (Qwen3 with q/k/v biases) is not supported")
+
+    @property
+    def architecture(self) -> str:
+        """The Hugging Face architecture name these flags correspond to."""
+        if self.qk_norm:
+            return "Qwen3ForCausalLM"
+        if self.attention_bias:
+            return "Qwen2ForCausalLM"
+        return "LlamaForCausalLM"
+
+    @property
+    def qkv_size(self) -> int:
+        """Output width of the fused q/k/v projection: (num_heads + 2 num_kv_heads) head_dim."""
+        return (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+
+    def num_parameters(self) -> int:
+        """Parameter count; a tied embedding counts once."""
+        h, hd = self.hidden_size, self.head_dim
+        attn = h * self.qkv_size + self.num_heads * hd * h
+        if self.attention_bias:
+            attn += self.qkv_size
+        if self.qk_norm:
+            attn += 2 * hd
+        layer = attn + 3 * h * self.intermediate_size + 2 * h
+        head = 0 if self.tie_word_embeddings else self.vocab_size * h
+        return self.vocab_size * h + self.num_layers * layer + h + head
+
+    # ---- Hugging Face config.json ------------------------------------------------------
+
+    @classmethod
+    def from_hf(cls, hf: dict) -> "ModelConfig":
+        """Read a Hugging Face ``config.json`` dict (Llama, Qwen2 or Qwen3).
+
+        Raises ValueError naming the architecture or the option that is not supported.
+        """
+        archs = hf.get("architectures") or []
+        arch = archs[0] if archs else None
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ValueError(f"unsupported architecture {arch!r} (config 'architectures' = {archs!r}); "
+                             f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+        act = hf.get("hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(f"{arch}: hidden_act {act!r} is not supported, only 'silu'")
+        if hf.get("mlp_bias"):
+            raise ValueError(f"{arch}: mlp_bias=True is not supported")
+        if arch == "Qwen2ForCausalLM":
+            if hf.get("use_sliding_window"):
+                raise ValueError("Qwen2ForCausalLM: use_sliding_window=True is not supported")
+            bias = True  # Qwen2 always has q/k/v biases (and none on o)
+        else:
+            if hf.get("attention_bias"):  # in HF Llama/Qwen3 this also puts a bias on o_proj
+                raise ValueError(f"{arch}: attention_bias=True is not supported")
+            bias = False
+        heads = hf["num_attention_heads"]
+        # transformers >= 5 writes "rope_parameters" (with rope_theta inside); older versions
+        # write "rope_theta" and "rope_scaling" at the top level.
+        rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+        theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
+        kind = rope.get("rope_type", rope.get("type", "default"))
+        if kind == "llama3":
+            scaling = RopeScaling(float(rope["factor"]), float(rope["low_freq_factor"]),
+                                  float(rope["high_freq_factor"]), int(rope["original_max_position_embeddings"]))
+        elif kind == "default":
+            scaling = None
+        else:
+            raise ValueError(f"{arch}: rope scaling type {kind!r} is not supported (only 'llama3' or none)")
+        return cls(
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"],
+            num_layers=hf["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=hf.get("num_key_value_heads") or heads,
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+            rope_theta=float(theta),
+            rope_scaling=scaling,
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            attention_bias=bias,
+            qk_norm=arch == "Qwen3ForCausalLM",
+            max_position_embeddings=int(hf.get("max_position_embeddings", 8192)),
+        )
+
+    def to_hf(self, torch_dtype: Optional[torch.dtype] = None) -> dict:
+        """A ``config.json`` dict that ``from_hf`` (and transformers) read back to this config."""
+        model_type = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
+        out = {
+            "architectures": [self.architecture],
+            "model_type": model_type[self.architecture],
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rope_theta": self.rope_theta,
+            "rope_scaling": None,
+            "rms_norm_eps": self.rms_norm_eps,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "max_position_embeddings": self.max_position_embeddings,
+        }
+        if self.architecture != "Qwen2ForCausalLM":
+            out["attention_bias"] = False
+        else:
+            out["use_sliding_window"] = False
+        if self.rope_scaling is not None:
+            out["rope_scaling"] = {"rope_type": "llama3", **dataclasses.asdict(self.rope_scaling)}
+        if torch_dtype is not None:
+            out["torch_dtype"] = str(torch_dtype).removeprefix("torch.")
+        return out
+
+
+_LLAMA3_1B_SCALING = RopeScaling(32.0, 1.0, 4.0, 8192)
+_LLAMA3_8B_SCALING = RopeScaling(8.0, 1.0, 4.0, 8192)
+
+# Numbers from the public config.json files of the Hugging Face repos
+# meta-llama/Llama-3.2-1B, meta-llama/Llama-3.1-8B, Qwen/Qwen2.5-0.5B, Qwen/Qwen2.5-7B.
+PRESETS: dict[str, ModelConfig] = {
+    "llama-3.2-1b": ModelConfig(
+        vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_layers=16, num_heads=32,
+        num_kv_heads=8, head_dim=64, rope_theta=500000.0, rope_scaling=_LLAMA3_1B_SCALING,
+        rms_norm_eps=1e-5, tie_word_embeddings=True, max_position_embeddings=131072,
+    ),
+    "llama-3.1-8b": ModelConfig(
+        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
+        num_kv_heads=8, head_dim=128, rope_theta=500000.0, rope_scaling=_LLAMA3_8B_SCALING,
+        rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=131072,
+    ),
+    "qwen2.5-0.5b": ModelConfig(
+        vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24, num_heads=14,
+        num_kv_heads=2, head_dim=64, rope_theta=1000000.0, rms_norm_eps=1e-6,
+        tie_word_embeddings=True, attention_bias=True, max_position_embeddings=32768,
+    ),
+    # max_position_embeddings: the base Qwen2.5-7B config says 131072 (the Instruct one
+    # 32768, with YaRN for longer contexts); it only bounds what callers may ask for here.
+    "qwen2.5-7b": ModelConfig(
+        vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_layers=28, num_heads=28,
+        num_kv_heads=4, head_dim=128, rope_theta=1000000.0, rms_norm_eps=1e-6,
+        tie_word_embeddings=False, attention_bias=True, max_position_embeddings=131072,
+    ),
+    # For CPU tests: every code path of the Llama family at ~60k parameters.
+    "tiny": ModelConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+        num_kv_heads=2, head_dim=16, rope_theta=10000.0, rms_norm_eps=1e-5,
+        tie_word_embeddings=False, max_position_embeddings=512,
+    ),
+}
+
+
+def get_config(name: str) -> ModelConfig:
+    """The preset called ``name`` (see ``PRESETS``)."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown model preset {name!r}; known: {', '.join(PRESETS)}") from None
+
+
+# ---- rotary tables ----------------------------------------------------------------------
+
+
+def rope_frequencies(config: ModelConfig) -> torch.Tensor:
+    """(head_dim // 2,) float32 angular frequencies theta_i = rope_theta^(-2i / head_dim),
+    with the llama3 scaling applied when ``config.rope_scaling`` is set."""
+    half = config.head_dim // 2
+    inv_freq = 1.0 / config.rope_theta ** (torch.arange(half, dtype=torch.float64) * 2 / config.head_dim)
+    s = config.rope_scaling
+    if s is not None:
+        wavelen = 2 * math.pi / inv_freq
+        ratio = s.original_max_position_embeddings / wavelen  # periods in the original context
+        # ratio <= low: long wavelengths, interpolated (/ factor); >= high: short, kept.
+        smooth = ((ratio - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)).clamp(0.0, 1.0)
+        inv_freq = (1 - smooth) * inv_freq / s.factor + smooth * inv_freq
+    return inv_freq.to(torch.float32)
+
+
+def rope_tables(config: ModelConfig, max_pos: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Compact cos and sin tables, each (max_pos, head_dim // 2) float32:
+    ``cos[p, i] = cos(p * theta_i)``, the layout ``apply_rotary`` and ``append_kv`` take.
+
+    Angles are formed in float64 and rounded once, so positions past 2**24 keep their
+    precision (a float32 product p * theta_i would not)."""
+    inv_freq = rope_frequencies(config).to(torch.float64)
+    angles = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    return angles.cos().to(torch.float32).to(device), angles.sin().to(torch.float32).to(device)
