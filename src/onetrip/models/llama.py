@@ -1,0 +1,267 @@
+"""The eager Llama-family decoder (Llama 2/3, Qwen2, Qwen3), op by op as a user writes it.
+
+    model = Model.random(get_config("tiny"), torch.float32, "cpu", seed=0)  # or loader.load_model(dir)
+    logits = model(tokens)                                   # (batch, seq, vocab), no cache
+
+    model.setup_cache(batch, max_seq)                        # static KV cache per layer
+    seqlens = torch.zeros(batch, dtype=torch.int32)          # tokens already in the cache
+    logits = model(prompt, seqlens); seqlens += prompt.shape[1]
+    logits = model(next_tok[:, None], seqlens); seqlens += 1 # one decode step
+
+One layer (pre-norm):
+
+    h   = x + o_proj(attention(rope(q), rope(k), v))     q, k, v = split(wqkv(rms_norm(x)) [+ bqkv])
+    out = h + down(silu(gate) * up)                      gate, up = split(w_gate_up(rms_norm(h)))
+
+q/k/v and gate/up are each one fused projection (one GEMM instead of three or two), joined
+at load time. Qwen3 normalizes each q and k head (RMSNorm over head_dim) before the
+rotary. The rotary is the NeoX layout (pairs x[i], x[i + head_dim/2]) as in Hugging Face
+checkpoints. This file is the "eager" baseline the fused engine is measured against.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import ModelConfig, rope_tables
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the last dim, statistics in float32;
+    the result is cast back to x's dtype before the weight multiply (the Llama/HF order)."""
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * y.to(x.dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """NeoX rotary of x (batch, seq, heads, head_dim) with cos, sin (batch, seq, head_dim/2)
+    already cast to x's dtype: ``x * cos + rotate_half(x) * sin`` as Hugging Face writes it."""
+    cos = torch.cat([cos, cos], dim=-1)[:, :, None, :]  # (batch, seq, 1, head_dim)
+    sin = torch.cat([sin, sin], dim=-1)[:, :, None, :]
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class KVCache(nn.Module):
+    """A static cache of one layer: k and v, each (batch, max_seq, num_kv_heads, head_dim)
+    in the model dtype; slot (b, p) holds the key/value of sequence b at position p."""
+
+    def __init__(self, batch: int, max_seq: int, kv_heads: int, head_dim: int, dtype, device):
+        super().__init__()
+        shape = (batch, max_seq, kv_heads, head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, dtype, device):
+        super().__init__()
+        c = config
+        self.config = c
+        self.wqkv = nn.Linear(c.hidden_size, c.qkv_size, bias=c.attention_bias, dtype=dtype, device=device)
+        self.wo = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False, dtype=dtype, device=device)
+        if c.qk_norm:
+            self.q_norm = nn.Parameter(torch.ones(c.head_dim, dtype=dtype, device=device))
+            self.k_norm = nn.Parameter(torch.ones(c.head_dim, dtype=dtype, device=device))
+        self.cache: Optional[KVCache] = None
+
+    def forward(self, x, cos, sin, positions):
+        """x (batch, seq, hidden); cos, sin (batch, seq, head_dim/2) in x's dtype; positions
+        (batch, seq) int64, each token's absolute position. Returns (batch, seq, hidden)."""
+        c = self.config
+        b, s, _ = x.shape
+        q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        q, k, v = self.wqkv(x).split([q_size, kv_size, kv_size], dim=-1)
+        q = q.view(b, s, c.num_heads, c.head_dim)
+        k = k.view(b, s, c.num_kv_heads, c.head_dim)
+        v = v.view(b, s, c.num_kv_heads, c.head_dim)
+        if c.qk_norm:
+            q, k = rms_norm(q, self.q_norm, c.rms_norm_eps), rms_norm(k, self.k_norm, c.rms_norm_eps)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+
+        if self.cache is not None:
+            # Write this step's k, v into their slots, then attend over the whole cache; the
+            # mask hides slots past each query's position (so no host read of the lengths).
+            rows = torch.arange(b, device=x.device)[:, None]  # (batch, 1)
+            self.cache.k[rows, positions] = k
+            self.cache.v[rows, positions] = v
+            k, v = self.cache.k, self.cache.v  # (batch, max_seq, kv_heads, head_dim)
+            key_pos = torch.arange(k.shape[1], device=x.device)[None, :].expand(b, -1)
+        else:
+            key_pos = positions
+        mask = key_pos[:, None, :] <= positions[:, :, None]  # (batch, seq, keys): causal
+
+        # GQA: query head h reads kv head h // (num_heads / num_kv_heads).
+        rep = c.num_heads // c.num_kv_heads
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (batch, heads, len, head_dim)
+        if rep > 1:
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])  # (batch, heads, seq, head_dim)
+        return self.wo(out.transpose(1, 2).reshape(b, s, q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig, dtype, device):
+        super().__init__()
+        self.inter = config.intermediate_size
+        self.w_gate_up = nn.Linear(config.hidden_size, 2 * self.inter, bias=False, dtype=dtype, device=device)
+        self.w_down = nn.Linear(self.inter, config.hidden_size, bias=False, dtype=dtype, device=device)
+
+    def forward(self, x):
+        gate, up = self.w_gate_up(x).split([self.inter, self.inter], dim=-1)
+        return self.w_down(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig, dtype, device):
+        super().__init__()
+        self.eps = config.rms_norm_eps
+        self.attn_norm = nn.Parameter(torch.ones(config.hidden_size, dtype=dtype, device=device))
+        self.attn = Attention(config, dtype, device)
+        self.mlp_norm = nn.Parameter(torch.ones(config.hidden_size, dtype=dtype, device=device))
+        self.mlp = MLP(config, dtype, device)
+
+    def forward(self, x, cos, sin, positions):
+        h = x + self.attn(rms_norm(x, self.attn_norm, self.eps), cos, sin, positions)
+        return h + self.mlp(rms_norm(h, self.mlp_norm, self.eps))
+
+
+class Model(nn.Module):
+    """A Llama-family decoder. Parameters (fused layouts, (out, in) as in nn.Linear):
+
+    embed (vocab, hidden); per layer attn_norm (hidden,), attn.wqkv (q+2kv heads x head_dim,
+    hidden) [+ bias], attn.q_norm/k_norm (head_dim,) for Qwen3, attn.wo (hidden, heads x
+    head_dim), mlp_norm (hidden,), mlp.w_gate_up (2 x intermediate, hidden) with gate
+    first, mlp.w_down (hidden, intermediate); norm (hidden,); lm_head (vocab, hidden),
+    or None when tied to embed.
+
+    Constructed weights are uninitialised (``nn.Linear``'s default init, ones for norms);
+    use ``Model.random`` or ``loader.load_model``.
+    """
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32, device=None):
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype, device=device)
+        self.layers = nn.ModuleList(Block(config, dtype, device) for _ in range(config.num_layers))
+        self.norm = nn.Parameter(torch.ones(config.hidden_size, dtype=dtype, device=device))
+        self.lm_head = None
+        if not config.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype, device=device)
+        self._rope: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # float32 (n, head_dim/2) each
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    @classmethod
+    @torch.no_grad()
+    def random(cls, config: ModelConfig, dtype: torch.dtype = torch.float32, device=None, seed: int = 0) -> "Model":
+        """Random weights for benchmarks and tests: matrices and biases N(0, 0.02^2), norm
+        weights 1 + N(0, 0.1^2) (not all ones, so a norm applied to the wrong tensor shows).
+        Drawn in float32 on ``device`` from a generator seeded with ``seed``: the same seed
+        gives the same weights on the same kind of device (CPU and CUDA streams differ).
+        On the device because 8e9 normals take about a minute on the host."""
+        device = torch.device(device or "cpu")
+        with torch.device("meta"):
+            model = cls(config, dtype)
+        model = model.to_empty(device=device)
+        gen = torch.Generator(device=device).manual_seed(seed)
+        for name, p in model.named_parameters():
+            r = torch.randn(p.shape, generator=gen, device=device)
+            p.copy_(1 + 0.1 * r if p.ndim == 1 and "bias" not in name else 0.02 * r)
+        return model.requires_grad_(False)
+
+    def setup_cache(self, batch: int, max_seq: int) -> None:
+        """Allocate a zeroed static KV cache of ``max_seq`` positions for ``batch`` sequences
+        in every layer (2 x num_layers x batch x max_seq x kv_heads x head_dim elements of
+        the model dtype), and rotary tables for ``max_seq`` positions."""
+        c = self.config
+        for layer in self.layers:
+            layer.attn.cache = KVCache(batch, max_seq, c.num_kv_heads, c.head_dim, self.dtype, self.device)
+        self._rope_for(max_seq)
+
+    def reset_cache(self) -> None:
+        """Drop the KV cache: later calls run without one."""
+        for layer in self.layers:
+            layer.attn.cache = None
+
+    def _rope_for(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._rope is None or self._rope[0].shape[0] < n or self._rope[0].device != self.device:
+            self._rope = rope_tables(self.config, max(n, 64), self.device)
+        return self._rope
+
+    def forward(self, tokens: torch.Tensor, cache_seqlens: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Logits (batch, seq, vocab) in the model dtype for ``tokens`` (batch, seq) int.
+
+        Without a cache (``setup_cache`` not called): a causal forward of the whole
+        sequences from position 0; ``cache_seqlens`` may give each sequence's start
+        position instead.
+
+        With a cache: ``cache_seqlens`` (batch,) int32/int64 (required) counts the tokens
+        each sequence already has in the cache; the new tokens take positions
+        ``cache_seqlens[b] + i`` and their k, v are written into the cache there. The
+        lengths are NOT updated: the caller adds ``seq`` afterwards (``seqlens += seq``),
+        on the device. Positions must stay below the cache's max_seq (not checked, to
+        keep the host out of the decode step). Prefill and decode are the same call.
+        """
+        if tokens.ndim != 2 or tokens.is_floating_point():
+            raise ValueError(f"tokens must be (batch, seq) integer ids, got {tuple(tokens.shape)} {tokens.dtype}")
+        b, s = tokens.shape
+        cache = self.layers[0].attn.cache if len(self.layers) else None
+        cached = cache is not None
+        if cache_seqlens is not None and (cache_seqlens.shape != (b,) or cache_seqlens.is_floating_point()):
+            raise ValueError(f"cache_seqlens must be ({b},) integers (one per sequence), "
+                             f"got {tuple(cache_seqlens.shape)} {cache_seqlens.dtype}")
+        if cached and cache_seqlens is None:
+            raise ValueError("the model has a KV cache (setup_cache was called): pass cache_seqlens, "
+                             "the (batch,) count of tokens already cached per sequence")
+        if cached and (b != cache.k.shape[0] or s > cache.k.shape[1]):
+            raise ValueError(f"tokens {tuple(tokens.shape)} do not fit the KV cache of batch {cache.k.shape[0]} "
+                             f"and max_seq {cache.k.shape[1]}; call setup_cache(batch, max_seq) again")
+        offsets = torch.arange(s, device=tokens.device)[None, :]
+        positions = offsets if cache_seqlens is None else cache_seqlens.long()[:, None] + offsets
+        positions = positions.expand(b, s)  # (batch, seq) int64
+        if cached:
+            cos, sin = self._rope_for(cache.k.shape[1])
+        else:
+            # Host-side bound, fine here: without a cache this is not the graph-captured path.
+            cos, sin = self._rope_for(s if cache_seqlens is None else int(positions.max()) + 1)
+        cos, sin = cos[positions].to(self.dtype), sin[positions].to(self.dtype)  # (batch, seq, head_dim/2)
+
+        x = self.embed(tokens)  # (batch, seq, hidden)
+        for layer in self.layers:
+            x = layer(x, cos, sin, positions)
+        x = rms_norm(x, self.norm, self.config.rms_norm_eps)
+        head = self.embed.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(x, head)  # (batch, seq, vocab)
+
+
+@torch.no_grad()
+def greedy_generate(model: Model, prompt: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    """Greedy decoding with the KV cache: prefill ``prompt`` (batch, prompt_len) int64, then
+    ``max_new_tokens`` single-token steps. Returns the new tokens (batch, max_new_tokens).
+    (Re)allocates the model's cache for prompt_len + max_new_tokens positions."""
+    b, p = prompt.shape
+    model.setup_cache(b, p + max_new_tokens)
+    seqlens = torch.zeros(b, dtype=torch.int32, device=prompt.device)
+    logits = model(prompt, seqlens)
+    seqlens += p
+    out = []
+    for _ in range(max_new_tokens):
+        tok = logits[:, -1].argmax(-1)  # (batch,)
+        out.append(tok)
+        if len(out) == max_new_tokens:
+            break
+        logits = model(tok[:, None], seqlens)
+        seqlens += 1
+    return torch.stack(out, dim=1)

@@ -1,0 +1,217 @@
+"""Hugging Face checkpoint directories <-> ``Model``.
+
+    model = load_model("path/to/Llama-3.2-1B", dtype=torch.bfloat16, device="cuda")
+    save_model(model, "out/")          # config.json + model.safetensors (or shards + index)
+
+A directory holds ``config.json`` and either ``model.safetensors`` or shards listed in
+``model.safetensors.index.json`` (its "weight_map": tensor name -> shard file). Checkpoint
+tensor names are Hugging Face's (``model.layers.{i}.self_attn.q_proj.weight``, ...); q/k/v
+are concatenated into ``attn.wqkv`` and gate/up into ``mlp.w_gate_up`` while loading, and
+split again when saving. Every tensor's shape is checked against the config before use.
+
+Not here yet: the tokenizer (``tokenizer.json``); callers pass token ids.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Optional, Union
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from .config import ModelConfig
+from .llama import Model
+
+PathLike = Union[str, os.PathLike]
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+# Stored by some exporters but recomputed here from the config.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def hf_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor a Hugging Face checkpoint of ``config`` holds, with its shape."""
+    c = config
+    h, hd = c.hidden_size, c.head_dim
+    q, kv = c.num_heads * hd, c.num_kv_heads * hd
+    shapes = {"model.embed_tokens.weight": (c.vocab_size, h), "model.norm.weight": (h,)}
+    if not c.tie_word_embeddings:
+        shapes["lm_head.weight"] = (c.vocab_size, h)
+    for i in range(c.num_layers):
+        p = f"model.layers.{i}."
+        shapes.update({
+            p + "input_layernorm.weight": (h,),
+            p + "post_attention_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (q, h),
+            p + "self_attn.k_proj.weight": (kv, h),
+            p + "self_attn.v_proj.weight": (kv, h),
+            p + "self_attn.o_proj.weight": (h, q),
+            p + "mlp.gate_proj.weight": (c.intermediate_size, h),
+            p + "mlp.up_proj.weight": (c.intermediate_size, h),
+            p + "mlp.down_proj.weight": (h, c.intermediate_size),
+        })
+        if c.attention_bias:
+            shapes.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
+                           p + "self_attn.v_proj.bias": (kv,)})
+        if c.qk_norm:
+            shapes.update({p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)})
+    return shapes
+
+
+def _fused_names(config: ModelConfig) -> dict[str, list[str]]:
+    """Model parameter name -> the Hugging Face tensors concatenated (along dim 0) into it."""
+    out = {"embed.weight": ["model.embed_tokens.weight"], "norm": ["model.norm.weight"]}
+    if not config.tie_word_embeddings:
+        out["lm_head.weight"] = ["lm_head.weight"]
+    for i in range(config.num_layers):
+        p, m = f"model.layers.{i}.", f"layers.{i}."
+        a = p + "self_attn."
+        out[m + "attn_norm"] = [p + "input_layernorm.weight"]
+        out[m + "mlp_norm"] = [p + "post_attention_layernorm.weight"]
+        out[m + "attn.wqkv.weight"] = [a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"]
+        out[m + "attn.wo.weight"] = [a + "o_proj.weight"]
+        out[m + "mlp.w_gate_up.weight"] = [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]
+        out[m + "mlp.w_down.weight"] = [p + "mlp.down_proj.weight"]
+        if config.attention_bias:
+            out[m + "attn.wqkv.bias"] = [a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"]
+        if config.qk_norm:
+            out[m + "attn.q_norm"] = [a + "q_norm.weight"]
+            out[m + "attn.k_norm"] = [a + "k_norm.weight"]
+    return out
+
+
+def load_config(path: PathLike) -> ModelConfig:
+    """``ModelConfig`` from ``path/config.json``; FileNotFoundError or ValueError otherwise."""
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"checkpoint directory {str(path)!r} does not exist")
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise FileNotFoundError(f"{str(path)!r} has no config.json (expected a Hugging Face model directory)")
+    with open(cfg_file) as f:
+        return ModelConfig.from_hf(json.load(f))
+
+
+def _tensor_files(path: Path) -> dict[str, Path]:
+    """Tensor name -> the safetensors file that holds it."""
+    index = path / INDEX_FILE
+    if index.is_file():
+        with open(index) as f:
+            weight_map = json.load(f).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ValueError(f"{str(index)!r} has no 'weight_map' dict")
+        files = {name: path / shard for name, shard in weight_map.items()}
+        for shard in sorted(set(files.values())):
+            if not shard.is_file():
+                raise FileNotFoundError(f"shard {shard.name!r} listed in {INDEX_FILE} is missing from {str(path)!r}")
+        return files
+    single = path / SINGLE_FILE
+    if not single.is_file():
+        raise FileNotFoundError(f"{str(path)!r} has neither {SINGLE_FILE} nor {INDEX_FILE}")
+    with safe_open(single, framework="pt") as f:
+        return {name: single for name in f.keys()}
+
+
+@torch.no_grad()
+def load_model(path: PathLike, dtype: Optional[torch.dtype] = None, device=None) -> Model:
+    """Load a Hugging Face Llama/Qwen2/Qwen3 directory into a ``Model``.
+
+    dtype: the parameters' dtype (default: config.json's "torch_dtype" or "dtype", else
+    float32);
+    device: where the parameters live (default CPU). Tensors are read one at a time
+    (memory-mapped), cast and copied, so the host never holds the whole checkpoint.
+
+    Raises FileNotFoundError for a missing directory, config or weights file; ValueError
+    for an unsupported architecture, a missing or unexpected tensor, or a tensor whose
+    shape does not match the config (naming the tensor, expected and found shapes).
+    """
+    path = Path(path)
+    config = load_config(path)
+    if dtype is None:
+        with open(path / "config.json") as f:
+            hf = json.load(f)
+        # transformers < 5 writes "torch_dtype", >= 5 "dtype".
+        name = hf.get("torch_dtype") or hf.get("dtype") or "float32"
+        dtype = getattr(torch, name, None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"config.json: torch_dtype {name!r} is not a torch dtype; pass dtype=")
+    files = _tensor_files(path)
+    expected = hf_shapes(config)
+
+    missing = [n for n in expected if n not in files]
+    if missing:
+        raise ValueError(f"{str(path)!r}: {len(missing)} tensor(s) missing for {config.architecture} "
+                         f"with {config.num_layers} layers, e.g. {missing[:3]}")
+    unexpected = [n for n in files if n not in expected and not n.endswith(_IGNORED_SUFFIXES)
+                  and not (n == "lm_head.weight" and config.tie_word_embeddings)]
+    if unexpected:
+        raise ValueError(f"{str(path)!r}: {len(unexpected)} unexpected tensor(s) for {config.architecture} "
+                         f"with {config.num_layers} layers, e.g. {unexpected[:3]}")
+
+    with torch.device("meta"):
+        model = Model(config, dtype)
+    model = model.to_empty(device=device or "cpu")
+    params = dict(model.named_parameters())
+    handles = {}
+    try:
+        for target, sources in _fused_names(config).items():
+            row = 0
+            dst = params[target]
+            for name in sources:
+                file = files[name]
+                if file not in handles:
+                    handles[file] = safe_open(file, framework="pt").__enter__()
+                t = handles[file].get_tensor(name)
+                if tuple(t.shape) != expected[name]:
+                    raise ValueError(f"tensor {name!r} in {file.name}: expected shape {expected[name]} "
+                                     f"from config.json, found {tuple(t.shape)}")
+                dst[row:row + t.shape[0]].copy_(t.to(dtype))
+                row += t.shape[0]
+    finally:
+        for h in handles.values():
+            h.__exit__(None, None, None)
+    return model.requires_grad_(False)
+
+
+@torch.no_grad()
+def save_model(model: Model, path: PathLike, max_shard_bytes: Optional[int] = None) -> None:
+    """Write ``model`` as a Hugging Face directory: config.json (with torch_dtype) and
+    model.safetensors, or, when ``max_shard_bytes`` is given, shards of at most about that
+    size named ``model-0000i-of-0000n.safetensors`` plus model.safetensors.index.json.
+    q/k/v and gate/up are split back into separate tensors; a tied LM head is not stored."""
+    config = model.config
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    shapes = hf_shapes(config)
+    params = dict(model.named_parameters())
+    tensors = {}
+    for target, sources in _fused_names(config).items():
+        parts = params[target].detach().cpu().split([shapes[n][0] for n in sources], dim=0)
+        tensors.update({n: p.contiguous() for n, p in zip(sources, parts)})
+    with open(path / "config.json", "w") as f:
+        json.dump(config.to_hf(model.dtype), f, indent=2)
+
+    if max_shard_bytes is None:
+        save_file(tensors, path / SINGLE_FILE, metadata={"format": "pt"})
+        return
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, path / fname, metadata={"format": "pt"})
+        weight_map.update({name: fname for name in shard})
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    with open(path / INDEX_FILE, "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
