@@ -16,15 +16,10 @@ import importlib
 
 __version__ = "0.1.0"
 
-_OPS = None
-
-
 def __getattr__(name: str):
-    global _OPS
-    if _OPS is None:
-        _OPS = importlib.import_module("onetrip.ops")
-    if name in _OPS.__all__:
-        return getattr(_OPS, name)
+    ops = importlib.import_module("onetrip.ops")  # imported once, then served from sys.modules
+    if name in ops.__all__:
+        return getattr(ops, name)
     raise AttributeError(f"module 'onetrip' has no attribute {name!r}")
 
 
