@@ -45,3 +45,10 @@ def gen():
     g = torch.Generator(device=DEVICE)
     g.manual_seed(seed)
     return g
+
+
+def rope_tables(max_pos, rot, device, dtype=torch.float32):
+    """Real rotary frequencies: cos/sin(p * 10000 ** (-2i / rot)), computed in float64."""
+    inv_freq = 10000.0 ** (-torch.arange(0, rot, 2, dtype=torch.float64, device=device) / rot)
+    angles = torch.arange(max_pos, dtype=torch.float64, device=device)[:, None] * inv_freq
+    return angles.cos().to(dtype), angles.sin().to(dtype)

@@ -6,14 +6,7 @@ import torch
 from onetrip.ops.append_kv import _append_kv_op, append_kv, append_kv_ref
 from onetrip.testing import assert_close, upcast
 
-from conftest import DTYPES
-
-
-def tables(max_pos, rot, device, dtype=torch.float32):
-    """Real frequencies: cos/sin(p * 10000 ** (-2i / rot)), computed in float64."""
-    inv_freq = 10000.0 ** (-torch.arange(0, rot, 2, dtype=torch.float64, device=device) / rot)
-    angles = torch.arange(max_pos, dtype=torch.float64, device=device)[:, None] * inv_freq
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+from conftest import DTYPES, rope_tables
 
 
 def randn(shape, dtype, device, gen):
@@ -72,7 +65,7 @@ def test_matches_reference(device, gen, dtype, page, interleaved, q_len):
     # of 16, length 14 and q_len 4 straddle a page boundary.
     lengths = [0, 1, 14, 17, 1024 - q_len]
     q, k, v, kc, vc, L, table = make_case(lengths, q_len, 8, 2, 64, 1024, dtype, device, gen, page)
-    cos, sin = tables(1024, 64, device)
+    cos, sin = rope_tables(1024, 64, device)
     run_and_check(q, k, v, kc, vc, L, cos, sin, table, interleaved)
 
 
@@ -80,7 +73,7 @@ def test_matches_reference(device, gen, dtype, page, interleaved, q_len):
 @pytest.mark.parametrize("group", [1, 4, 8])
 def test_partial_rotary_and_gqa(device, gen, head_dim, rot, group):
     q, k, v, kc, vc, L, table = make_case([3, 100], 2, 8, 8 // group, head_dim, 128, torch.bfloat16, device, gen, 16)
-    cos, sin = tables(128, rot, device, torch.bfloat16)  # tables in q's dtype
+    cos, sin = rope_tables(128, rot, device, torch.bfloat16)  # tables in q's dtype
     run_and_check(q, k, v, kc, vc, L, cos, sin, table, interleaved=rot == 24)
 
 
@@ -91,7 +84,7 @@ def test_strided_inputs(device, gen):
     qkv = randn((B, S, H + 2 * KVH, D), torch.float16, device, gen)
     q, k, v = qkv[:, :, :H], qkv[:, :, H:H + KVH], qkv[:, :, H + KVH:]
     _, _, _, kc, vc, L, table = make_case([5, 9], S, H, KVH, D, 64, torch.float16, device, gen, 16)
-    cos, sin = tables(64, D, device)
+    cos, sin = rope_tables(64, D, device)
     run_and_check(q, k, v, kc, vc, L, cos, sin, table)
     qt = randn((B, S, H, D), torch.float16, device, gen).transpose(-1, -2).contiguous().transpose(-1, -2)
     assert qt.stride(-1) != 1
@@ -103,14 +96,14 @@ def test_strided_inputs(device, gen):
 def test_cpu_fallback(gen, monkeypatch, page):
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # use_triton() -> False: the float32 reference
     q, k, v, kc, vc, L, table = make_case([0, 30], 3, 4, 2, 32, 64, torch.bfloat16, "cpu", gen, page)
-    cos, sin = tables(64, 32, "cpu")
+    cos, sin = rope_tables(64, 32, "cpu")
     run_and_check(q, k, v, kc, vc, L, cos, sin, table, interleaved=True)
 
 
 def test_opcheck(device, gen):
     """Schema, fake tensor and AOT dispatch of the custom op (what torch.compile relies on)."""
     q, k, v, kc, vc, L, table = make_case([3, 40], 2, 4, 2, 32, 64, torch.bfloat16, device, gen, 16)
-    cos, sin = tables(64, 32, device)
+    cos, sin = rope_tables(64, 32, device)
     torch.library.opcheck(_append_kv_op, (q, k, v, kc.nan_to_num(), vc.nan_to_num(), L, cos, sin, table, False))
 
 
@@ -119,7 +112,7 @@ def test_bad_input(device):
     k = torch.randn(2, 1, 2, 32, device=device)
     kc = torch.randn(2, 16, 2, 32, device=device)
     L = torch.tensor([3, 5], dtype=torch.int32, device=device)
-    cos, sin = tables(16, 32, device)
+    cos, sin = rope_tables(16, 32, device)
     with pytest.raises(ValueError, match=r"k has shape \(2, 1, 1, 32\)"):
         append_kv(q, k[:, :, :1], k, kc, kc.clone(), L, cos, sin)
     with pytest.raises(ValueError, match=r"v has shape \(2, 1, 2, 16\)"):
@@ -129,7 +122,7 @@ def test_bad_input(device):
     with pytest.raises(TypeError, match="cache_seqlens has dtype torch.int64"):
         append_kv(q, k, k, kc, kc.clone(), L.long(), cos, sin)
     with pytest.raises(ValueError, match="rot_dim <= head_dim = 32"):
-        append_kv(q, k, k, kc, kc.clone(), L, *tables(16, 64, device))
+        append_kv(q, k, k, kc, kc.clone(), L, *rope_tables(16, 64, device))
     with pytest.raises(ValueError, match=r"sin has shape \(16, 8\)"):
         append_kv(q, k, k, kc, kc.clone(), L, cos, sin[:, :8])
     with pytest.raises(TypeError, match="cos has dtype torch.float16"):

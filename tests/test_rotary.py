@@ -5,14 +5,7 @@ from onetrip.ops import rotary
 from onetrip.ops.rotary import RotaryConfig, apply_rotary, apply_rotary_ref
 from onetrip.testing import assert_close, poison_, upcast
 
-from conftest import DTYPES
-
-
-def tables(max_pos, rot, device, dtype=torch.float32):
-    """Real frequencies: cos/sin(p * 10000 ** (-2i / rot)), computed in float64."""
-    inv_freq = 10000.0 ** (-torch.arange(0, rot, 2, dtype=torch.float64, device=device) / rot)
-    angles = torch.arange(max_pos, dtype=torch.float64, device=device)[:, None] * inv_freq
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+from conftest import DTYPES, rope_tables
 
 
 def randn(shape, dtype, device, gen):
@@ -32,7 +25,7 @@ def check(outs, q, k, cos, sin, positions=None, interleaved=False):
 def test_matches_reference(device, gen, dtype, interleaved, head_dim, rot):
     q = randn((2, 17, 8, head_dim), dtype, device, gen)
     k = randn((2, 17, 2, head_dim), dtype, device, gen)  # GQA
-    cos, sin = tables(300, rot, device)
+    cos, sin = rope_tables(300, rot, device)
     positions = torch.randint(0, 300, (2, 17), device=device, generator=gen)
     out = (poison_(torch.empty_like(q)), poison_(torch.empty_like(k)))
     q_out, k_out = apply_rotary(q, k, cos, sin, positions, interleaved, out=out)
@@ -45,7 +38,7 @@ def test_matches_reference(device, gen, dtype, interleaved, head_dim, rot):
 def test_seq_lengths_and_positions(device, gen, seq, positions):
     q = randn((3, seq, 4, 64), torch.bfloat16, device, gen)
     k = randn((3, seq, 1, 64), torch.bfloat16, device, gen)  # MQA
-    cos, sin = tables(1024, 64, device)
+    cos, sin = rope_tables(1024, 64, device)
     if positions == "per_token":  # e.g. decode: each sequence at its own cache length
         start = torch.randint(0, 1024 - seq, (3, 1), device=device, generator=gen)
         positions = start + torch.arange(seq, device=device)
@@ -58,7 +51,7 @@ def test_seq_lengths_and_positions(device, gen, seq, positions):
 def test_tokens_layout(device, gen, positions):
     q = randn((111, 6, 40), torch.float16, device, gen)  # (tokens, heads, head_dim), rot 24 of 40
     k = randn((111, 3, 40), torch.float16, device, gen)
-    cos, sin = tables(500, 24, device, torch.float16)  # table in the input dtype
+    cos, sin = rope_tables(500, 24, device, torch.float16)  # table in the input dtype
     pos = torch.randint(0, 500, (111,), device=device, generator=gen) if positions else None
     check(apply_rotary(q, k, cos, sin, pos, interleaved=True), q, k, cos, sin, pos, True)
 
@@ -68,7 +61,7 @@ def test_inplace(device, gen, interleaved):
     q = randn((2, 17, 4, 64), torch.bfloat16, device, gen)
     k = randn((2, 17, 2, 64), torch.bfloat16, device, gen)
     q0, k0 = q.clone(), k.clone()
-    cos, sin = tables(64, 32, device)  # partial: dims 32..63 pass through untouched
+    cos, sin = rope_tables(64, 32, device)  # partial: dims 32..63 pass through untouched
     q_out, k_out = apply_rotary(q, k, cos, sin, interleaved=interleaved, inplace=True)
     assert q_out is q and k_out is k
     check((q, k), q0, k0, cos, sin, None, interleaved)
@@ -79,7 +72,7 @@ def test_out_of_place_leaves_inputs(device, gen):
     q = randn((2, 17, 4, 64), torch.float16, device, gen)
     k = randn((2, 17, 2, 64), torch.float16, device, gen)
     q0, k0 = q.clone(), k.clone()
-    cos, sin = tables(64, 48, device)
+    cos, sin = rope_tables(64, 48, device)
     q_out, k_out = apply_rotary(q, k, cos, sin)
     assert torch.equal(q, q0) and torch.equal(k, k0)
     assert q_out.data_ptr() != q.data_ptr() and k_out.data_ptr() != k.data_ptr()
@@ -94,7 +87,7 @@ def test_fused_qkv_views(device, gen, inplace, shape):
     qkv0 = qkv.clone()
     q, k, v = qkv.view(*shape, H + 2 * Hkv, D).split([H, Hkv, Hkv], dim=-2)
     assert not q.is_contiguous() and not k.is_contiguous()
-    cos, sin = tables(200, D, device)
+    cos, sin = rope_tables(200, D, device)
     pos = torch.randint(0, 200, shape, device=device, generator=gen)
     q_out, k_out = apply_rotary(q, k, cos, sin, pos, inplace=inplace)
     q0, k0, v0 = qkv0.view(*shape, H + 2 * Hkv, D).split([H, Hkv, Hkv], dim=-2)
@@ -110,7 +103,7 @@ def test_layouts_that_need_copies(device, gen):
     # (2, 3) leading dims transposed: no (batch, seq) view; head_dim with stride 2.
     q = randn((3, 2, 5, 4, 32), torch.float32, device, gen).transpose(0, 1)
     k = randn((2, 3, 5, 2, 64), torch.float32, device, gen)[..., ::2]
-    cos, sin = tables(16, 32, device)
+    cos, sin = rope_tables(16, 32, device)
     q_out = poison_(torch.empty(3, 2, 5, 4, 32, device=device)).transpose(0, 1)  # written through scratch
     out = apply_rotary(q, k, cos, sin, out=(q_out, poison_(torch.empty_like(k))))
     check(out, q, k, cos, sin)
@@ -123,7 +116,7 @@ def test_layouts_that_need_copies(device, gen):
 def test_launch_configs(device, gen, config):
     q = randn((2, 17, 7, 34), torch.float16, device, gen)
     k = randn((2, 17, 3, 34), torch.float16, device, gen)
-    cos, sin = tables(40, 30, device)
+    cos, sin = rope_tables(40, 30, device)
     q_out, k_out = poison_(torch.empty_like(q)), poison_(torch.empty_like(k))
     rotary._launch(q, k, cos, sin, None, q_out, k_out, False, config)
     check((q_out, k_out), q, k, cos, sin)
@@ -133,7 +126,7 @@ def test_reference_fallback(device, gen, monkeypatch):
     monkeypatch.setattr(rotary, "use_triton", lambda t: False)  # CPU without the interpreter
     q = randn((2, 5, 4, 16), torch.bfloat16, device, gen)
     k = randn((2, 5, 1, 16), torch.bfloat16, device, gen)
-    cos, sin = tables(10, 8, device)
+    cos, sin = rope_tables(10, 8, device)
     pos = torch.randint(0, 10, (2, 5), device=device, generator=gen)
     check(apply_rotary(q, k, cos, sin, pos, True), q, k, cos, sin, pos, True)
 
@@ -142,14 +135,14 @@ def test_custom_op(device, gen):
     """Schema, fake-tensor and AOT-dispatch checks of onetrip::apply_rotary, out of place and in place."""
     q = randn((1, 3, 2, 8), torch.float32, device, gen)
     k = randn((1, 3, 1, 8), torch.float32, device, gen)
-    cos, sin = tables(4, 8, device)
+    cos, sin = rope_tables(4, 8, device)
     pos = torch.tensor([0, 2, 3], device=device)
     torch.library.opcheck(rotary._rotary_op, (torch.empty_like(q), torch.empty_like(k), cos, sin, None, q, k, False))
     torch.library.opcheck(rotary._rotary_op, (q.clone(), k.clone(), cos, sin, pos, None, None, True))
 
 
 def test_empty(device):
-    cos, sin = tables(4, 8, device)
+    cos, sin = rope_tables(4, 8, device)
     q, k = torch.empty(2, 0, 4, 8, device=device), torch.empty(2, 0, 1, 8, device=device)
     q_out, k_out = apply_rotary(q, k, cos, sin)
     assert q_out.shape == (2, 0, 4, 8) and k_out.shape == (2, 0, 1, 8)
@@ -157,7 +150,7 @@ def test_empty(device):
 
 def test_bad_input(device):
     q, k = torch.randn(2, 5, 4, 16, device=device), torch.randn(2, 5, 2, 16, device=device)
-    cos, sin = tables(10, 16, device)
+    cos, sin = rope_tables(10, 16, device)
     with pytest.raises(TypeError, match="q must be a torch.Tensor"):
         apply_rotary(q.tolist(), k, cos, sin)
     with pytest.raises(TypeError, match="cos must be a torch.Tensor, got list"):
@@ -173,7 +166,7 @@ def test_bad_input(device):
     with pytest.raises(ValueError, match=r"k has shape \(2, 4, 2, 16\) but q has \(2, 5, 4, 16\); their leading"):
         apply_rotary(q, k[:, :4], cos, sin)
     with pytest.raises(ValueError, match=r"rot_dim = 32 > head_dim = 16"):
-        apply_rotary(q, k, *tables(10, 32, device))
+        apply_rotary(q, k, *rope_tables(10, 32, device))
     with pytest.raises(ValueError, match=r"cos has shape \(10, 8, 1\); expected \(max_pos, rot_dim // 2\)"):
         apply_rotary(q, k, cos[..., None], sin[..., None])
     with pytest.raises(ValueError, match=r"sin has shape \(10, 4\); expected \(10, 8\)"):
