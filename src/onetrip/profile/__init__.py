@@ -3,6 +3,7 @@
     from onetrip.profile import analyze_trace, render_report
     report = analyze_trace("trace.json.gz")   # streams the file; multi-GB traces are fine
     render_report(report)                     # rich tables on the terminal
+    report = run(lambda: model(x), steps=5)   # or profile a callable directly
     report.to_json()                          # the same, for scripts
 
 Layers: ``trace`` (streaming reader) -> ``timeline`` (steps, busy time, idle gaps),
@@ -14,9 +15,10 @@ Layers: ``trace`` (streaming reader) -> ``timeline`` (steps, busy time, idle gap
 from .analyze import GraphReplays, KernelTotal, OpTotal, TraceReport, Verdict, analyze_trace
 from .fusion import CastGroup, Chain, ChainPattern, SquareIntermediate
 from .report import render_report
+from .run import run
 from .timeline import StepStats, Thresholds
 from .trace import iter_events, read_trace
 
-__all__ = ["analyze_trace", "render_report", "TraceReport", "StepStats", "Thresholds", "Chain", "ChainPattern",
+__all__ = ["analyze_trace", "render_report", "run", "TraceReport", "StepStats", "Thresholds", "Chain", "ChainPattern",
            "SquareIntermediate", "CastGroup", "KernelTotal", "OpTotal", "GraphReplays", "Verdict", "iter_events",
            "read_trace"]

@@ -1,0 +1,58 @@
+"""Profile any callable and analyse the trace: ``onetrip.profile.run(fn, steps=5)``.
+
+    from onetrip.profile import run, render_report
+    report = run(lambda: model(tokens), steps=5, warmup=2)   # e.g. one decode step of an HF model
+    render_report(report)
+
+Each call of ``fn`` is one ProfilerStep of PyTorch's profiler (CPU activity, plus CUDA when a
+GPU is present, shapes recorded so that byte estimates work); the Chrome trace is written to
+``trace_path`` (a temporary file when None) and analysed by ``analyze_trace``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from .analyze import TraceReport, analyze_trace
+
+
+def run(fn: Callable[[], object], *, steps: int = 5, warmup: int = 2,
+        trace_path: str | os.PathLike | None = None) -> TraceReport:
+    """Call ``fn`` ``warmup`` times untraced (compilation, caches), then ``steps`` times under
+    the profiler, one ProfilerStep each; return the analysed ``TraceReport``.
+
+    The trace is kept at ``trace_path`` when given (open it in Perfetto or chrome://tracing);
+    otherwise it is deleted after the analysis. ``fn`` is called with no arguments.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+    if not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    for _ in range(warmup):
+        fn()
+    if cuda:
+        torch.cuda.synchronize()
+    keep = trace_path is not None
+    path = Path(trace_path) if keep else Path(tempfile.mkstemp(suffix=".json", prefix="onetrip-trace-")[1])
+    try:
+        with profile(activities=activities, record_shapes=True) as prof:
+            for _ in range(steps):
+                fn()
+                prof.step()  # closes ProfilerStep#i: the analysis reports per step
+            if cuda:
+                torch.cuda.synchronize()
+        prof.export_chrome_trace(str(path))
+        return analyze_trace(path)
+    finally:
+        if not keep:
+            path.unlink(missing_ok=True)
