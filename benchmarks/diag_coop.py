@@ -1,7 +1,7 @@
 """Diagnose the split-row ("coop") norm kernel on a GPU: timings per config, graph or not,
 two-pass for comparison, the sync counters after a launch, and registers/spills."""
-import sys, time
-import torch, triton
+import time
+import torch
 from onetrip.bench.harness import time_ms, copy_bandwidth_gbs
 from onetrip.ops import norm
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import onetrip
-from conftest import DEVICE, ON_GPU
+from conftest import DEVICE, ON_GPU, capture
 
 
 def _cases(device):
@@ -72,14 +72,8 @@ def test_fullgraph_compile(name):
 def test_cuda_graph_capture(name):
     fn = _cases("cuda")[name]
     eager = _flat(fn())
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()  # warm up (compiles the kernels) outside the capture
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = _flat(fn())
+    graph, captured = capture(fn)
+    captured = _flat(captured)
     for c in captured:
         c.fill_(float("nan"))
     graph.replay()

@@ -9,11 +9,11 @@ import importlib
 import pytest
 import torch
 
-from onetrip.ops.append_kv import append_kv, append_kv_ref
+from onetrip.ops.append_kv import append_kv
 from onetrip.ops.decode_attention import DecodeConfig, decode_attention, decode_attention_ref, decode_config
 from onetrip.testing import assert_close, poison_, upcast
 
-from conftest import DTYPES
+from conftest import DTYPES, capture, rope_tables
 
 da = importlib.import_module("onetrip.ops.decode_attention")  # onetrip.ops re-exports a function of that name
 
@@ -226,9 +226,7 @@ def test_cuda_graph_capture(gen, page):
     device = "cuda"
     B, Q, H, KVH, D, S = 3, 2, 8, 2, 64, 512
     k, v, table, L = make_cache([40, 7, 300], S, KVH, D, torch.bfloat16, device, gen, page, garbage=False)
-    inv = 10000.0 ** (-torch.arange(0, D, 2, device=device, dtype=torch.float64) / D)
-    ang = torch.arange(S, device=device, dtype=torch.float64)[:, None] * inv
-    cos, sin = ang.cos().float(), ang.sin().float()
+    cos, sin = rope_tables(S, D, device)
     q_in = torch.randn((B, Q, H, D), device=device, generator=gen).to(torch.bfloat16)
     k_in = torch.randn((B, Q, KVH, D), device=device, generator=gen).to(torch.bfloat16)
     v_in = torch.randn((B, Q, KVH, D), device=device, generator=gen).to(torch.bfloat16)
@@ -246,14 +244,7 @@ def test_cuda_graph_capture(gen, page):
         k.copy_(k0)
         v.copy_(v0)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()  # warm-up: compiles the kernels outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph, _ = capture(step)
     for lengths in ([40, 7, 300], [0, 100, 450]):
         reset(lengths)
         step()

@@ -13,7 +13,7 @@ import torch
 from onetrip.ops.flash_attention import AttentionConfig, attention_config, attention_ref, flash_attention
 from onetrip.testing import assert_close, poison_, upcast
 
-from conftest import DEVICE, ON_GPU
+from conftest import DEVICE, ON_GPU, capture
 
 fa = importlib.import_module("onetrip.ops.flash_attention")  # onetrip.ops re-exports a function of that name
 
@@ -191,14 +191,7 @@ def test_cuda_graph_capture():
         return o, lse, ov
 
     eager = fn()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()  # compile outside the capture
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = fn()
+    graph, captured = capture(fn)
     for c in captured:
         c.fill_(float("nan"))
     graph.replay()
