@@ -201,6 +201,11 @@ def _norm_kernel(
             p1 = tl.load(pp + 1, mask=c_ok, other=0.0, volatile=True)
             n_c = tl.where(c_ok, tl.minimum(N - cidx * BLOCK_N, BLOCK_N).to(tl.float32), 0.0)
             mean = tl.sum(n_c * p0) / N
+            if x_ptr.dtype.element_ty == tl.float32:
+                # The sum of C chunk sums (~N |mean|) rounds to ~1e-7 of itself; rows 100 std
+                # from zero then drew up to 2.3x PyTorch's float32 error. Adding the mean
+                # deviation of the chunk means (exact differences, small sum) removes it.
+                mean += tl.sum(n_c * tl.where(c_ok, p0 - mean, 0.0)) / N
             dm = p0 - mean
             rstd = tl.rsqrt(tl.sum(p1 + n_c * dm * dm) / N + eps)
         _store_y(y_ptr, h, mean, rstd, w, b, rows, cols, mask, stride_ym, IS_RMS, GEMMA, HAS_WEIGHT, HAS_BIAS)
