@@ -150,3 +150,27 @@ def write_large_trace(path: Path, target_bytes: int, max_steps: int | None = Non
             step += 1
         fh.write('\n], "traceName": "large"}\n')
     return kernels
+
+
+def eager_steps(b: TraceBuilder, steps: int = 3, kernels: int = 8) -> TraceBuilder:
+    """``steps`` ProfilerSteps (#0, #1...) 1000 µs apart, each ``kernels`` element-wise adds of
+    4 µs, each launched after the previous one ended: per step, kernels run at
+    t0 + 16 + 10 j, wall 10 * kernels - 6, busy 4 * kernels, all idle time host-wait (6 µs gaps)."""
+    for n in range(steps):
+        t0 = 1000.0 * n
+        b.step(n, t0, 1000)
+        for j in range(kernels):
+            ext = b.op("aten::add", t0 + 9 + 10 * j, 8, [[1024, 1024], [1024, 1024]], ["float", "float"])
+            b.launched_kernel(EW_ADD, t0 + 10 + 10 * j, t0 + 16 + 10 * j, 4, ext)
+    return b
+
+
+def fused_steps(b: TraceBuilder, steps: int = 3) -> TraceBuilder:
+    """Steps like ``eager_steps``' with two queued kernels each: a norm [t0 + 20, t0 + 40] and a
+    gemm [t0 + 41, t0 + 71]: wall 51, busy 50, one 1 µs kernel-wait gap."""
+    for n in range(steps):
+        t0 = 1000.0 * n
+        b.step(n, t0, 1000)
+        b.launched_kernel(RMS, t0 + 10, t0 + 20, 20, b.op("aten::rms_norm", t0 + 9, 4))
+        b.launched_kernel(GEMM, t0 + 12, t0 + 41, 30, b.op("aten::mm", t0 + 11, 4))
+    return b

@@ -1,14 +1,36 @@
 """The ``onetrip`` command.
 
     onetrip bench ops [--op NAME ...] [--dtype bf16|fp16|fp32] [--out DIR] [--quick]
-    onetrip profile TRACE.json[.gz] [--json OUT]
+    onetrip bench attention [--dtype bf16|fp16] [--out DIR] [--quick]
+    onetrip bench decode-attention [--out DIR] [--quick]
+    onetrip profile TRACE.json[.gz] [--json OUT] [--bandwidth GBS] [--png OUT.png] [--html OUT.html]
+    onetrip profile A.json --diff B.json [--json OUT] [--png OUT.png] [--html OUT.html]
+    onetrip bench decode [--preset NAME ...] [--batch N ...] [--provider NAME ...] [--new-tokens N]
+    onetrip demo [--out DIR] [--preset NAME] [--new-tokens N]
+    onetrip profile --model PATH|PRESET [--backend eager|fused] [--no-graphs] [--steps N] [--png OUT.png]
+    onetrip generate --model PATH|PRESET [--prompt TEXT | --prompt-tokens N] [--max-new-tokens N]
+                     [--batch N] [--backend eager|fused] [--no-graphs] [--chat] [--json OUT]
     onetrip env
 
 ``bench ops`` times each fused op against eager PyTorch, torch.compile and Liger-Kernel
 on a CUDA GPU and writes JSON, CSV and a PNG plot; on a machine without a GPU it checks
 onetrip's kernels against their references through Triton's interpreter instead.
+``bench attention`` reports prefill attention in TFLOP/s against SDPA's FlashAttention-2,
+cuDNN and memory-efficient backends and the naive reference; ``bench decode-attention``
+reports decode attention (contiguous and paged caches) and append_kv in GB/s and % of the
+copy bandwidth against SDPA and naive eager versions. Both write JSON, CSV and a PNG, and
+without a GPU check their kernels through the interpreter like ``bench ops``.
 ``profile`` reads a PyTorch profiler (Kineto) trace and reports the seams between kernels:
-kernels per step, idle gaps, launch overhead, element-wise chains, N x N intermediates.
+kernels per step, idle gaps, launch overhead, element-wise chains, N x N intermediates,
+and per operator the achieved GB/s as a % of ``--bandwidth GBS`` (default: the nominal
+datasheet peak of the GPU named in the trace). ``--png`` / ``--html`` also draw the kernels
+on a timeline (a PNG; a self-contained HTML page with hover details). ``--diff B.json``
+compares the trace (A) with B instead: kernels per step, step time, idle and launch-overhead
+shares, GPU time per kernel category, chains and verdicts of both, with B - A and B / A;
+then ``--json`` writes the comparison, and ``--png`` / ``--html`` draw A above B.
+``generate`` runs the decode engine on a checkpoint directory or a preset with random
+weights and reports prefill ms, decode tok/s, kernels per decode step and the achieved
+bandwidth as a % of the device's copy bandwidth.
 ``env`` prints the device, the versions involved, and how kernels will run.
 Also runnable as ``python -m onetrip ...``.
 """
@@ -31,7 +53,7 @@ def _build_parser(op_names: tuple[str, ...], dtype_names: tuple[str, ...]) -> ar
         "ops",
         help="fused ops vs eager, torch.compile and Liger-Kernel, in GB/s",
         description="Time each fused op against its peers under CUDA graphs with a cold L2; report GB/s and "
-        "%% of the measured copy bandwidth. Without a GPU, check the kernels through Triton's interpreter.",
+        "% of the measured copy bandwidth. Without a GPU, check the kernels through Triton's interpreter.",
     )
     ops.add_argument("--op", action="extend", nargs="+", choices=op_names, metavar="NAME",
                      help=f"ops to run (repeatable; default: all): {', '.join(op_names)}")
@@ -41,18 +63,135 @@ def _build_parser(op_names: tuple[str, ...], dtype_names: tuple[str, ...]) -> ar
     ops.add_argument("--quick", action="store_true", help="widths 1K, 4K, 16K, 64K and 256K only")
     ops.set_defaults(func=_bench_ops)
 
+    out_help = "folder for the JSON, CSV and PNG results (default: benchmarks/results)"
+    attn = suites.add_parser(
+        "attention", help="prefill flash_attention vs SDPA's backends and the naive reference, in TFLOP/s",
+        description="Time flash_attention against SDPA (FlashAttention-2, cuDNN, memory-efficient) and the naive "
+        "reference at 16K tokens per batch, head dims 64 and 128, seq 512 to 16K, causal and not, plus GQA and "
+        "varlen cells; report TFLOP/s, peak extra memory and the max difference from SDPA's output. Without a "
+        "GPU, check the kernel through Triton's interpreter.")
+    attn.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16", help="element type (default: bf16)")
+    attn.add_argument("--out", type=Path, default=Path("benchmarks/results"), help=out_help)
+    attn.add_argument("--quick", action="store_true", help="seq 1K and 8K only, plus the GQA and varlen cells")
+    attn.set_defaults(func=_bench_attention)
+    dec = suites.add_parser(
+        "decode-attention", help="decode_attention and append_kv vs SDPA and eager, in GB/s",
+        description="Time decode_attention (contiguous and paged caches, 32/8 heads of 128, bf16) against SDPA "
+        "and a naive eager version for batch 1-64 and context 1K-128K, and append_kv against rotary + "
+        "index_copy; report GB/s and % of the measured copy bandwidth. Without a GPU, check the kernels "
+        "through Triton's interpreter.")
+    dec.add_argument("--out", type=Path, default=Path("benchmarks/results"), help=out_help)
+    dec.add_argument("--quick", action="store_true", help="3 cells x contiguous and paged-64, 3 append rows")
+    dec.set_defaults(func=_bench_decode_attention)
+    model = suites.add_parser(
+        "decode", help="whole-model decode: transformers, gpt-fast-style compiled, onetrip eager/fused/graphs",
+        description="Decode with Llama presets (random weights) at several batch sizes through transformers' "
+        "generate, a gpt-fast-style torch.compile(mode='reduce-overhead') decoder and onetrip's eager, fused and "
+        "fused + CUDA-graph engine, all on the same weights; report tok/s, %% of the bandwidth limit, kernels per "
+        "decode step and time to first token. Without a GPU, check on the tiny preset that the providers "
+        "generate the same tokens.")
+    model.add_argument("--preset", action="extend", nargs="+", metavar="NAME",
+                       help="presets (default: llama-3.2-1b llama-3.1-8b)")
+    model.add_argument("--batch", action="extend", nargs="+", type=_positive, metavar="N",
+                       help="batch sizes (default: 1 8 32)")
+    model.add_argument("--provider", action="extend", nargs="+", metavar="NAME",
+                       choices=("transformers", "gpt-fast", "onetrip-eager", "onetrip-fused", "onetrip-graphs"),
+                       help="providers (default: all five)")
+    model.add_argument("--new-tokens", type=_positive, default=256, metavar="N", help="default 256")
+    model.add_argument("--prompt-tokens", type=_positive, default=32, metavar="N", help="default 32")
+    model.add_argument("--ttft", action="extend", nargs="*", type=_positive, metavar="N",
+                       help="prompt lengths for time to first token (default: 512 2048; none to skip)")
+    model.add_argument("--out", type=Path, default=Path("benchmarks/results"), help=out_help)
+    model.set_defaults(func=_bench_decode)
+
     prof = commands.add_parser(
         "profile", help="report the seams between kernels in a PyTorch profiler trace",
         description="Stream a PyTorch profiler (Kineto / Chrome trace) JSON file, optionally gzipped, and report "
-        "kernels per step, idle gaps, launch overhead, element-wise chains, N x N intermediates and casts.")
-    prof.add_argument("trace", type=Path, help="trace file (.json or .json.gz)")
-    prof.add_argument("--json", type=Path, metavar="OUT", help="also write the report as JSON to OUT")
+        "kernels per step, idle gaps, launch overhead, element-wise chains, N x N intermediates, casts and "
+        "achieved bandwidth per operator; or compare two traces (--diff); optionally draw the timeline.")
+    prof.add_argument("trace", type=Path, nargs="?", help="trace file (.json or .json.gz)")
+    prof.add_argument("--model", metavar="PATH|PRESET",
+                      help="instead of a trace: profile decode steps of the engine on this checkpoint or preset")
+    prof.add_argument("--backend", choices=("eager", "fused"), default="fused", help="with --model (default fused)")
+    prof.add_argument("--no-graphs", action="store_true", help="with --model: no CUDA graph for the decode step")
+    prof.add_argument("--steps", type=_positive, default=5, metavar="N", help="with --model: steps (default 5)")
+    prof.add_argument("--batch", type=_positive, default=1, metavar="N", help="with --model: batch (default 1)")
+    prof.add_argument("--trace-out", type=Path, metavar="OUT.json",
+                      help="with --model: keep the recorded trace here (default: profile-<model>.json)")
+    prof.add_argument("--json", type=Path, metavar="OUT",
+                      help="also write the report (with --diff: the comparison) as JSON to OUT")
+    prof.add_argument("--diff", type=Path, metavar="B",
+                      help="compare TRACE (A) with the trace B instead of reporting TRACE alone")
+    prof.add_argument("--bandwidth", type=_gbs, metavar="GBS",
+                      help="device bandwidth in GB/s that per-operator achieved bandwidth is compared with "
+                      "(default: the nominal datasheet peak of the GPU named in the trace)")
+    prof.add_argument("--png", type=Path, metavar="OUT.png", help="draw the kernel timeline to a PNG")
+    prof.add_argument("--html", type=Path, metavar="OUT.html",
+                      help="write the kernel timeline as a self-contained HTML page (hover for details)")
     prof.set_defaults(func=_profile)
+
+    demo = commands.add_parser(
+        "demo", help="the main job: decode eager, fused, fused + CUDA graphs; profile each, side by side",
+        description="Generate the same tokens with the default preset three ways (eager, fused kernels, fused "
+        "kernels + one CUDA graph per token), profile each, and print one table (tok/s, %% of the bandwidth "
+        "limit, kernels per step, idle share, verdict) with the three timelines in one PNG. Without a GPU: "
+        "the tiny preset on the CPU, operators and bytes per step from the CPU profiler.")
+    demo.add_argument("--out", type=Path, default=Path("demo"), help="folder for traces, PNG, JSON (default demo/)")
+    demo.add_argument("--preset", help="default: llama-3.2-1b on a GPU, tiny on a CPU")
+    demo.add_argument("--new-tokens", type=_positive, metavar="N", help="default: 128 on a GPU, 16 on a CPU")
+    demo.set_defaults(func=_demo)
+
+    gen = commands.add_parser(
+        "generate", help="generate tokens with the decode engine and report tok/s and bandwidth",
+        description="Generate with a Llama/Qwen checkpoint directory or a preset (random weights), then report "
+        "prefill time, decode tok/s, kernels per decode step and the achieved bandwidth against the copy "
+        "bandwidth of the device.")
+    gen.add_argument("--model", required=True, metavar="PATH|PRESET",
+                     help="Hugging Face model directory, or a preset: llama-3.2-1b, llama-3.1-8b, qwen2.5-0.5b, "
+                     "qwen2.5-7b, tiny")
+    what = gen.add_mutually_exclusive_group()
+    what.add_argument("--prompt", metavar="TEXT", help="prompt text (needs the directory's tokenizer)")
+    what.add_argument("--prompt-tokens", type=_positive, metavar="N", help="N random prompt tokens (default 32)")
+    gen.add_argument("--max-new-tokens", type=_positive, default=128, metavar="N", help="default 128")
+    gen.add_argument("--batch", type=_positive, default=1, metavar="N", help="sequences at once (default 1)")
+    gen.add_argument("--backend", choices=("eager", "fused"), default="fused", help="default fused")
+    gen.add_argument("--no-graphs", action="store_true", help="launch every kernel of a decode step from the host")
+    gen.add_argument("--chat", action="store_true", help="wrap --prompt in the model's chat template")
+    gen.add_argument("--dtype", choices=("bf16", "fp16", "fp32"),
+                     help="default: the checkpoint's, or bf16 on a GPU / fp32 on a CPU for presets")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--top-k", type=int, default=0, help="0 = off")
+    gen.add_argument("--top-p", type=float, default=1.0, help="1 = off")
+    gen.add_argument("--seed", type=int, default=0, help="sampling seed, and the preset's random weights")
+    gen.add_argument("--quiet", action="store_true", help="print only the summary")
+    gen.add_argument("--json", type=Path, metavar="OUT", help="also write the summary as JSON to OUT")
+    gen.set_defaults(func=_generate)
 
     env = commands.add_parser("env", help="the device, versions, and how kernels will run",
                               description="Print the device, the versions involved, and how kernels will run.")
     env.set_defaults(func=_env)
     return parser
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from .bench.report import console
+    from .engine.commands import run_generate
+
+    try:
+        return run_generate(args, console())
+    except (OSError, ValueError) as exc:  # a bad --model, --prompt without a tokenizer, ...
+        print(f"onetrip generate: {exc}", file=sys.stderr)
+        return 2
 
 
 def _bench_ops(args: argparse.Namespace) -> int:
@@ -68,19 +207,120 @@ def _bench_ops(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _profile(args: argparse.Namespace) -> int:
-    from .profile import analyze_trace, render_report
+def _bench_attention(args: argparse.Namespace) -> int:
+    import torch
 
+    from .bench.attention import DTYPES, run_attention_bench, run_attention_check
+
+    if not torch.cuda.is_available():
+        return run_attention_check(DTYPES[args.dtype])
+    records = run_attention_bench(DTYPES[args.dtype], args.out, args.quick)
+    return 1 if any(r["provider"] == "onetrip" and (r["ok"] is False or r["error"]) for r in records) else 0
+
+
+def _bench_decode_attention(args: argparse.Namespace) -> int:
+    import torch
+
+    from .bench.decode_attn import run_decode_bench, run_decode_check
+
+    if not torch.cuda.is_available():
+        return run_decode_check()
+    records = run_decode_bench(args.out, args.quick)
+    return 1 if any(r["provider"] == "onetrip" and (r["ok"] is False or r["error"]) for r in records) else 0
+
+
+def _bench_decode(args: argparse.Namespace) -> int:
+    import torch
+
+    from .bench.decode import PROVIDERS, bench_decode, check_decode
+
+    if not torch.cuda.is_available():
+        return check_decode()
+    result = bench_decode(args.out, presets=tuple(args.preset or ("llama-3.2-1b", "llama-3.1-8b")),
+                          batches=tuple(args.batch or (1, 8, 32)), providers=tuple(args.provider or PROVIDERS),
+                          new_tokens=args.new_tokens, prompt=args.prompt_tokens,
+                          ttft_prompts=(512, 2048) if args.ttft is None else tuple(args.ttft))
+    return 1 if any("error" in r and r["provider"].startswith("onetrip") for r in result["records"]) else 0
+
+
+def _gbs(text: str) -> float:
+    """``--bandwidth``'s value: a finite number of GB/s above 0."""
     try:
-        report = analyze_trace(args.trace)
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected GB/s as a number above 0 (e.g. 3350), got {text!r}")
+    return value
+
+
+def _profile(args: argparse.Namespace) -> int:
+    from .profile import (TraceIndex, analyze_index, diff_reports, draw_timelines, read_trace, render_diff,
+                          render_report, write_html_timeline)
+
+    if (args.trace is None) == (args.model is None):
+        print("onetrip profile: give a TRACE file or --model PATH|PRESET (one of the two)", file=sys.stderr)
+        return 2
+    if args.model is not None:
+        try:
+            args.trace = _record_model_trace(args)
+        except (OSError, ValueError) as exc:
+            print(f"onetrip profile: {exc}", file=sys.stderr)
+            return 2
+        print(f"trace: {args.trace}")
+    paths = [args.trace] + ([args.diff] if args.diff else [])
+    try:
+        indexes = [TraceIndex(read_trace(p)) for p in paths]
+        reports = [analyze_index(index, bandwidth_gbs=args.bandwidth) for index in indexes]
     except (OSError, ValueError) as exc:
         print(f"onetrip profile: {exc}", file=sys.stderr)
         return 2
-    render_report(report)
+    if args.diff:
+        result = diff_reports(*reports)
+        render_diff(result)
+    else:
+        result = reports[0]
+        render_report(result)
     if args.json:
-        args.json.write_text(report.to_json())
+        args.json.write_text(result.to_json())
         print(f"wrote {args.json}")
+    labels = [f"{tag}{p.name}" for tag, p in zip(("A: ", "B: ") if args.diff else ("",), paths)]
+    for flag, out, draw in (("--png", args.png, draw_timelines), ("--html", args.html, write_html_timeline)):
+        if out is None:
+            continue
+        try:
+            draw(indexes, out, labels=labels)
+        except (OSError, ValueError) as exc:
+            print(f"onetrip profile: {flag}: {exc}", file=sys.stderr)
+            return 2
+        print(f"wrote {out}")
     return 0
+
+
+def _record_model_trace(args: argparse.Namespace) -> Path:
+    """Profile ``args.steps`` decode steps of the engine on ``args.model``; the trace's path."""
+    import torch
+
+    from .engine.commands import load
+    from .engine.generate import Engine
+    from .profile import run as profile_run
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model, _, label = load(args.model, torch.bfloat16 if device == "cuda" else torch.float32, device)
+    model.backend = args.backend
+    prompts = torch.randint(0, model.config.vocab_size, (args.batch, 32),
+                            generator=torch.Generator().manual_seed(0)).tolist()
+    engine = Engine(model, max_seq=32 + args.steps + 16, max_batch=args.batch, graphs=not args.no_graphs)
+    out = args.trace_out or Path(f"profile-{label}-{args.backend}{'-graphs' if engine.graphs else ''}.json")
+    profile_run(engine.stepper(prompts, args.steps + 4), steps=args.steps, warmup=2, trace_path=out)
+    return out
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    rows = run_demo(args.out, args.preset, args.new_tokens)
+    return 0 if all(r.same_tokens for r in rows) else 1
 
 
 def kernel_mode() -> str:

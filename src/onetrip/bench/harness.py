@@ -25,7 +25,7 @@ import platform
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -209,6 +209,55 @@ def copy_bandwidth_gbs(device: torch.device | str = "cuda", nbytes: int = 1 << 3
     return 2 * nbytes / 1e9 / (timing.median_ms / 1e3)
 
 
+def time_budgeted(fn: Callable[[], object], *, flush: torch.Tensor | None = None, budget_ms: float = 2000.0,
+                  max_reps: int = 100, min_reps: int = 10) -> Timing:
+    """``time_ms`` with reps cut so that a slow call takes about ``budget_ms`` in all.
+
+    One call is timed first (after one that compiles); reps = budget_ms / its time, clamped
+    to [min_reps, max_reps]. Calls under 20 ms keep 100 reps; the naive attention at 16K
+    tokens (tens of ms a call) drops to a few dozen.
+    """
+    fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    reps = int(min(max_reps, max(min_reps, budget_ms / max(start.elapsed_time(end), 1e-3))))
+    return time_ms(fn, reps=reps, warmup=2, flush=flush)
+
+
+def peak_extra_bytes(fn: Callable[[], object], device: torch.device | str) -> tuple[object, int | None]:
+    """Call ``fn`` once: (its result, the most bytes it held allocated beyond what was before).
+
+    torch.cuda.max_memory_allocated during the call minus memory_allocated before it, so
+    the call's output counts and its inputs do not. None off CUDA.
+    """
+    if torch.device(device).type != "cuda":
+        return fn(), None
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    result = fn()
+    torch.cuda.synchronize(device)
+    return result, torch.cuda.max_memory_allocated(device) - before
+
+
+def free_bytes(device: torch.device | str) -> int:
+    """Memory a new allocation can still get: free on the device plus what PyTorch caches unused."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return 1 << 62
+    free, _ = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+
+
+def error_string(exc: BaseException) -> str:
+    """'TypeName: first line of the message', at most 300 characters (for a result record)."""
+    text = f"{type(exc).__name__}: {exc}".strip()
+    return (text.splitlines() or [text])[0][:300]
+
+
 def gbs(nbytes: int, ms: float | None) -> float | None:
     """GB/s (1e9 bytes per second) for ``nbytes`` moved in ``ms`` milliseconds."""
     return None if ms is None or ms <= 0 else nbytes / 1e9 / (ms / 1e3)
@@ -320,6 +369,59 @@ def plot_gbs(records: list[dict], meta: dict, path: Path) -> Path:
     fig.legend(handles=[handles[k] for k in order], loc="outside lower center",
                ncols=max(1, min(len(order), 2 * ncols + 1)))
     fig.suptitle(f"{meta.get('gpu', '?')} · {meta.get('dtype', '?')} · {str(meta.get('date', ''))[:10]}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def plot_lines(records: list[dict], path: Path, *, panel: Callable[[dict], str], x: Callable[[dict], object],
+               y: str, series: Callable[[dict], str], style: Callable[[str], dict], ylabel: str, title: str,
+               hlines: Sequence[tuple[float, str, str]] = (), ncols: int = 3) -> Path:
+    """PNG with one subplot per ``panel(r)`` and, in each, one line per ``series(r)``: r[y] against x(r).
+
+    Numeric x values go on a log2 axis labelled 1K, 16K, ...; a panel whose x values are
+    strings plots them as categories (points, not joined). ``style(series)`` gives matplotlib
+    keyword arguments (color, marker, linestyle). ``hlines``: (value, label, linestyle)
+    drawn across every panel (a ceiling, a bar). Records whose y is None are left out.
+    """
+    from matplotlib.figure import Figure
+
+    recs = [r for r in records if r.get(y) is not None]
+    panels = list(dict.fromkeys(panel(r) for r in recs)) or ["(no results)"]
+    ncols = min(ncols, len(panels))
+    nrows = math.ceil(len(panels) / ncols)
+    fig = Figure(figsize=(5.2 * ncols, 3.6 * nrows + 0.8), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    handles: dict[str, object] = {}
+    lines: dict[str, object] = {}  # the hlines, last in the legend
+    for ax, name in zip(axes, panels):
+        mine = [r for r in recs if panel(r) == name]
+        xs = [x(r) for r in mine]
+        categories = list(dict.fromkeys(v for v in xs if isinstance(v, str)))
+        for s in dict.fromkeys(series(r) for r in mine):
+            pts = sorted(((x(r), r[y]) for r in mine if series(r) == s),
+                         key=lambda p: categories.index(p[0]) if categories else p[0])
+            px = [categories.index(v) if categories else v for v, _ in pts]
+            kw = {**style(s), **({"linestyle": "none"} if categories else {})}
+            handles.setdefault(s, ax.plot(px, [v for _, v in pts], label=s, **kw)[0])
+        if categories:
+            ax.set_xticks(range(len(categories)), categories, rotation=20, fontsize=7, ha="right")
+        elif xs:
+            ax.set_xscale("log", base=2)
+            ticks = sorted(set(xs))
+            ax.set_xticks(ticks, [width_label(int(t)) for t in ticks])
+        for value, label, linestyle in hlines:
+            lines[label] = ax.axhline(value, color="black", linestyle=linestyle, linewidth=1, label=label)
+        ax.set_title(name, fontsize=10)
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(bottom=0, top=max([r[y] for r in mine] + [v for v, _, _ in hlines] + [1e-9]) * 1.08)
+        ax.grid(True, alpha=0.3)
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
+    handles.update(lines)
+    fig.legend(handles=list(handles.values()), loc="outside lower center", ncols=max(1, min(len(handles), 5)))
+    fig.suptitle(title)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

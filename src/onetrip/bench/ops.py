@@ -43,11 +43,6 @@ def _outputs(result) -> tuple[torch.Tensor, ...]:
     return (result,) if isinstance(result, torch.Tensor) else tuple(result)
 
 
-def _error_string(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}".strip()
-    return (text.splitlines() or [text])[0][:300]
-
-
 def max_abs_diff(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
     """Max |a - b| over all outputs (in float32); NaN where either holds NaN."""
     if len(a) != len(b) or any(x.shape != y.shape for x, y in zip(a, b)):
@@ -135,7 +130,7 @@ def bench_shape(case: OpCase, shape: Shape, dtype: torch.dtype, compiled: Callab
             rec.update(median_ms=t.median_ms, p20_ms=t.p20_ms, p80_ms=t.p80_ms, graph=t.graph,
                        graph_error=t.graph_error, gbs=rate, pct_of_copy=100 * rate / copy_gbs)
         except Exception as exc:  # noqa: BLE001 - recorded, the suite goes on
-            rec["error"] = _error_string(exc)
+            rec["error"] = harness.error_string(exc)
         done(provider)
     add_speedup(records)
     return records
@@ -226,7 +221,7 @@ def run_ops_check(ops: Sequence[str] | None, dtype: torch.dtype, console=None) -
             try:
                 result = check_accuracy(case, case.ref(), inputs, _outputs(case.fused(*inputs)), shape.fields()["rows"])
             except Exception as exc:  # noqa: BLE001 - a crash is a failed check, shown in the table
-                result = {"ok": False, "max_err": None, "bound": None, "report": _error_string(exc)}
+                result = {"ok": False, "max_err": None, "bound": None, "report": harness.error_string(exc)}
             failed += not result["ok"]
             rows.append((case.name, shape.label, DTYPE_NAMES[dtype], result["max_err"], result["bound"],
                          "ok" if result["ok"] else f"FAIL {result['report']}"))

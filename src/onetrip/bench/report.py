@@ -107,3 +107,97 @@ def summary(records: list[dict], meta: dict, json_path: Path, skipped: list[str]
         "results": str(json_path),
         "ops": per_op,
     }
+
+
+# ---------------------------------------------------------------------------- attention suites
+
+
+def _mib(n: int | None) -> str:
+    return "—" if n is None else f"{n / 2**20:.0f}"
+
+
+def _cell(r: dict | None, fmt) -> str:
+    """A provider's figure, or why there is none (details are listed under the table)."""
+    if r is None:
+        return "—"
+    if r["error"]:
+        return "[red]error[/]"
+    if r["skipped"]:
+        return "[yellow]n/a[/]" if r["skipped"].startswith("n/a") else "[yellow]skipped[/]"
+    if r["median_ms"] is None:
+        return "—"
+    return fmt(r) + ("" if r["graph"] else " [yellow]no graph[/]")
+
+
+def _diff(r: dict | None) -> str:
+    if not r or r.get("max_diff") is None:
+        return "—"
+    verdict = "" if r.get("ok") is None else (" [green]ok[/]" if r["ok"] else " [red]FAIL[/]")
+    return f"{r['max_diff']:.1e} ({r['diff_base'].removeprefix('sdpa-')}){verdict}"
+
+
+def _why_not(con, recs: list[dict]) -> None:
+    """Errors one per line; skips grouped by provider and reason."""
+    skips: dict[tuple[str, str], list[str]] = {}
+    for r in recs:
+        if r["error"]:
+            con.print(f"  [red]{r['provider']} {r['cell']}[/]: {r['error']}", highlight=False)
+        elif r["skipped"]:
+            skips.setdefault((r["provider"], r["skipped"]), []).append(r["cell"])
+    for (provider, why), where in skips.items():
+        con.print(f"  [yellow]{provider} skipped[/] ({len(where)} cell{'s' * (len(where) > 1)}: "
+                  f"{', '.join(where[:4])}{', ...' if len(where) > 4 else ''}): {why}", highlight=False)
+
+
+def print_attention_table(con, records: list[dict], providers) -> None:
+    """One row per cell: TFLOP/s per provider, onetrip / FA2 and / cuDNN, onetrip's max diff
+    (and its ok) against the base, and the peak extra memory of onetrip and the reference."""
+    from rich.table import Table
+
+    if not records:
+        return
+    table = Table(title=f"attention: TFLOP/s, {records[0]['dtype']}", title_justify="left")
+    table.add_column("cell")
+    for name in (*providers, "onetrip / FA2", "onetrip / cuDNN", "onetrip diff (vs)", "peak MiB onetrip / eager"):
+        table.add_column(name, justify="right")
+    for cell in dict.fromkeys(r["cell"] for r in records):
+        by = {r["provider"]: r for r in records if r["cell"] == cell}
+        mine, eager = by.get("onetrip") or {}, by.get("eager") or {}
+        ratio = lambda key: "—" if not mine.get(key) else f"{mine[key]:.2f}x"
+        table.add_row(cell, *(_cell(by.get(p), lambda r: f"{r['tflops']:.0f}") for p in providers),
+                      ratio("vs_fa2"), ratio("vs_cudnn"), _diff(mine),
+                      f"{_mib(mine.get('peak_extra_bytes'))} / {_mib(eager.get('peak_extra_bytes'))}")
+    con.print(table)
+    _why_not(con, records)
+
+
+def print_decode_tables(con, records: list[dict], providers, append_providers) -> None:
+    """Decode: one row per cell, GB/s (% of copy) per provider, onetrip's split count, its
+    speedup over the fastest peer, its max diff, the peak extra memory of SDPA and the
+    naive version (a copy of the cache would show here). Then the same for append_kv."""
+    from rich.table import Table
+
+    rate = lambda r: f"{r['gbs']:.0f} ({r['pct_of_copy']:.0f}%)"
+    for kind, names in (("decode", providers), ("append_kv", append_providers)):
+        recs = [r for r in records if r["kind"] == kind]
+        if not recs:
+            continue
+        table = Table(title=f"{kind}: GB/s (% of copy bandwidth), {recs[0]['dtype']}", title_justify="left")
+        table.add_column("cell")
+        extra = ("splits", "onetrip / best peer", "onetrip diff (vs)", "peak MiB sdpa / eager")
+        for name in (*names, *(extra if kind == "decode" else extra[1:3])):
+            table.add_column(name, justify="right")
+        for cell in dict.fromkeys(r["cell"] for r in recs):
+            by = {r["provider"]: r for r in recs if r["cell"] == cell}
+            mine = by.get("onetrip") or {}
+            sp = mine.get("speedup_vs_best_peer")
+            row = [cell, *(_cell(by.get(p), rate) for p in names)]
+            if kind == "decode":
+                row.append("—" if mine.get("num_splits") is None else str(mine["num_splits"]))
+            row += [f"{sp:.2f}x vs {mine['best_peer']}" if sp else "—", _diff(mine)]
+            if kind == "decode":
+                row.append(f"{_mib((by.get('sdpa') or {}).get('peak_extra_bytes'))} / "
+                           f"{_mib((by.get('eager') or {}).get('peak_extra_bytes'))}")
+            table.add_row(*row)
+        con.print(table)
+        _why_not(con, recs)

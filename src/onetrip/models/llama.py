@@ -28,6 +28,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import ModelConfig, rope_tables
+from .fused import forward_fused, take_positions
+
+BACKENDS = ("eager", "fused")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -56,6 +59,13 @@ class KVCache(nn.Module):
         shape = (batch, max_seq, kv_heads, head_dim)
         self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+    def narrow(self, batch: int) -> "KVCache":
+        """A cache of the first ``batch`` sequences sharing this one's memory (the engine
+        keeps one allocation for its largest batch and runs smaller batches in views)."""
+        view = KVCache(0, 0, 0, 0, self.k.dtype, self.k.device)
+        view.k, view.v = self.k[:batch], self.v[:batch]
+        return view
 
 
 class Attention(nn.Module):
@@ -154,6 +164,18 @@ class Model(nn.Module):
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype, device=device)
         self._rope: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # float32 (n, head_dim/2) each
+        self._backend = "eager"
+
+    @property
+    def backend(self) -> str:
+        """"eager" (this file, op by op) or "fused" (onetrip's kernels, ``fused.py``); same weights."""
+        return self._backend
+
+    @backend.setter
+    def backend(self, name: str) -> None:
+        if name not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {name!r}")
+        self._backend = name
 
     @property
     def dtype(self) -> torch.dtype:
@@ -200,7 +222,8 @@ class Model(nn.Module):
             self._rope = rope_tables(self.config, max(n, 64), self.device)
         return self._rope
 
-    def forward(self, tokens: torch.Tensor, cache_seqlens: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, cache_seqlens: Optional[torch.Tensor] = None,
+                logits_index: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Logits (batch, seq, vocab) in the model dtype for ``tokens`` (batch, seq) int.
 
         Without a cache (``setup_cache`` not called): a causal forward of the whole
@@ -213,6 +236,10 @@ class Model(nn.Module):
         lengths are NOT updated: the caller adds ``seq`` afterwards (``seqlens += seq``),
         on the device. Positions must stay below the cache's max_seq (not checked, to
         keep the host out of the decode step). Prefill and decode are the same call.
+
+        ``logits_index`` (batch,) int64: return only the logits at position
+        ``logits_index[b]`` of each sequence, (batch, 1, vocab), so a prefill of a long or
+        right-padded prompt does not compute (or hold) seq x vocab logits.
         """
         if tokens.ndim != 2 or tokens.is_floating_point():
             raise ValueError(f"tokens must be (batch, seq) integer ids, got {tuple(tokens.shape)} {tokens.dtype}")
@@ -228,6 +255,11 @@ class Model(nn.Module):
         if cached and (b != cache.k.shape[0] or s > cache.k.shape[1]):
             raise ValueError(f"tokens {tuple(tokens.shape)} do not fit the KV cache of batch {cache.k.shape[0]} "
                              f"and max_seq {cache.k.shape[1]}; call setup_cache(batch, max_seq) again")
+        if cached and self.backend == "fused":
+            # append_kv derives the positions from cache_seqlens on the device: computing them
+            # here would cost three kernels per decode step.
+            cos, sin = self._rope_for(cache.k.shape[1])
+            return forward_fused(self, tokens, cache_seqlens, None, cos, sin, logits_index)
         offsets = torch.arange(s, device=tokens.device)[None, :]
         positions = offsets if cache_seqlens is None else cache_seqlens.long()[:, None] + offsets
         positions = positions.expand(b, s)  # (batch, seq) int64
@@ -236,11 +268,15 @@ class Model(nn.Module):
         else:
             # Host-side bound, fine here: without a cache this is not the graph-captured path.
             cos, sin = self._rope_for(s if cache_seqlens is None else int(positions.max()) + 1)
+        if self.backend == "fused":
+            return forward_fused(self, tokens, cache_seqlens, positions, cos, sin, logits_index)
         cos, sin = cos[positions].to(self.dtype), sin[positions].to(self.dtype)  # (batch, seq, head_dim/2)
 
         x = self.embed(tokens)  # (batch, seq, hidden)
         for layer in self.layers:
             x = layer(x, cos, sin, positions)
+        if logits_index is not None:
+            x = take_positions(x, logits_index)
         x = rms_norm(x, self.norm, self.config.rms_norm_eps)
         head = self.embed.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(x, head)  # (batch, seq, vocab)

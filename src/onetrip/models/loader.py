@@ -178,6 +178,19 @@ def load_model(path: PathLike, dtype: Optional[torch.dtype] = None, device=None)
 
 
 @torch.no_grad()
+def hf_state_dict(model: Model) -> dict[str, torch.Tensor]:
+    """The model's weights under Hugging Face names, q/k/v and gate/up split back apart.
+    The tensors are views of the model's parameters (no copy, same device); a tied LM
+    head is not included."""
+    shapes = hf_shapes(model.config)
+    params = dict(model.named_parameters())
+    tensors = {}
+    for target, sources in _fused_names(model.config).items():
+        parts = params[target].detach().split([shapes[n][0] for n in sources], dim=0)
+        tensors.update(zip(sources, parts))
+    return tensors
+
+
 def save_model(model: Model, path: PathLike, max_shard_bytes: Optional[int] = None) -> None:
     """Write ``model`` as a Hugging Face directory: config.json (with torch_dtype) and
     model.safetensors, or, when ``max_shard_bytes`` is given, shards of at most about that
@@ -186,12 +199,7 @@ def save_model(model: Model, path: PathLike, max_shard_bytes: Optional[int] = No
     config = model.config
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    shapes = hf_shapes(config)
-    params = dict(model.named_parameters())
-    tensors = {}
-    for target, sources in _fused_names(config).items():
-        parts = params[target].detach().cpu().split([shapes[n][0] for n in sources], dim=0)
-        tensors.update({n: p.contiguous() for n, p in zip(sources, parts)})
+    tensors = {n: t.cpu().contiguous() for n, t in hf_state_dict(model).items()}
     with open(path / "config.json", "w") as f:
         json.dump(config.to_hf(model.dtype), f, indent=2)
 

@@ -6,7 +6,9 @@
 
 Each analysis is a function of a ``TraceIndex`` returning plain frozen dataclasses:
 ``step_stats`` (timeline.py), ``find_chains`` / ``find_square_intermediates`` /
-``find_casts`` (fusion.py), ``top_kernels``, ``top_ops``, ``graph_replays`` and ``verdict`` (here).
+``find_casts`` (fusion.py), ``op_bandwidth`` (bandwidth.py), ``top_kernels``, ``top_ops``,
+``graph_replays`` and ``verdict`` (here). ``analyze_index`` runs them on a trace already read
+(to draw its timeline too without reading the file twice).
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ from pathlib import Path
 
 from .fusion import (CastGroup, ChainPattern, SquareIntermediate, find_casts, find_chains, find_square_intermediates,
                      group_chains, square_ops)
-from .timeline import GRAPH_LAUNCHES, UNAVAILABLE, StepStats, Thresholds, TraceIndex, step_stats
+from .bandwidth import OpBandwidth, PeakBandwidth, check_bandwidth, op_bandwidth, trace_bandwidth
+from .timeline import GRAPH_LAUNCHES, UNAVAILABLE, UNLINKED, StepStats, Thresholds, TraceIndex, step_stats
 from .trace import read_trace
-
 
 
 @dataclass(frozen=True)
@@ -58,9 +60,6 @@ def top_kernels(index: TraceIndex, n: int = 15) -> list[KernelTotal]:
         out.append(KernelTotal(name, index.category[idx[0]], len(idx), sum(durs), statistics.fmean(durs),
                                statistics.median(durs), sum(durs) / grand, op, graph))
     return sorted(out, key=lambda t: -t.total_us)[:n]
-
-
-UNLINKED = "unlinked (no operator in the trace)"
 
 
 @dataclass(frozen=True)
@@ -166,7 +165,9 @@ def verdict(steps: list[StepStats], chain_us: float, squares: int, th: Threshold
 @dataclass(frozen=True)
 class TraceReport:
     """Everything ``analyze_trace`` finds. Totals count every event of the trace (kernels
-    launched outside every ProfilerStep included); ``steps`` only those inside a step."""
+    launched outside every ProfilerStep included); ``steps`` only those inside a step.
+    bandwidth: the peak that ``op_bandwidth`` (achieved GB/s per operator and input
+    shapes, the most GPU time first) is compared with; see ``bandwidth.py``."""
 
     path: str
     events: int
@@ -189,6 +190,8 @@ class TraceReport:
     graphs: GraphReplays
     verdict: Verdict
     thresholds: Thresholds
+    bandwidth: PeakBandwidth
+    op_bandwidth: tuple[OpBandwidth, ...]
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -198,14 +201,24 @@ class TraceReport:
         return json.dumps(self.to_dict(), indent=indent)
 
 
-def analyze_trace(path: str | Path, thresholds: Thresholds = Thresholds(), top: int = 15) -> TraceReport:
+def analyze_trace(path: str | Path, thresholds: Thresholds = Thresholds(), top: int = 15,
+                  bandwidth_gbs: float | None = None) -> TraceReport:
     """Stream the trace at ``path`` and run every analysis; see ``TraceReport``.
 
+    bandwidth_gbs: the device bandwidth (GB/s) that per-operator achieved bandwidth is
+    compared with; None: the nominal datasheet peak of the GPU named in the trace, if known.
     Raises ValueError (naming the file) when the file is missing, not JSON, cut short, or
-    has no traceEvents.
+    has no traceEvents, and when ``bandwidth_gbs`` is not a positive number.
     """
-    trace = read_trace(path)
-    index = TraceIndex(trace)
+    check_bandwidth(bandwidth_gbs)  # before reading a file of gigabytes
+    return analyze_index(TraceIndex(read_trace(path)), thresholds, top, bandwidth_gbs)
+
+
+def analyze_index(index: TraceIndex, thresholds: Thresholds = Thresholds(), top: int = 15,
+                  bandwidth_gbs: float | None = None) -> TraceReport:
+    """``analyze_trace`` on a trace already read: ``analyze_index(TraceIndex(read_trace(path)))``."""
+    trace = index.trace
+    peak = trace_bandwidth(trace, bandwidth_gbs)
     steps = step_stats(index, thresholds)
     chains = find_chains(index, thresholds)
     squares = find_square_intermediates(index, thresholds)
@@ -222,7 +235,7 @@ def analyze_trace(path: str | Path, thresholds: Thresholds = Thresholds(), top: 
         cat_us[index.category[i]] += k.dur
     saved = [c.saved_bytes for c in chains]
     return TraceReport(
-        path=str(path), events=trace.events, kernels=sum(k.kind == "kernel" for k in trace.kernels),
+        path=trace.path, events=trace.events, kernels=sum(k.kind == "kernel" for k in trace.kernels),
         memcpy=sum(k.kind == "memcpy" for k in trace.kernels), memset=sum(k.kind == "memset" for k in trace.kernels),
         unassigned=index.unassigned, kernel_us=sum(k.dur for k in trace.kernels if k.kind == "kernel"),
         categories=dict(cats), category_us=dict(cat_us), steps=tuple(steps), step_verdicts=step_verdicts,
@@ -231,9 +244,8 @@ def analyze_trace(path: str | Path, thresholds: Thresholds = Thresholds(), top: 
         square_intermediates=tuple(squares), casts=tuple(find_casts(index)),
         top_kernels=tuple(top_kernels(index, top)), top_ops=tuple(top_ops(index, top)), graphs=graph_replays(index),
         verdict=verdict(steps, sum(c.kernel_us for c in chains), sum(s.occurrences for s in squares), thresholds),
-        thresholds=thresholds)
+        thresholds=thresholds, bandwidth=peak, op_bandwidth=tuple(op_bandwidth(index, peak, top)))
 
 
-__all__ = ["analyze_trace", "TraceReport", "KernelTotal", "OpTotal", "GraphReplays", "Verdict", "top_kernels",
-           "top_ops",
-           "graph_replays", "verdict"]
+__all__ = ["analyze_trace", "analyze_index", "TraceReport", "KernelTotal", "OpTotal", "GraphReplays", "Verdict",
+           "top_kernels", "top_ops", "graph_replays", "verdict", "UNAVAILABLE", "UNLINKED"]

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from .analyze import TraceReport
 from .kinds import short_name
+from .timeline import UNLINKED
 
 
 def _name(s: str | None, width: int = 60) -> str:
@@ -74,6 +75,53 @@ def _ops(report: TraceReport) -> Table:
     return t
 
 
+SHORT_DTYPES = {"float": "f32", "double": "f64", "c10::Half": "f16", "c10::BFloat16": "bf16", "long int": "i64",
+                "int": "i32", "short int": "i16", "signed char": "i8", "unsigned char": "u8", "bool": "bool",
+                "c10::Float8_e4m3fn": "f8e4m3", "c10::Float8_e5m2": "f8e5m2"}
+
+
+def shapes_text(dims: tuple | None, types: tuple | None) -> str:
+    """The tensor inputs of an operator as "1024x1024 f32, 1024x1024 f32" (non-tensor
+    arguments dropped); "—" when no shapes were recorded."""
+    if not dims or not types:
+        return "—"
+    parts = []
+    for d, t in zip(dims, types):
+        if not d and t in ("", "Scalar", "ScalarList"):
+            continue
+        shape = "x".join(map(str, d)) if isinstance(d, tuple) and all(isinstance(x, int) for x in d) else "?"
+        parts.append(f"{shape or 'scalar'} {SHORT_DTYPES.get(t, t)}")
+    return ", ".join(parts) or "—"
+
+
+def _bandwidth(report: TraceReport) -> Table:
+    peak = report.bandwidth
+    if peak.gbs is None:
+        against = (f"no peak known for {peak.device!r}" if peak.device else "no device in the trace") + \
+            ": pass --bandwidth GBS"
+    elif peak.source == "argument":
+        against = f"% of {peak.gbs:.0f} GB/s, as given"
+    else:
+        against = f"% of {peak.gbs:.0f} GB/s, the {peak.source.partition(': ')[2]}'s nominal datasheet peak"
+    t = Table(title=f"Achieved bandwidth per operator ({escape(against)})",
+              caption="bytes: tensor inputs read once + output written once, from the recorded shapes.\n"
+              "! above 100% of the peak: the estimate does not hold for this op (L2 hits, a smaller output, "
+              "overlapping streams); unreliable")
+    for col in ("operator", "inputs", "category", "calls", "GPU time", "bytes/call", "GB/s", "% peak"):
+        t.add_column(col, justify="left" if col in ("operator", "inputs", "category") else "right")
+    for o in report.op_bandwidth:
+        if not o.attributed:
+            gbs, frac = "—", "n/a" if o.op == UNLINKED else "n/a (graph)"
+        else:
+            gbs = "—" if o.achieved_gbs is None else f"{o.achieved_gbs:.0f}"
+            frac = "—" if o.peak_fraction is None else f"{o.peak_fraction:.0%}" + (" !" if o.unreliable else "")
+        t.add_row(escape(o.op), escape(shapes_text(o.input_dims, o.input_types)), o.category,
+                  str(o.calls) if o.attributed else "—",
+                  _us(o.gpu_us), _bytes(o.bytes_per_call) if o.attributed else "—", gbs, frac,
+                  style="yellow" if o.unreliable else None)
+    return t
+
+
 def _chains(report: TraceReport, n: int) -> Table:
     saved = report.chain_saved_bytes
     if saved is None:
@@ -103,6 +151,8 @@ def render_report(report: TraceReport, console: Console | None = None, steps: in
         console.print(_steps(report, steps))
         console.print(_top(report))
         console.print(_ops(report))
+        if report.op_bandwidth:
+            console.print(_bandwidth(report))
     else:
         console.print("No GPU activity in this trace (profiled without ProfilerActivity.CUDA?): "
                       "only the operator-level findings below apply.")

@@ -21,6 +21,7 @@ from .kinds import classify, is_cast
 from .trace import CpuOp, Kernel, RuntimeCall, Step, Trace
 
 UNAVAILABLE = "unavailable (CUDA graph replay)"
+UNLINKED = "unlinked (no operator in the trace)"
 GRAPH_LAUNCHES = frozenset({"cudaGraphLaunch", "cudaGraphLaunch_v10000", "cuGraphLaunch", "cuGraphLaunch_ptsz",
                             "cudaGraphLaunch_ptsz"})
 

@@ -1,0 +1,128 @@
+"""The fused forward of the Llama-family decoder: the same weights as ``llama.Model``, run
+on onetrip's kernels. Selected with ``model.backend = "fused"`` (``llama.Model.forward``
+dispatches here); the eager forward in llama.py stays the reference it is checked against.
+
+One layer at a decode step, kernel by kernel (Llama; Qwen2 adds the q/k/v bias to the
+QKV GEMM, Qwen3 two RMSNorms of the q and k heads):
+
+    normed, res = add_rms_norm(x, res, attn_norm)     x: the previous layer's MLP output
+    qkv  = normed @ wqkv^T                            one GEMM for q, k and v
+    append_kv(q, k, v, k_cache, v_cache, lens, cos, sin)   RoPE on q, k + k, v into the cache
+    o    = decode_attention(q, k_cache, v_cache, lens + 1)  split-KV over the cache
+    x    = o @ wo^T
+    normed, res = add_rms_norm(x, res, mlp_norm)      the residual add rides in the norm
+    y    = silu_mul(normed @ w_gate_up^T)             one GEMM for gate and up
+    x    = y @ w_down^T
+
+8 kernels per layer plus the split-KV merge where the context is split (9), against ~25 in
+the eager form (norm statistics, casts, rotary halves, cache index_put, repeat of K/V
+for GQA, SDPA with its mask, residual adds, SiLU and multiply). The residual stream never
+makes its own pass: each add happens inside the next norm, whose ``h`` output is the new
+residual. Prefill (more than ``MAX_Q_LEN`` new tokens) attends with ``flash_attention``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+import torch
+import torch.nn.functional as F
+
+from ..ops.append_kv import append_kv
+from ..ops.decode_attention import MAX_Q_LEN, decode_attention
+from ..ops.flash_attention import flash_attention
+from ..ops.glu import silu_mul
+from ..ops.norm import add_rms_norm, rms_norm
+from ..ops.rotary import apply_rotary
+
+if TYPE_CHECKING:  # llama.py imports this module
+    from .llama import Attention, Model
+
+
+def take_positions(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """x (batch, seq, ...) -> (batch, 1, ...): row ``index[b]`` of each sequence."""
+    return x[torch.arange(x.shape[0], device=x.device), index][:, None]
+
+
+def _attention(attn: "Attention", x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               lens: Optional[torch.Tensor], lens_after: Optional[torch.Tensor],
+               positions: Optional[torch.Tensor]) -> torch.Tensor:
+    """x (batch, seq, hidden) normed -> (batch, seq, hidden) before the residual add.
+
+    With a cache: ``lens`` (batch,) int32 tokens cached before this call, ``lens_after`` =
+    lens + seq. Without: ``positions`` (batch, seq), the tokens' positions, give the rotary
+    angles and attention is causal within the call (only used there).
+    """
+    c = attn.config
+    b, s, _ = x.shape
+    q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    qkv = F.linear(x, attn.wqkv.weight, attn.wqkv.bias)  # (batch, seq, q + 2 kv heads x head_dim)
+    q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    q = q.view(b, s, c.num_heads, c.head_dim)
+    k = k.view(b, s, c.num_kv_heads, c.head_dim)
+    v = v.view(b, s, c.num_kv_heads, c.head_dim)
+    if c.qk_norm:
+        q = rms_norm(q, attn.q_norm, c.rms_norm_eps)
+        k = rms_norm(k, attn.k_norm, c.rms_norm_eps)
+
+    cache = attn.cache
+    if cache is None:
+        q, k = apply_rotary(q, k, cos, sin, positions)
+        out = flash_attention(q, k, v, causal=True)
+    else:
+        q = append_kv(q, k, v, cache.k, cache.v, lens, cos, sin)  # q rotated in place
+        if s <= MAX_Q_LEN:
+            out = decode_attention(q, cache.k, cache.v, lens_after)
+        else:
+            out = _prefill_attention(q, cache.k, cache.v, lens)
+    return F.linear(out.reshape(b, s, q_size), attn.wo.weight)
+
+
+def _prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                       lens: torch.Tensor) -> torch.Tensor:
+    """Causal attention of q (batch, seq, heads, head_dim), already in the cache, over each
+    sequence's cached prefix plus itself. Prefill is not graph-captured, so the lengths are
+    read on the host here (one synchronisation per prefill call): one ``flash_attention``
+    over the common prefix when every sequence has the same length, else one per sequence."""
+    s = q.shape[1]
+    starts = lens.tolist()
+    if len(set(starts)) == 1:
+        n = starts[0] + s
+        return flash_attention(q, k_cache[:, :n], v_cache[:, :n], causal=True)
+    out = torch.empty_like(q)
+    for i, start in enumerate(starts):
+        n = start + s
+        flash_attention(q[i:i + 1], k_cache[i:i + 1, :n], v_cache[i:i + 1, :n], causal=True, out=out[i:i + 1])
+    return out
+
+
+def forward_fused(model: "Model", tokens: torch.Tensor, cache_seqlens: Optional[torch.Tensor],
+                  positions: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
+                  logits_index: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Logits (batch, seq, vocab) of ``tokens`` (batch, seq) through onetrip's kernels.
+
+    Called by ``Model.forward`` after its argument checks, with ``positions`` (batch, seq)
+    int64 (None with a cache: append_kv takes them from cache_seqlens), the float32 rotary tables ``cos, sin`` (max_pos, head_dim / 2) and the optional
+    ``logits_index`` (see ``Model.forward``). No host
+    synchronisation on the decode path (seq <= MAX_Q_LEN with a cache): capturable.
+    """
+    c = model.config
+    b, s = tokens.shape
+    lens = lens_after = None
+    if model.layers and model.layers[0].attn.cache is not None:
+        lens = cache_seqlens if cache_seqlens.dtype == torch.int32 else cache_seqlens.to(torch.int32)
+        lens_after = lens + s  # decode_attention counts the appended tokens (one tiny kernel per step)
+
+    x = F.embedding(tokens, model.embed.weight)  # (batch, seq, hidden)
+    residual = None
+    for layer in model.layers:
+        normed, residual = add_rms_norm(x, residual, layer.attn_norm, c.rms_norm_eps)
+        x = _attention(layer.attn, normed, cos, sin, lens, lens_after, positions)
+        normed, residual = add_rms_norm(x, residual, layer.mlp_norm, c.rms_norm_eps)
+        mlp = layer.mlp
+        x = F.linear(silu_mul(F.linear(normed, mlp.w_gate_up.weight)), mlp.w_down.weight)
+    if logits_index is not None:
+        x, residual = take_positions(x, logits_index), take_positions(residual, logits_index)
+    x, _ = add_rms_norm(x, residual, model.norm, c.rms_norm_eps)
+    head = model.embed.weight if model.lm_head is None else model.lm_head.weight
+    return F.linear(x, head)  # (batch, seq, vocab)

@@ -1,0 +1,45 @@
+"""The engine's commands on the CPU (tiny preset; fused kernels through the interpreter):
+generate, profile --model, demo, bench decode."""
+
+import json
+
+from onetrip.cli import main
+
+
+def test_generate_writes_a_summary(tmp_path, capsys):
+    out = tmp_path / "g.json"
+    assert main(["generate", "--model", "tiny", "--max-new-tokens", "5", "--batch", "3", "--quiet",
+                 "--json", str(out)]) == 0
+    s = json.loads(out.read_text())
+    assert (s["batch"], s["new_tokens"], s["prompt_tokens"], s["backend"]) == (3, 5, 32, "fused")
+    assert s["decode_tok_s"] > 0 and s["pct_of_limit"] is None  # no bandwidth on a CPU
+    assert "Timings need a GPU" in capsys.readouterr().out
+
+
+def test_generate_errors(capsys):
+    assert main(["generate", "--model", "no-such-model", "--max-new-tokens", "2"]) == 2
+    assert "neither a directory nor a preset" in capsys.readouterr().err
+    assert main(["generate", "--model", "tiny", "--prompt", "hello"]) == 2
+    assert "--prompt needs a tokenizer" in capsys.readouterr().err
+
+
+def test_profile_model_records_a_trace(tmp_path, capsys):
+    trace = tmp_path / "t.json"
+    assert main(["profile", "--model", "tiny", "--backend", "eager", "--steps", "2", "--trace-out", str(trace)]) == 0
+    assert trace.exists() and "No GPU activity" in capsys.readouterr().out
+    assert main(["profile"]) == 2
+    assert "give a TRACE file or --model" in capsys.readouterr().err
+
+
+def test_demo_on_the_cpu(tmp_path):
+    assert main(["demo", "--out", str(tmp_path), "--new-tokens", "4"]) == 0
+    rows = json.loads((tmp_path / "demo.json").read_text())
+    assert [r["mode"] for r in rows] == ["eager", "fused"]
+    assert all(r["same_tokens"] for r in rows)
+    # The fused step calls far fewer operators than the eager one.
+    assert rows[1]["ops_per_step"] < 0.5 * rows[0]["ops_per_step"]
+
+
+def test_bench_decode_checks_tokens_on_the_cpu(capsys):
+    assert main(["bench", "decode"]) == 0
+    assert "same as transformers" in capsys.readouterr().out
