@@ -4,10 +4,10 @@
 setup:
 	@scripts/setup.sh
 
-# The main job: the op benchmark on a GPU; without one, every op checked against its
-# reference through Triton's interpreter.
+# The main job: the demo (eager, fused, fused + CUDA graphs, profiled side by side); without
+# a GPU, the tiny preset on the CPU with the kernels through Triton's interpreter.
 run: setup
-	.venv/bin/onetrip bench ops
+	.venv/bin/onetrip demo
 
 test: setup
 	.venv/bin/python -m pytest -q

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The GPU runs that the next device session owes, in stages of under 10 minutes each
+# (the device tool's limit per command). Run from the repository root on the device:
+#
+#   benchmarks/gpu_session.sh STAGE        # writes under $OUT (or ./gpu-out)
+#
+# Stages, in order of what they unblock:
+#   tests      the whole suite on the GPU (every kernel, graphs, compile, engine) ~2 min
+#   quick      bench attention/decode-attention --quick, demo, bench decode 1B batch 1  ~6 min
+#   attention  full bench attention (bf16) + autotune sweep                        ~8 min
+#   decode     full bench decode-attention                                         ~5 min
+#   engine     full bench decode (1B and 8B, batch 1/8/32, TTFT)                   ~9 min
+#   gemv       bench gemv (torch matmul and onetrip's skinny matmul per projection) ~3 min
+# Liger-Kernel comes from .whl (carry it): installed into /tmp/site first.
+set -uo pipefail
+stage="${1:?usage: benchmarks/gpu_session.sh tests|quick|attention|decode|engine|gemv}"
+out="${OUT:-gpu-out}"
+mkdir -p "$out/results" "$out/logs"
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+fi
+export PYTHONPATH="/tmp/site:src${PYTHONPATH:+:$PYTHONPATH}"
+export ONETRIP_CACHE_DIR="$out/cache"
+py() { python3 "$@"; }
+log() { echo "== $*" >&2; }
+
+case "$stage" in
+tests)
+    nvidia-smi --query-gpu=name,clocks.max.memory,memory.total --format=csv | tee "$out/logs/gpu.txt"
+    py -m pytest -q -n 8 -p no:cacheprovider 2>&1 | tail -40 | tee "$out/logs/pytest-gpu.txt" \
+        || py -m pytest -q -x -p no:cacheprovider 2>&1 | tail -60 | tee "$out/logs/pytest-gpu.txt"
+    ;;
+quick)
+    py -m onetrip bench attention --quick --out "$out/results" 2>&1 | tee "$out/logs/attention-quick.txt"
+    py -m onetrip bench decode-attention --quick --out "$out/results" 2>&1 | tee "$out/logs/decode-attention-quick.txt"
+    py -m onetrip demo --out "$out/demo" 2>&1 | tee "$out/logs/demo.txt"
+    py -m onetrip bench decode --preset llama-3.2-1b --batch 1 --new-tokens 128 --ttft 512 \
+        --out "$out/results" 2>&1 | tee "$out/logs/decode-quick.txt"
+    ;;
+attention)
+    py -m onetrip bench attention --out "$out/results" 2>&1 | tee "$out/logs/attention.txt"
+    [ -f benchmarks/tune_attention.py ] && py benchmarks/tune_attention.py --out "$out/results/tune-attention.json" \
+        2>&1 | tee "$out/logs/tune-attention.txt"
+    ;;
+decode)
+    py -m onetrip bench decode-attention --out "$out/results" 2>&1 | tee "$out/logs/decode-attention.txt"
+    ;;
+engine)
+    py -m onetrip bench decode --out "$out/results" 2>&1 | tee "$out/logs/decode.txt"
+    ;;
+gemv)
+    py -m onetrip bench gemv --out "$out/results" 2>&1 | tee "$out/logs/gemv.txt"
+    ;;
+*)
+    echo "unknown stage $stage" >&2
+    exit 2
+    ;;
+esac
