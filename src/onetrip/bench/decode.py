@@ -92,11 +92,16 @@ def run_transformers(hf, prompts: torch.Tensor, new_tokens: int):
     return tokens, t1, tn - t1, step
 
 
-def _static_loop(model: Model, prompts: torch.Tensor, new_tokens: int, decode_one: Callable):
-    """Prefill eagerly, then ``decode_one(tok, lens) -> next tok`` per token (lens += 1 after)."""
+def _static_loop(model: Model, prompts: torch.Tensor, new_tokens: int, decode_one: Callable, max_seq: int = 0):
+    """Prefill eagerly, then ``decode_one(tok, lens) -> next tok`` per token (lens += 1 after).
+    The cache is (re)allocated only when its shape must change: a compiled step is traced
+    with the cache buffers, so new ones would recompile it."""
     dev = model.device
     b, p = prompts.shape
-    model.setup_cache(b, p + new_tokens + 8)
+    cache = model.layers[0].attn.cache
+    want = (b, max(max_seq, p + new_tokens + 8))
+    if cache is None or tuple(cache.k.shape[:2]) != want:
+        model.setup_cache(*want)
     ids = prompts.to(dev)
     _sync(dev)
     t0 = time.perf_counter()
@@ -122,11 +127,19 @@ def run_static(model: Model, prompts: torch.Tensor, new_tokens: int, compiled: b
     def decode_one(tok, lens):
         return model(tok, lens)[:, -1].argmax(-1, keepdim=True)
 
-    fn = torch.compile(decode_one, mode="reduce-overhead", fullgraph=True) if compiled else decode_one
-    _static_loop(model, prompts, min(new_tokens, 4), fn)  # warm-up (and compilation)
-    tokens, prefill, decode = _static_loop(model, prompts, new_tokens, fn)
+    fn = decode_one
+    if compiled:
+        step = torch.compile(decode_one, mode="reduce-overhead", fullgraph=True)
+
+        def fn(tok, lens):
+            # A CUDA-graph tree reuses its output buffers at the next replay: keep a copy
+            # (gpt-fast clones its next token the same way), and mark the new step.
+            torch.compiler.cudagraph_mark_step_begin()
+            return step(tok, lens).clone()
+    max_seq = prompts.shape[1] + new_tokens + 8
+    _static_loop(model, prompts, min(new_tokens, 4), fn, max_seq)  # warm-up (and compilation)
+    tokens, prefill, decode = _static_loop(model, prompts, new_tokens, fn, max_seq)
     b = prompts.shape[0]
-    model.setup_cache(b, prompts.shape[1] + 16)
     lens = torch.full((b,), prompts.shape[1], dtype=torch.int32, device=model.device)
     tok = torch.zeros(b, 1, dtype=torch.int64, device=model.device)
 
