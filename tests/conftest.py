@@ -11,6 +11,9 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# The tests check each op with its deterministic heuristic configs; first-use autotuning
+# (tens of seconds per shape bucket on a GPU) has its own tests (test_autotune.py).
+os.environ.setdefault("ONETRIP_AUTOTUNE", "0")
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ON_GPU = DEVICE == "cuda"

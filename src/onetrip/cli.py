@@ -3,6 +3,7 @@
     onetrip bench ops [--op NAME ...] [--dtype bf16|fp16|fp32] [--out DIR] [--quick]
     onetrip bench attention [--dtype bf16|fp16] [--out DIR] [--quick]
     onetrip bench decode-attention [--out DIR] [--quick]
+    onetrip bench gemv [--compile] [--out DIR] [--quick]
     onetrip profile TRACE.json[.gz] [--json OUT] [--bandwidth GBS] [--png OUT.png] [--html OUT.html]
     onetrip profile A.json --diff B.json [--json OUT] [--png OUT.png] [--html OUT.html]
     onetrip bench decode [--preset NAME ...] [--batch N ...] [--provider NAME ...] [--new-tokens N]
@@ -83,11 +84,20 @@ def _build_parser(op_names: tuple[str, ...], dtype_names: tuple[str, ...]) -> ar
     dec.add_argument("--out", type=Path, default=Path("benchmarks/results"), help=out_help)
     dec.add_argument("--quick", action="store_true", help="3 cells x contiguous and paged-64, 3 append rows")
     dec.set_defaults(func=_bench_decode_attention)
+    gemv = suites.add_parser(
+        "gemv", help="the decode projections as skinny matmuls: cuBLAS vs onetrip, in GB/s",
+        description="Time every projection (qkv, o, gate_up, down, lm_head) of four presets at M = 1, 8, 32 rows "
+        "in bf16: F.linear (cuBLAS), optionally torch.compile'd F.linear, and onetrip's skinny_matmul; report GB/s "
+        "and % of the measured copy bandwidth. Without a GPU, check skinny_matmul through Triton's interpreter.")
+    gemv.add_argument("--compile", action="store_true", help="also time torch.compile(F.linear) (slow to compile)")
+    gemv.add_argument("--out", type=Path, default=Path("benchmarks/results"), help=out_help)
+    gemv.add_argument("--quick", action="store_true", help="M = 1 only")
+    gemv.set_defaults(func=_bench_gemv)
     model = suites.add_parser(
         "decode", help="whole-model decode: transformers, gpt-fast-style compiled, onetrip eager/fused/graphs",
         description="Decode with Llama presets (random weights) at several batch sizes through transformers' "
         "generate, a gpt-fast-style torch.compile(mode='reduce-overhead') decoder and onetrip's eager, fused and "
-        "fused + CUDA-graph engine, all on the same weights; report tok/s, %% of the bandwidth limit, kernels per "
+        "fused + CUDA-graph engine, all on the same weights; report tok/s, % of the bandwidth limit, kernels per "
         "decode step and time to first token. Without a GPU, check on the tiny preset that the providers "
         "generate the same tokens.")
     model.add_argument("--preset", action="extend", nargs="+", metavar="NAME",
@@ -133,7 +143,7 @@ def _build_parser(op_names: tuple[str, ...], dtype_names: tuple[str, ...]) -> ar
     demo = commands.add_parser(
         "demo", help="the main job: decode eager, fused, fused + CUDA graphs; profile each, side by side",
         description="Generate the same tokens with the default preset three ways (eager, fused kernels, fused "
-        "kernels + one CUDA graph per token), profile each, and print one table (tok/s, %% of the bandwidth "
+        "kernels + one CUDA graph per token), profile each, and print one table (tok/s, % of the bandwidth "
         "limit, kernels per step, idle share, verdict) with the three timelines in one PNG. Without a GPU: "
         "the tiny preset on the CPU, operators and bytes per step from the CPU profiler.")
     demo.add_argument("--out", type=Path, default=Path("demo"), help="folder for traces, PNG, JSON (default demo/)")
@@ -226,6 +236,17 @@ def _bench_decode_attention(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         return run_decode_check()
     records = run_decode_bench(args.out, args.quick)
+    return 1 if any(r["provider"] == "onetrip" and (r["ok"] is False or r["error"]) for r in records) else 0
+
+
+def _bench_gemv(args: argparse.Namespace) -> int:
+    import torch
+
+    from .bench.gemv import run_gemv_bench, run_gemv_check
+
+    if not torch.cuda.is_available():
+        return run_gemv_check()
+    records = run_gemv_bench(args.out, args.quick, args.compile)
     return 1 if any(r["provider"] == "onetrip" and (r["ok"] is False or r["error"]) for r in records) else 0
 
 

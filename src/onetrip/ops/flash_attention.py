@@ -30,13 +30,16 @@ and chunked prefill with a KV cache need::
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Optional
 
 import torch
 import triton
 
+from . import autotune
 from ._attention_jit import LOG2E, _attn_fwd_kernel
 from ._common import check_dtype_match, check_same_device, check_tensor, output, use_triton
 
@@ -54,7 +57,8 @@ class AttentionConfig:
 
 
 def attention_config(head_dim: int, max_seqlen_q: Optional[int] = None) -> AttentionConfig:
-    """A starting point by head dim, not yet tuned on a GPU (the Hopper session will sweep it).
+    """The heuristic by head dim: the launch config wherever autotuning does not run
+    (ONETRIP_AUTOTUNE=0, the interpreter, capture of an untuned bucket; see _tuned_config).
 
     Registers bound the tile: the float32 accumulator is block_m x head_dim and the score
     tile block_m x block_n per program, so wide heads take fewer rows. Compiled for sm_90
@@ -75,6 +79,96 @@ def attention_config(head_dim: int, max_seqlen_q: Optional[int] = None) -> Atten
         cfg = AttentionConfig(min(cfg.block_m, max(16, triton.next_power_of_2(max(max_seqlen_q, 1)))),
                               cfg.block_n, cfg.num_warps, cfg.num_stages)
     return cfg
+
+
+# -- autotuning: a pruned candidate list per head dim, one pick per shape bucket -------------
+
+# The space: 2 x 3 x 2 x 3 = 36 configs before pruning.
+_BLOCK_M, _BLOCK_N, _WARPS, _STAGES = (64, 128), (32, 64, 128), (4, 8), (2, 3, 4)
+# float32 values per thread held by the accumulator plus the score tile. 128 leaves room
+# for addresses, m, l and the loaded tiles under the 255-register cap: the heuristic
+# tiles sit at or under it and compiled without spills (see attention_config), while
+# 64 x 64 with 4 warps at head dim 256 (128 + 32) spilled 160 bytes.
+_MAX_TILE_REGS = 128
+# Below 48 (e.g. 64 x 32 with 8 warps at head dim 64: 16 + 8) each warp's MMA tiles are
+# so thin that K and V are re-read for little work; such tiles only add compile time.
+_MIN_TILE_REGS = 48
+_MAX_SHARED = 227 * 1024  # opt-in shared memory per block on Hopper (sm_90)
+MAX_TUNED_SEQ = 16384     # longer queries share the 16384 bucket
+
+
+def _tile_fits(cfg: AttentionConfig, head_dim: int, elem: int) -> bool:
+    """Register and shared-memory estimates of one config, before compiling it."""
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    threads = 32 * cfg.num_warps
+    regs = (cfg.block_m * block_d + cfg.block_m * cfg.block_n) / threads  # acc + scores, fp32
+    # num_stages buffers of a K and a V tile, plus the Q block that stays resident.
+    smem = cfg.num_stages * (cfg.block_n * block_d * 2 * elem) + cfg.block_m * block_d * elem
+    return _MIN_TILE_REGS <= regs <= _MAX_TILE_REGS and smem <= _MAX_SHARED
+
+
+def attention_candidates(head_dim: int, dtype: torch.dtype = torch.bfloat16,
+                         max_seqlen_q: Optional[int] = None) -> list[AttentionConfig]:
+    """The configs worth timing at ``head_dim`` and ``dtype``: the space above, pruned by
+    ``_tile_fits``, block_m shrunk for short queries as in ``attention_config``, and the
+    heuristic default always included (so a tuned pick is never a config the heuristic
+    would beat by more than timing noise). Deterministic, in a fixed order.
+
+    E.g. bfloat16 keeps 27 of the 36 at head dim 64, 21 at 128 and 5 at 256 (float32: 24, 12, 1).
+    """
+    elem = torch.empty((), dtype=dtype).element_size()
+    cap = None if max_seqlen_q is None else max(16, triton.next_power_of_2(max(max_seqlen_q, 1)))
+    out = [attention_config(head_dim, max_seqlen_q)]
+    for bm, bn, w, st in itertools.product(_BLOCK_M, _BLOCK_N, _WARPS, _STAGES):
+        cfg = AttentionConfig(bm, bn, w, st)
+        if not _tile_fits(cfg, head_dim, elem):
+            continue
+        if cap is not None and bm > cap:
+            cfg = AttentionConfig(cap, bn, w, st)
+        if cfg not in out:
+            out.append(cfg)
+    return out
+
+
+def attention_bucket(head_dim: int, causal: bool, max_seqlen_q: int, group: int, dtype: torch.dtype) -> tuple:
+    """Shapes that share one tuned config: (head_dim, causal, seq_q rounded up to a power
+    of two and capped at MAX_TUNED_SEQ, GQA group size, dtype name). The key length is
+    left out: the best tile depends on how many query blocks fill the GPU (seq_q) far
+    more than on how long each block's key loop runs."""
+    seq = min(triton.next_power_of_2(max(int(max_seqlen_q), 1)), MAX_TUNED_SEQ)
+    return (int(head_dim), bool(causal), seq, int(group), str(dtype).removeprefix("torch."))
+
+
+@functools.lru_cache(maxsize=None)
+def _tune_cache() -> autotune.TuneCache:
+    # One per process, created on first GPU use so ONETRIP_CACHE_DIR can be set before.
+    return autotune.TuneCache("flash_attention")
+
+
+def _tuned_config(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window,
+                  softcap) -> Optional[AttentionConfig]:
+    """The config for this call's bucket on a CUDA device: cached, or tuned now (first use of
+    the bucket, outside CUDA-graph capture), or None (= the heuristic) where tuning is off.
+    Tuning launches the kernel on these very tensors, so out and lse are overwritten by the
+    caller's final launch."""
+    if not autotune.autotune_enabled() or max_seqlen_q == 0 or q.numel() == 0 or k.numel() == 0:
+        return None
+    head_dim, group = q.shape[-1], q.shape[-2] // k.shape[-2]
+    causal = window[1] == 0 and window[0] < 0
+    key = autotune.tune_key("flash_attention", attention_bucket(head_dim, causal, max_seqlen_q, group, q.dtype),
+                            q.device)
+
+    def bench(cfg: dict):
+        return _launch(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window,
+                       softcap, AttentionConfig(**cfg))
+
+    candidates = [asdict(c) for c in attention_candidates(head_dim, q.dtype, max_seqlen_q)]
+    picked = autotune.tune(key, candidates, bench, cache=_tune_cache(),
+                           default=asdict(attention_config(head_dim, max_seqlen_q)))
+    try:
+        return AttentionConfig(**picked)
+    except TypeError:  # a hand-edited cache entry with other fields: the heuristic, not a crash
+        return None
 
 
 def _launch(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, softmax_scale: float,
@@ -123,8 +217,13 @@ def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.
                   cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int,
                   softmax_scale: float, window_left: int, window_right: int, softcap: float) -> None:
     if use_triton(q):
-        _launch(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale,
-                (window_left, window_right), softcap)
+        window = (window_left, window_right)
+        config = None
+        if q.is_cuda:  # first use of a shape bucket tunes (see attention_candidates, autotune.py)
+            config = _tuned_config(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale,
+                                   window, softcap)
+        _launch(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window, softcap,
+                config)
         return
     o, l = attention_ref(q, k, v, False, softmax_scale, (window_left, window_right), softcap,
                          cu_seqlens_q, cu_seqlens_k, return_lse=True)

@@ -1,0 +1,273 @@
+"""Skinny matmuls: y = x @ weight.T (+ bias) for a few rows, as a decode step runs them.
+
+At batch 1 every projection of a decoder is a matrix-vector product. Its traffic is
+almost all weight: for the 8B model's gate_up (28672 x 4096, bf16) the weight is 224 MiB
+and x and y together 64 KiB, while the arithmetic is 2 FLOP per weight element, far below
+what the tensor cores could do in the time the weight takes to stream in. So the kernel's
+only job is to read the weight exactly once, at the copy bandwidth:
+
+    each program owns BLOCK_N output columns and walks K in BLOCK_K chunks; every
+    (BLOCK_N, BLOCK_K) weight tile is loaded once and used for all M rows of x.
+
+When N / BLOCK_N programs are too few to keep every SM streaming (o_proj of the 8B model,
+4096 x 4096, gives 128 programs of 32 columns on 132 SMs), K is split over SPLIT_K
+programs per column block: each writes float32 partials to a workspace of
+(SPLIT_K, M, N) and a second, small kernel sums them, adds the bias and rounds once.
+
+Rows M > 32 are left to ``torch.nn.functional.linear`` (cuBLAS): there the product is no
+longer bandwidth-bound by a wide margin and tensor-core GEMMs are the right tool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from ._common import (
+    as_rows,
+    check_dtype_match,
+    check_same_device,
+    check_shape,
+    check_tensor,
+    is_interpreting,
+    output,
+    rows_out,
+    sm_count,
+    use_triton,
+)
+from ._jit import cast_out
+
+MAX_ROWS = 32  # above this many rows, F.linear (cuBLAS) runs instead
+
+
+@triton.jit
+def _skinny_matmul_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr,  # x (M, K), w (N, K), b (N,), y (M, N) or the (SPLIT_K, M, N) fp32 workspace
+    M, N, K, K_PER_SPLIT,
+    stride_xm, stride_wn, stride_wk, stride_ym,
+    HAS_BIAS: tl.constexpr,
+    SPLIT: tl.constexpr,  # write float32 partials of this program's K range to the workspace
+    USE_DOT: tl.constexpr,  # tl.dot on the tile (M padded to 16) instead of multiply + sum
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    # HAS_BIAS / SPLIT / USE_DOT are constexpr so each variant compiles to straight-line code
+    # without the others' loads and stores: one kernel body instead of four copies.
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rows = tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    ks = tl.arange(0, BLOCK_K)
+    row_ok = rows < M
+    col_ok = cols < N
+    k_lo = pid_k * K_PER_SPLIT
+    k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
+    # 64-bit column offsets: N * stride_wn exceeds 2**31 for an LM head of 152K x 16K.
+    w_rows = w_ptr + cols.to(tl.int64)[:, None] * stride_wn  # (BLOCK_N, 1)
+    x_rows = x_ptr + rows[:, None] * stride_xm  # (BLOCK_M, 1)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        k = k0 + ks
+        k_ok = k < k_hi
+        w = tl.load(w_rows + k[None, :] * stride_wk, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        x = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        if USE_DOT:
+            acc = tl.dot(x, tl.trans(w), acc)
+        else:
+            # (BLOCK_M, 1, BLOCK_K) * (1, BLOCK_N, BLOCK_K), summed over K: a GEMV's dot
+            # products, without the tensor cores that tl.dot would pad M to 16 rows for.
+            prod = x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+            acc += tl.sum(prod, axis=2)
+    mask = row_ok[:, None] & col_ok[None, :]
+    if SPLIT:
+        part = y_ptr + pid_k.to(tl.int64) * M * N  # this split's (M, N) float32 slab
+        tl.store(part + rows[:, None] * N + cols[None, :], acc, mask=mask)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        y = cast_out(acc, y_ptr.dtype.element_ty)
+        tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :], y, mask=mask)
+
+
+@triton.jit
+def _split_reduce_kernel(
+    part_ptr, b_ptr, y_ptr,  # part (SPLIT_K, M, N) float32, b (N,), y (M, N)
+    M, N, SPLIT_K,
+    stride_ym,
+    HAS_BIAS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    # The partials are SPLIT_K * M * N * 4 bytes: 192 KiB for o_proj of the 8B model at
+    # M = 1 and SPLIT_K = 3, against the weight's 32 MiB, so this pass costs ~1%.
+    idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = idx < M * N
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in range(0, SPLIT_K):
+        acc += tl.load(part_ptr + s * M * N + idx, mask=ok, other=0.0)
+    row = idx // N
+    col = idx % N
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + col, mask=ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * stride_ym + col, cast_out(acc, y_ptr.dtype.element_ty), mask=ok)
+
+
+@dataclass(frozen=True)
+class SkinnyConfig:
+    """Launch shape of ``_skinny_matmul_kernel``.
+
+    block_m: rows of x per program (all of them: a power of two >= M; 16 or 32 with use_dot).
+    block_n, block_k: the weight tile loaded per step. split_k: programs per column block
+    (1: no split). use_dot: tl.dot on the tile instead of multiply + sum.
+    """
+
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    num_warps: int = 4
+    use_dot: bool = False
+
+    def as_list(self) -> list[int]:
+        return [self.block_m, self.block_n, self.block_k, self.split_k, self.num_warps, int(self.use_dot)]
+
+
+def skinny_config(M: int, N: int, K: int, sms: int, dtype: torch.dtype = torch.bfloat16) -> SkinnyConfig:
+    """A config from the shape and the SM count (a first guess, to be tuned on a GPU).
+
+    - M <= 8, or float32: multiply + sum with a (block_m, block_n, block_k) product of at
+      most 8192 elements (64 registers a thread at 4 warps); block_k up to 256 so each
+      thread loads 16 contiguous bytes of a weight row.
+    - 16-bit M > 8: tl.dot with M padded to 16 or 32 (the tensor cores are idle anyway), a
+      64 x 64 weight tile. Not under the interpreter in bf16, whose tl.dot is wrong there.
+    - split_k when ceil(N / block_n) programs are fewer than 2 per SM, with at least two
+      K chunks per split.
+    """
+    block_m = triton.next_power_of_2(max(M, 1))
+    use_dot = M > 8 and dtype != torch.float32 and not (is_interpreting() and dtype == torch.bfloat16)
+    if use_dot:
+        block_m, block_n, block_k = max(16, block_m), 64, 64
+    else:
+        block_k = min(256, triton.next_power_of_2(max(K, 16)))
+        block_n = max(1, min(32, triton.next_power_of_2(max(N, 1)), 8192 // (block_m * block_k)))
+        if block_n < 8:  # keep a few columns per program; give up K length instead
+            block_n = min(8, triton.next_power_of_2(max(N, 1)))
+            block_k = max(16, min(triton.next_power_of_2(max(K, 16)), 8192 // (block_m * block_n)))
+    programs = triton.cdiv(N, block_n)
+    split_k = 1
+    if programs < 2 * sms:
+        split_k = max(1, min(triton.cdiv(2 * sms, programs), K // (2 * block_k)))
+    return SkinnyConfig(block_m, block_n, block_k, split_k, 4, use_dot)
+
+
+def _launch(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], y: torch.Tensor,
+            cfg: SkinnyConfig) -> None:
+    """x (M, K) with unit column stride, weight (N, K), bias (N,) or None, y (M, N) unit column stride."""
+    M, K = x.shape
+    N = weight.shape[0]
+    if K == 0:  # an empty sum: y = bias, or 0
+        y.copy_(bias.expand(M, N) if bias is not None else torch.zeros((), dtype=y.dtype, device=y.device))
+        return
+    k_per_split = triton.cdiv(triton.cdiv(K, cfg.split_k), cfg.block_k) * cfg.block_k
+    split_k = triton.cdiv(K, k_per_split)  # no empty splits
+    split = split_k > 1
+    # Sized from the shape alone, so a CUDA graph captures it from its private pool.
+    target = torch.empty((split_k, M, N), dtype=torch.float32, device=x.device) if split else y
+    b = bias if bias is not None else x  # never read without HAS_BIAS
+    _skinny_matmul_kernel[(triton.cdiv(N, cfg.block_n), split_k)](
+        x, weight, b, target,
+        M, N, K, k_per_split,
+        x.stride(0), weight.stride(0), weight.stride(1), y.stride(0),
+        HAS_BIAS=bias is not None and not split, SPLIT=split, USE_DOT=cfg.use_dot,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps,
+    )
+    if split:
+        block = 1024
+        _split_reduce_kernel[(triton.cdiv(M * N, block),)](
+            target, b, y, M, N, split_k, y.stride(0),
+            HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
+        )
+
+
+@torch.library.custom_op("onetrip::skinny_matmul", mutates_args=("out",))
+def _skinny_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], out: torch.Tensor,
+               config: Optional[list[int]]) -> None:
+    if not use_triton(x):
+        out.copy_(skinny_matmul_ref(x, weight, bias))
+        return
+    M, K = x.shape
+    cfg = (SkinnyConfig(*config[:5], bool(config[5])) if config is not None
+           else skinny_config(M, weight.shape[0], K, sm_count(x.device), x.dtype))
+    _launch(x, weight, bias, out, cfg)
+
+
+@_skinny_op.register_fake
+def _(x, weight, bias, out, config):
+    return None
+
+
+def skinny_matmul(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    *,
+    out: Optional[torch.Tensor] = None,
+    config: Optional[SkinnyConfig] = None,
+) -> torch.Tensor:
+    """y = x @ weight.T + bias for few rows: float32 accumulation, rounded once.
+
+    Args:
+        x: (..., K) float32, float16 or bfloat16; M = the product of the leading dimensions.
+            Any strides (a layout no single row stride describes is copied; x is small).
+        weight: (N, K) of x's dtype and device, as ``nn.Linear`` stores it. Read exactly
+            once; any strides, but a unit stride along K is what runs at full bandwidth.
+        bias: None, or (N,) of x's dtype.
+        out: optional (..., N) tensor of x's dtype to write into; any strides.
+        config: a ``SkinnyConfig`` to force (tests, tuning); default ``skinny_config``.
+
+    Returns:
+        (..., N) tensor of x's dtype (``out`` when given). For M <= 32 one Triton launch, or
+        two with split-K (plus a float32 workspace of split_k * M * N, sized from the shapes
+        alone); no host synchronisation, so the call can be captured in a CUDA graph. For
+        M > 32 the call is ``torch.nn.functional.linear`` (cuBLAS), copied into ``out``.
+    """
+    check_tensor("x", x)
+    check_tensor("weight", weight)
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be 2-D (N, K) as nn.Linear stores it, got shape {tuple(weight.shape)}")
+    N, K = weight.shape
+    if x.shape[-1] != K:
+        raise ValueError(f"x has shape {tuple(x.shape)}; its last dimension must be K = {K}, "
+                         f"the second dimension of weight {tuple(weight.shape)}")
+    check_dtype_match("weight", weight, "x", x)
+    if bias is not None:
+        check_tensor("bias", bias)
+        check_shape("bias", bias, (N,), "(N,): one per output column, N = weight.shape[0]")
+        check_dtype_match("bias", bias, "x", x)
+        bias = bias.contiguous()  # (N,): small; the kernels read it with unit stride
+    check_same_device("x", x, weight=weight, bias=bias)
+    if config is not None and not isinstance(config, SkinnyConfig):
+        raise TypeError(f"config must be a SkinnyConfig or None, got {type(config).__name__}")
+    out = output("out", out, x.shape[:-1] + (N,), x.dtype, x.device)
+    if out.numel() == 0:
+        return out
+    x2 = as_rows(x, K)
+    if x2.shape[0] > MAX_ROWS:
+        out.copy_(F.linear(x, weight, bias))
+        return out
+    y2, scratch = rows_out(out, N)
+    _skinny_op(x2, weight, bias, y2, config.as_list() if config is not None else None)
+    if scratch:
+        out.copy_(y2.view(out.shape))
+    return out
+
+
+def skinny_matmul_ref(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """What a user writes: ``torch.nn.functional.linear`` (cuBLAS on a GPU)."""
+    return F.linear(x, weight, bias)

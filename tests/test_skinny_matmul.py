@@ -1,0 +1,128 @@
+"""skinny_matmul against F.linear by the accuracy rule: few rows, awkward N and K, split-K."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import DEVICE, ON_GPU, capture
+from onetrip.ops.skinny_matmul import MAX_ROWS, SkinnyConfig, skinny_config, skinny_matmul, skinny_matmul_ref
+from onetrip.testing import assert_close, upcast
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def _inputs(gen, M, N, K, dtype, bias=True):
+    def rn(*shape):
+        return torch.randn(*shape, generator=gen, device=DEVICE).to(dtype)
+
+    return rn(M, K), rn(N, K), rn(N) if bias else None
+
+
+def _check(name, y, x, w, b):
+    exact = skinny_matmul_ref(*upcast(x, w, b)) if b is not None else skinny_matmul_ref(*upcast(x, w))
+    assert_close(name, y, exact, skinny_matmul_ref(x, w, b))
+
+
+def _poisoned(shape, dtype):
+    return torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("M,N,K", [(1, 1, 1), (3, 17, 111), (1, 111, 4100), (17, 111, 1023), (3, 1023, 17)])
+def test_matches_linear(gen, dtype, M, N, K):
+    x, w, b = _inputs(gen, M, N, K, dtype)
+    out = _poisoned((M, N), dtype)
+    y = skinny_matmul(x, w, b, out=out)
+    assert y is out
+    _check(f"skinny {M}x{N}x{K}", y, x, w, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_no_bias_leading_dims_noncontiguous_x(gen, dtype):
+    x, w, _ = _inputs(gen, 6, 111, 1023, dtype, bias=False)
+    x = x.view(2, 3, 1023)[:, :, :1000].transpose(0, 1)  # (3, 2, 1000): strided rows in a transposed view
+    w = w[:, :1000]  # row stride 1023, unit stride along K
+    y = skinny_matmul(x, w)
+    assert y.shape == (3, 2, 111)
+    _check("skinny strided", y, x, w, None)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_forced_split_k(gen, dtype, bias):
+    M, N, K = 3, 40, 1500
+    x, w, b = _inputs(gen, M, N, K, dtype, bias)
+    cfg = SkinnyConfig(block_m=4, block_n=16, block_k=64, split_k=5)
+    y = skinny_matmul(x, w, b, out=_poisoned((M, N), dtype), config=cfg)
+    _check("skinny split-K", y, x, w, b)
+
+
+def test_non_contiguous_out_and_empty():
+    g = torch.Generator(device=DEVICE).manual_seed(1)
+    x, w, b = _inputs(g, 2, 33, 70, torch.float16)
+    out = _poisoned((33, 2), torch.float16).t()  # (2, 33) with column stride 2
+    skinny_matmul(x, w, b, out=out)
+    _check("skinny strided out", out, x, w, b)
+    assert skinny_matmul(x[:0], w).shape == (0, 33)
+    assert torch.equal(skinny_matmul(x[:, :0], w[:, :0], b), b.expand(2, 33))  # K = 0: the bias
+
+
+def test_many_rows_fall_back_to_linear():
+    g = torch.Generator(device=DEVICE).manual_seed(2)
+    x, w, b = _inputs(g, MAX_ROWS + 1, 20, 30, torch.float32)
+    torch.testing.assert_close(skinny_matmul(x, w, b), F.linear(x, w, b), rtol=0, atol=0)
+
+
+def test_config_heuristic():
+    # o_proj of the 8B model at batch 1 on 132 SMs: 128 column blocks, too few, so split K.
+    cfg = skinny_config(1, 4096, 4096, 132)
+    assert cfg.split_k > 1 and cfg.block_m == 1 and not cfg.use_dot
+    # gate_up of the 8B model: 896 column blocks fill the GPU without a split.
+    assert skinny_config(1, 28672, 4096, 132).split_k == 1
+    for M in (1, 3, 8, 17, 32):
+        cfg = skinny_config(M, 5000, 1023, 132, torch.float32)
+        assert cfg.block_m >= M and cfg.block_m * cfg.block_n * cfg.block_k <= 8192
+
+
+@pytest.mark.parametrize("call,err,words", [
+    (lambda x, w, b: skinny_matmul(x.int(), w, b), TypeError, ["x", "int32", "allowed"]),
+    (lambda x, w, b: skinny_matmul(x, w[0], b), ValueError, ["weight", "(N, K)"]),
+    (lambda x, w, b: skinny_matmul(x[:, :5], w, b), ValueError, ["x", "K = 8"]),
+    (lambda x, w, b: skinny_matmul(x, w.half(), b), TypeError, ["weight", "float16", "x"]),
+    (lambda x, w, b: skinny_matmul(x, w, b[:3]), ValueError, ["bias", "(3,)", "(4,)"]),
+    (lambda x, w, b: skinny_matmul(x, w, b, out=torch.empty(2, 5)), ValueError, ["out", "(2, 5)", "(2, 4)"]),
+    (lambda x, w, b: skinny_matmul(x, w, b, config=(1, 2)), TypeError, ["config", "SkinnyConfig"]),
+])
+def test_errors_name_the_argument(call, err, words):
+    x, w, b = torch.randn(2, 8), torch.randn(4, 8), torch.randn(4)
+    with pytest.raises(err) as info:
+        call(x, w, b)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_fullgraph_compile():
+    g = torch.Generator(device=DEVICE).manual_seed(3)
+    x, w, b = _inputs(g, 3, 50, 64, torch.bfloat16)
+    eager = skinny_matmul(x, w, b)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x, w, b: skinny_matmul(x, w, b) * 2, fullgraph=True,
+                             backend="inductor" if ON_GPU else "aot_eager")
+    torch.testing.assert_close(compiled(x, w, b), eager * 2, rtol=0, atol=0)
+    cfg = SkinnyConfig(block_m=4, block_n=16, block_k=16, split_k=3)  # a forced config reaches the op too
+    forced = torch.compile(lambda x, w: skinny_matmul(x, w, config=cfg), fullgraph=True,
+                           backend="inductor" if ON_GPU else "aot_eager")
+    _check("skinny compiled split-K", forced(x, w), x, w, None)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,N,K", [(1, 4096, 4096), (8, 2048, 8192)])
+def test_cuda_graph_capture(M, N, K):
+    g = torch.Generator(device=DEVICE).manual_seed(4)
+    x, w, b = _inputs(g, M, N, K, torch.bfloat16)
+    eager = skinny_matmul(x, w, b)
+    graph, captured = capture(lambda: skinny_matmul(x, w, b))
+    captured.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(captured, eager, rtol=0, atol=0)
