@@ -57,15 +57,4 @@ def rope_tables(max_pos, rot, device, dtype=torch.float32):
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
-def capture(fn):
-    """Warm ``fn`` up on a side stream (its kernels compile outside the capture), then capture
-    one call in a CUDA graph. Returns (graph, what the captured call returned)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    return graph, out
+from onetrip.graphs import capture  # noqa: E402,F401  (re-exported for the tests; after TRITON_INTERPRET)

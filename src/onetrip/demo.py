@@ -17,6 +17,7 @@ the CPU profiler can say: operators per step and the bytes the non-GEMM operator
 
 from __future__ import annotations
 
+import json
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -172,5 +173,5 @@ def run_demo(out_dir: Path = Path("demo"), preset: Optional[str] = None, new_tok
         png = draw_timelines([r.trace for r in rows], out_dir / "demo-timelines.png", [r.mode for r in rows],
                              title=f"one decode step of {preset}: eager, fused, fused + CUDA graphs")
         con.print(f"timelines: {png}; traces (open in Perfetto): " + ", ".join(r.trace for r in rows))
-    (out_dir / "demo.json").write_text(__import__("json").dumps([asdict(r) for r in rows], indent=2) + "\n")
+    (out_dir / "demo.json").write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")
     return rows

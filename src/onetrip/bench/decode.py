@@ -35,6 +35,7 @@ import torch
 from ..engine.budget import decode_budget
 from ..engine.generate import Engine
 from ..models import Model, get_config
+from ..profile.run import kernels_per_step
 
 PROVIDERS = ("transformers", "gpt-fast", "onetrip-eager", "onetrip-fused", "onetrip-graphs")
 
@@ -157,18 +158,6 @@ def run_engine(model: Model, prompts: torch.Tensor, new_tokens: int, graphs: boo
     engine.generate(rows, min(new_tokens, 4))  # warm-up: compiles kernels, captures the graph
     r = engine.generate(rows, new_tokens)
     return r.tokens, r.prefill_ms / 1e3, r.decode_ms / 1e3, engine.stepper(rows, 8)
-
-
-def kernels_per_step(step: Callable[[], None], steps: int = 4) -> tuple[Optional[float], Optional[float]]:
-    """(median kernels per step, median of those replayed from CUDA graphs) from the profiler."""
-    from ..profile import run as profile_run
-
-    report = profile_run(step, steps=steps, warmup=2)
-    ks = sorted(s.kernels for s in report.steps)
-    gs = sorted(s.graph_kernels for s in report.steps)
-    if not ks:
-        return None, None
-    return float(ks[len(ks) // 2]), float(gs[len(gs) // 2])
 
 
 def bench_case(case: DecodeCase, model: Model, hf, providers, bandwidth: Optional[float],

@@ -29,6 +29,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from ..graphs import capture
+
 MIN_FLUSH_BYTES = 256 << 20
 
 
@@ -128,15 +130,7 @@ def quantile(sorted_values: list[float], q: float) -> float:
 def _capture(fn: Callable[[], object]) -> tuple[torch.cuda.CUDAGraph | None, str | None]:
     """Capture ``fn`` in a CUDA graph, or return (None, reason) when it cannot be captured."""
     try:
-        # PyTorch asks for warm-up on the capture stream (not the default one) before capture.
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=side):
-            fn()
+        graph, _ = capture(fn)
         graph.replay()
         torch.cuda.synchronize()
         return graph, None

@@ -78,16 +78,13 @@ class GenerateSummary:
     device: str
 
 
-def kernels_per_step(engine: Engine, prompts: list[list[int]], steps: int = 4) -> Optional[float]:
+def decode_kernels(engine: Engine, prompts: list[list[int]], steps: int = 4) -> Optional[float]:
     """Median GPU kernels per decode step over ``steps`` profiled steps (None on a CPU)."""
     if engine.model.device.type != "cuda":
         return None
-    from ..profile import run as profile_run
+    from ..profile.run import kernels_per_step
 
-    step = engine.stepper(prompts, steps + 2)
-    report = profile_run(step, steps=steps, warmup=2)
-    counts = sorted(s.kernels for s in report.steps)
-    return float(counts[len(counts) // 2]) if counts else None
+    return kernels_per_step(engine.stepper(prompts, steps + 2), steps=steps)[0]
 
 
 def summarize(result: GenerationResult, model: Model, label: str, backend: str, kernels: Optional[float],
@@ -149,7 +146,7 @@ def run_generate(args, console) -> int:
     if device == "cuda":
         from ..bench.harness import copy_bandwidth_gbs
         bandwidth = copy_bandwidth_gbs(device)
-    kernels = kernels_per_step(engine, prompts)
+    kernels = decode_kernels(engine, prompts)
     s = summarize(result, model, label, args.backend, kernels, bandwidth)
 
     table = Table(title=f"{label} · {s.backend}{' + CUDA graphs' if s.graphs else ''} · {s.dtype} · {s.device}")

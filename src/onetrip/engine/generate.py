@@ -35,6 +35,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from ..graphs import capture
 from ..models.llama import KVCache, Model
 from .sampling import SamplingParams, sample
 
@@ -172,15 +173,7 @@ class Engine:
         capture one. The warm-up and capture run real steps on the slot's buffers, so the
         state is saved first and restored after."""
         saved = [t.clone() for t in (slot.tok, slot.lens, slot.step, slot.done, slot.out)]
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self._decode_step(slot, sampling)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self._decode_step(slot, sampling)
+        graph, _ = capture(lambda: self._decode_step(slot, sampling), warmup=2)
         for t, s in zip((slot.tok, slot.lens, slot.step, slot.done, slot.out), saved):
             t.copy_(s)
         return graph

@@ -12,6 +12,7 @@ GPU is present, shapes recorded so that byte estimates work); the Chrome trace i
 from __future__ import annotations
 
 import os
+import statistics
 import tempfile
 from pathlib import Path
 from typing import Callable
@@ -61,3 +62,13 @@ def run(fn: Callable[[], object], *, steps: int = 5, warmup: int = 2,
     finally:
         if not keep:
             path.unlink(missing_ok=True)
+
+
+def kernels_per_step(fn: Callable[[], object], *, steps: int = 4, warmup: int = 2) -> tuple[float | None, float | None]:
+    """Profile ``fn`` (one step per call) and return the median number of GPU kernels per
+    step and the median of those replayed from CUDA graphs; (None, None) without GPU activity."""
+    report = run(fn, steps=steps, warmup=warmup)
+    if not report.steps:
+        return None, None
+    return (float(statistics.median(s.kernels for s in report.steps)),
+            float(statistics.median(s.graph_kernels for s in report.steps)))
