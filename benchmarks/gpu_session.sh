@@ -2,7 +2,11 @@
 # The GPU runs that the next device session owes, in stages of under 10 minutes each
 # (the device tool's limit per command). Run from the repository root on the device:
 #
-#   benchmarks/gpu_session.sh STAGE        # writes under $OUT (or ./gpu-out)
+#   benchmarks/gpu_session.sh STAGE[:SECONDS] ...   # writes under $OUT (or ./gpu-out)
+#
+# Each stage runs under its own time limit (default 540 s), so that one command can hold
+# several and still end inside the tool's 10 minutes; everything is packed into
+# $OUT/gpu.tgz at the end (the tool brings back at most 8 files).
 #
 # Stages, in order of what they unblock:
 #   tests      the whole suite on the GPU (every kernel, graphs, compile, engine) ~2 min
@@ -13,51 +17,73 @@
 #   gemv       bench gemv --quick then full (cuBLAS vs onetrip's skinny matmul)      ~4 min
 # Liger-Kernel comes from .whl (carry it): installed into /tmp/site first.
 set -uo pipefail
-stage="${1:?usage: benchmarks/gpu_session.sh tests|quick|attention|decode|engine|gemv}"
-out="${OUT:-gpu-out}"
-mkdir -p "$out/results" "$out/logs"
+[ $# -ge 1 ] || { echo "usage: benchmarks/gpu_session.sh tests|quick|attention|decode|engine|gemv[:SECONDS] ..." >&2; exit 2; }
+final="${OUT:-gpu-out}"
+out=/tmp/gpu-session
+rm -rf "$out"; mkdir -p "$out/results" "$out/logs" "$final"
 if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi
-export PYTHONPATH="/tmp/site:src${PYTHONPATH:+:$PYTHONPATH}"
-# Autotune picks persist on the warm machine between calls, and come home in $OUT.
+export PYTHONPATH="/tmp/site:src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# Autotune picks persist on the warm machine between calls, and come home in the archive.
 export ONETRIP_CACHE_DIR=/tmp/onetrip-cache
 mkdir -p "$ONETRIP_CACHE_DIR"
-trap 'cp -r "$ONETRIP_CACHE_DIR" "$out/cache" 2>/dev/null' EXIT
-py() { python3 "$@"; }
-log() { echo "== $*" >&2; }
+pack() {
+    cp -r "$ONETRIP_CACHE_DIR" "$out/cache" 2>/dev/null
+    tar -czf "$final/gpu.tgz" -C "$out" . && cp "$out/logs/summary.txt" "$final/" 2>/dev/null
+}
+trap pack EXIT
+# Each python run gets what is left of its stage's limit (at least 5 s).
+py() {
+    local left=$((limit - SECONDS)); [ "$left" -lt 5 ] && left=5
+    timeout --signal=INT --kill-after=10 "$left" python3 "$@"
+}
+log() { echo "== $* ($(date +%T))" | tee -a "$out/logs/summary.txt" >&2; }
 
-case "$stage" in
-tests)
-    nvidia-smi --query-gpu=name,clocks.max.memory,memory.total --format=csv | tee "$out/logs/gpu.txt"
-    py -m pytest -q -n 8 -p no:cacheprovider 2>&1 | tail -40 | tee "$out/logs/pytest-gpu.txt" \
-        || py -m pytest -q -x -p no:cacheprovider 2>&1 | tail -60 | tee "$out/logs/pytest-gpu.txt"
-    ;;
-quick)
-    export ONETRIP_AUTOTUNE=0  # heuristic configs: the first figures, no tuning time
-    py -m onetrip bench attention --quick --out "$out/results" 2>&1 | tee "$out/logs/attention-quick.txt"
-    py -m onetrip bench decode-attention --quick --out "$out/results" 2>&1 | tee "$out/logs/decode-attention-quick.txt"
-    py -m onetrip demo --out "$out/demo" 2>&1 | tee "$out/logs/demo.txt"
-    py -m onetrip bench decode --preset llama-3.2-1b --batch 1 --new-tokens 128 --ttft 512 \
-        --out "$out/results" 2>&1 | tee "$out/logs/decode-quick.txt"
-    ;;
-attention)
-    # Tune first (fills the cache, ~270 s budget), then the bench reads the picks.
-    py benchmarks/tune_attention.py --out "$out/results/tune-attention.json" --write-cache \
-        2>&1 | tee "$out/logs/tune-attention.txt"
-    py -m onetrip bench attention --out "$out/results" 2>&1 | tee "$out/logs/attention.txt"
-    ;;
-decode)
-    py -m onetrip bench decode-attention --out "$out/results" 2>&1 | tee "$out/logs/decode-attention.txt"
-    ;;
-engine)
-    py -m onetrip bench decode --out "$out/results" 2>&1 | tee "$out/logs/decode.txt"
-    ;;
-gemv)
-    py -m onetrip bench gemv --out "$out/results" 2>&1 | tee "$out/logs/gemv.txt"
-    ;;
-*)
-    echo "unknown stage $stage" >&2
-    exit 2
-    ;;
-esac
+for arg in "$@"; do
+    stage="${arg%%:*}"
+    limit=540; [ "$arg" != "$stage" ] && limit="${arg#*:}"
+    log "stage $stage (limit ${limit}s)"
+    SECONDS=0
+    case "$stage" in
+    tests)
+        nvidia-smi --query-gpu=name,clocks.max.memory,memory.total,driver_version --format=csv | tee "$out/logs/gpu.txt"
+        py -m pytest -q -n 8 -p no:cacheprovider -rfE 2>&1 | tee "$out/logs/pytest-gpu.txt" | tail -60
+        ;;
+    quick)
+        export ONETRIP_AUTOTUNE=0  # heuristic configs: the first figures, no tuning time
+        py -m onetrip bench attention --quick --out "$out/results" 2>&1 | tee "$out/logs/attention-quick.txt"
+        py -m onetrip bench decode-attention --quick --out "$out/results" 2>&1 | tee "$out/logs/decode-attention-quick.txt"
+        py -m onetrip demo --out "$out/demo" 2>&1 | tee "$out/logs/demo.txt"
+        py -m onetrip bench decode --preset llama-3.2-1b --batch 1 --new-tokens 128 --ttft 512 \
+            --out "$out/results" 2>&1 | tee "$out/logs/decode-quick.txt"
+        unset ONETRIP_AUTOTUNE
+        ;;
+    attention)
+        # Tune first (fills the cache), then the bench reads the picks.
+        py benchmarks/tune_attention.py --out "$out/results/tune-attention.json" --write-cache \
+            2>&1 | tee "$out/logs/tune-attention.txt"
+        py -m onetrip bench attention --out "$out/results" 2>&1 | tee "$out/logs/attention.txt"
+        ;;
+    decode)
+        py -m onetrip bench decode-attention --out "$out/results" 2>&1 | tee "$out/logs/decode-attention.txt"
+        ;;
+    engine)
+        py -m onetrip bench decode --out "$out/results" 2>&1 | tee "$out/logs/decode.txt"
+        ;;
+    gemv)
+        py -m onetrip bench gemv --out "$out/results" 2>&1 | tee "$out/logs/gemv.txt"
+        ;;
+    ops)
+        py -m onetrip bench ops --out "$out/results" 2>&1 | tee "$out/logs/ops.txt"
+        ;;
+    sh=*)
+        # An ad-hoc command (a diagnosis script), e.g. sh=benchmarks/diag.py
+        py "${stage#sh=}" --out "$out/results" 2>&1 | tee "$out/logs/$(basename "${stage#sh=}").txt"
+        ;;
+    *)
+        echo "unknown stage $stage" >&2
+        ;;
+    esac
+    log "stage $stage done in ${SECONDS}s"
+done
