@@ -48,7 +48,7 @@ for arg in "$@"; do
     case "$stage" in
     tests)
         nvidia-smi --query-gpu=name,clocks.max.memory,memory.total,driver_version --format=csv | tee "$out/logs/gpu.txt"
-        py -m pytest -q -n 8 -p no:cacheprovider -rfE 2>&1 | tee "$out/logs/pytest-gpu.txt" | tail -60
+        ONETRIP_FAILLOG="$out/logs/failures.txt" py -m pytest -q -n 8 -p no:cacheprovider -rfE 2>&1 | tee "$out/logs/pytest-gpu.txt" | tail -60
         ;;
     quick)
         export ONETRIP_AUTOTUNE=0  # heuristic configs: the first figures, no tuning time

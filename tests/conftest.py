@@ -58,3 +58,12 @@ def rope_tables(max_pos, rot, device, dtype=torch.float32):
 
 
 from onetrip.graphs import capture  # noqa: E402,F401  (re-exported for the tests; after TRITON_INTERPRET)
+
+
+def pytest_runtest_logreport(report):
+    """With ONETRIP_FAILLOG=path, append each failure as it happens (id and traceback), so
+    a run stopped at a time limit still says what failed (the device tool keeps no tty)."""
+    path = os.environ.get("ONETRIP_FAILLOG")
+    if path and report.failed:
+        with open(path, "a") as f:
+            f.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext[-6000:]}\n")

@@ -28,7 +28,7 @@ def print_decode_table(con, records: list[dict], ttfts: list[dict], meta: dict) 
         t = Table(title=f"{preset}: decode, {meta.get('dtype')}, prompt {meta.get('prompt')}, "
                         f"{meta.get('new_tokens')} new tokens · {meta.get('gpu')} · copy {meta.get('copy_gbs', 0):.0f} GB/s")
         for col in ("batch", "provider", "tok/s", "% of limit", "ms / step", "kernels / step", "from graphs",
-                    "prefill ms", "tokens = first"):
+                    "prefill ms", "same prefix"):
             t.add_column(col, justify="right" if col != "provider" else "left")
         for r in rows:
             if "error" in r:
@@ -37,11 +37,15 @@ def print_decode_table(con, records: list[dict], ttfts: list[dict], meta: dict) 
             t.add_row(str(r["batch"]), r["provider"], f"{r['tok_s']:.0f}", _num(r.get("pct_of_limit"), ".0f") + "%",
                       f"{r['ms_per_step']:.2f}", _num(r.get("kernels_per_step"), ".0f"),
                       _num(r.get("graph_kernels_per_step"), ".0f"), f"{r['prefill_ms']:.1f}",
-                      f"{100 * r['tokens_agree']:.0f}%")
+                      _prefix(r, meta))
         con.print(t)
         if limit:
             con.print(f"  limit at batch 1: {min(r['limit_tok_s'] for r in rows if r['batch'] == 1 and r.get('limit_tok_s')):.0f} tok/s "
                       f"(copy bandwidth / bytes per step: weights once + KV cache)")
+        con.print("  same prefix: greedy tokens equal to the first provider's before the first difference "
+                  "(shortest over the batch). Random weights leave the top logits near ties, so bf16 "
+                  "rounding (another GEMM split) flips a pick within a few tokens; float32 runs on the CPU "
+                  "agree token for token (tests/test_engine.py).")
     if ttfts:
         t = Table(title="time to first token, batch 1 (ms)")
         for col in ("preset", "prompt", "provider", "TTFT ms"):
@@ -50,6 +54,12 @@ def print_decode_table(con, records: list[dict], ttfts: list[dict], meta: dict) 
             t.add_row(str(r["preset"]), str(r["prompt"]), r["provider"],
                       f"[red]{r['error'][:60]}[/]" if "error" in r else f"{r['ttft_ms']:.1f}")
         con.print(t)
+
+
+def _prefix(r: dict, meta: dict) -> str:
+    if "same_prefix" not in r:
+        return f"{100 * r.get('tokens_agree', 0):.0f}%"
+    return f"{r['same_prefix']}/{meta.get('new_tokens')}"
 
 
 def plot_decode(records: list[dict], meta: dict, path: Path) -> Path:

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..ops.argmax import argmax
+
 _MASK32 = 0xFFFFFFFF
 _UNIFORM_BITS = 23  # (k + 0.5) / 2**23 is exact in float32, so u stays strictly inside (0, 1)
 
@@ -146,6 +148,13 @@ def _check(logits: torch.Tensor, step: torch.Tensor) -> None:
         raise ValueError(f"step must live on the logits' device {logits.device}, got {step.device}")
 
 
+def _argmax(x: torch.Tensor) -> torch.Tensor:
+    """(batch, n) -> (batch,) int64. On a GPU onetrip's split argmax: torch's gives each row
+    to one block, 36 us for a 128k-vocab row on an H200, against ~3 us. On the CPU torch's
+    (the same indices; the kernel's own tests cover it under the interpreter)."""
+    return argmax(x) if x.is_cuda else torch.argmax(x, dim=-1)
+
+
 def sample(logits: torch.Tensor, params: SamplingParams, step: torch.Tensor) -> torch.Tensor:
     """Draw one token per row.
 
@@ -166,7 +175,7 @@ def sample(logits: torch.Tensor, params: SamplingParams, step: torch.Tensor) -> 
     """
     _check(logits, step)
     if params.greedy:
-        return torch.argmax(logits, dim=-1)
+        return _argmax(logits)
     batch, vocab = logits.shape
     x = logits.float() / params.temperature                          # (batch, vocab) fp32
     ids = None                                                       # candidate -> vocab id
@@ -180,7 +189,7 @@ def sample(logits: torch.Tensor, params: SamplingParams, step: torch.Tensor) -> 
         x = x.masked_fill(mass_before >= params.top_p, float("-inf"))
     rows = torch.arange(batch, device=logits.device).unsqueeze(1)    # (batch, 1)
     cols = ids if ids is not None else torch.arange(vocab, device=logits.device).unsqueeze(0)
-    choice = torch.argmax(x + _gumbel(hash_uniform(params.seed, step, rows, cols)), dim=-1)  # (batch,)
+    choice = _argmax(x + _gumbel(hash_uniform(params.seed, step, rows, cols)))  # (batch,)
     if ids is None:
         return choice
     return ids.gather(-1, choice.unsqueeze(-1)).squeeze(-1)
@@ -199,7 +208,7 @@ def sample_ref(logits: torch.Tensor, params: SamplingParams, uniforms: torch.Ten
         (batch,) int64. Equal to ``sample`` on the same numbers, barring float ties.
     """
     if params.greedy:
-        return torch.argmax(logits, dim=-1)
+        return _argmax(logits)
     x = logits.float() / params.temperature
     if params.top_k:
         kth = torch.topk(x, min(params.top_k, x.shape[-1]), dim=-1).values[:, -1:]

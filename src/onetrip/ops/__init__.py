@@ -2,6 +2,7 @@
 torch custom-op registration and an unfused PyTorch reference (``*_ref``)."""
 
 from .append_kv import append_kv, append_kv_ref
+from .argmax import argmax, argmax_ref
 from .bias_gelu import bias_gelu, bias_gelu_ref
 from .decode_attention import decode_attention, decode_attention_ref
 from .flash_attention import attention_ref, flash_attention
@@ -24,6 +25,7 @@ __all__ = [
     "apply_rotary", "apply_rotary_ref",
     "decode_attention", "decode_attention_ref", "append_kv", "append_kv_ref",
     "flash_attention", "attention_ref",
+    "argmax", "argmax_ref",
     "add_rms_norm", "add_rms_norm_ref", "rms_norm", "rms_norm_ref",
     "add_layer_norm", "add_layer_norm_ref", "layer_norm", "layer_norm_ref",
 ]

@@ -53,6 +53,7 @@ def _skinny_matmul_kernel(
     HAS_BIAS: tl.constexpr,
     SPLIT: tl.constexpr,  # write float32 partials of this program's K range to the workspace
     USE_DOT: tl.constexpr,  # tl.dot on the tile (M padded to 16) instead of multiply + sum
+    EVEN_K: tl.constexpr,   # every K chunk is whole: no K mask, so loads stay 16-byte vectors
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -71,19 +72,36 @@ def _skinny_matmul_kernel(
     # 64-bit column offsets: N * stride_wn exceeds 2**31 for an LM head of 152K x 16K.
     w_rows = w_ptr + cols.to(tl.int64)[:, None] * stride_wn  # (BLOCK_N, 1)
     x_rows = x_ptr + rows[:, None] * stride_xm  # (BLOCK_M, 1)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        k = k0 + ks
-        k_ok = k < k_hi
-        w = tl.load(w_rows + k[None, :] * stride_wk, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        x = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        if USE_DOT:
-            acc = tl.dot(x, tl.trans(w), acc)
-        else:
-            # (BLOCK_M, 1, BLOCK_K) * (1, BLOCK_N, BLOCK_K), summed over K: a GEMV's dot
-            # products, without the tensor cores that tl.dot would pad M to 16 rows for.
-            prod = x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
-            acc += tl.sum(prod, axis=2)
+    if BLOCK_M == 1 and not USE_DOT:
+        # One row (batch 1): a (BLOCK_N, BLOCK_K) float32 accumulator of products, summed
+        # over K once after the loop, so the loop is loads and FMAs only; a sum per chunk
+        # costs a cross-thread reduction (shuffles) for every BLOCK_K weights.
+        acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            k = k0 + ks
+            if EVEN_K:
+                w = tl.load(w_rows + k[None, :] * stride_wk, mask=col_ok[:, None], other=0.0)
+                x = tl.load(x_ptr + k)
+            else:
+                k_ok = k < k_hi
+                w = tl.load(w_rows + k[None, :] * stride_wk, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+                x = tl.load(x_ptr + k, mask=k_ok, other=0.0)
+            acc2 += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        acc = tl.sum(acc2, axis=1)[None, :]  # (1, BLOCK_N)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            k = k0 + ks
+            k_ok = k < k_hi
+            w = tl.load(w_rows + k[None, :] * stride_wk, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+            x = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            if USE_DOT:
+                acc = tl.dot(x, tl.trans(w), acc)
+            else:
+                # (BLOCK_M, 1, BLOCK_K) * (1, BLOCK_N, BLOCK_K), summed over K: a GEMV's dot
+                # products, without the tensor cores that tl.dot would pad M to 16 rows for.
+                prod = x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+                acc += tl.sum(prod, axis=2)
     mask = row_ok[:, None] & col_ok[None, :]
     if SPLIT:
         part = y_ptr + pid_k.to(tl.int64) * M * N  # this split's (M, N) float32 slab
@@ -132,9 +150,15 @@ class SkinnyConfig:
     split_k: int = 1
     num_warps: int = 4
     use_dot: bool = False
+    num_stages: int = 3
 
     def as_list(self) -> list[int]:
-        return [self.block_m, self.block_n, self.block_k, self.split_k, self.num_warps, int(self.use_dot)]
+        return [self.block_m, self.block_n, self.block_k, self.split_k, self.num_warps, int(self.use_dot),
+                self.num_stages]
+
+    @classmethod
+    def from_list(cls, v: list[int]) -> "SkinnyConfig":
+        return cls(*v[:5], bool(v[5]), *v[6:7])
 
 
 def skinny_config(M: int, N: int, K: int, sms: int, dtype: torch.dtype = torch.bfloat16) -> SkinnyConfig:
@@ -184,8 +208,9 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
         M, N, K, k_per_split,
         x.stride(0), weight.stride(0), weight.stride(1), y.stride(0),
         HAS_BIAS=bias is not None and not split, SPLIT=split, USE_DOT=cfg.use_dot,
+        EVEN_K=k_per_split % cfg.block_k == 0 and K % k_per_split == 0,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        num_warps=cfg.num_warps,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if split:
         block = 1024
@@ -202,7 +227,7 @@ def _skinny_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
         out.copy_(skinny_matmul_ref(x, weight, bias))
         return
     M, K = x.shape
-    cfg = (SkinnyConfig(*config[:5], bool(config[5])) if config is not None
+    cfg = (SkinnyConfig.from_list(config) if config is not None
            else skinny_config(M, weight.shape[0], K, sm_count(x.device), x.dtype))
     _launch(x, weight, bias, out, cfg)
 
