@@ -48,7 +48,7 @@ for arg in "$@"; do
     case "$stage" in
     tests)
         nvidia-smi --query-gpu=name,clocks.max.memory,memory.total,driver_version --format=csv | tee "$out/logs/gpu.txt"
-        ONETRIP_FAILLOG="$out/logs/failures.txt" py -m pytest -q -n 8 -p no:cacheprovider -rfE 2>&1 | tee "$out/logs/pytest-gpu.txt" | tail -60
+        ONETRIP_FAILLOG="$out/logs/failures.txt" py -m pytest -q -n 8 -p no:cacheprovider -rfE ${TESTS:-} 2>&1 | tee "$out/logs/pytest-gpu.txt" | tail -60
         ;;
     quick)
         export ONETRIP_AUTOTUNE=0  # heuristic configs: the first figures, no tuning time
@@ -67,6 +67,11 @@ for arg in "$@"; do
         ;;
     decode)
         py -m onetrip bench decode-attention --out "$out/results" 2>&1 | tee "$out/logs/decode-attention.txt"
+        ;;
+    engine1)
+        # batch 1 only (the bar), then the demo
+        py -m onetrip bench decode --batch 1 --out "$out/results" 2>&1 | tee "$out/logs/decode-b1.txt"
+        py -m onetrip demo --out "$out/demo" 2>&1 | tee "$out/logs/demo.txt"
         ;;
     engine)
         py -m onetrip bench decode --out "$out/results" 2>&1 | tee "$out/logs/decode.txt"

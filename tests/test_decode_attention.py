@@ -245,7 +245,7 @@ def test_cuda_graph_capture(gen, page):
         v.copy_(v0)
 
     graph, _ = capture(step)
-    for lengths in ([40, 7, 300], [0, 100, 450]):
+    for lengths in ([40, 7, 300], [0, 5, 120]):  # within what make_cache filled (NaN beyond)
         reset(lengths)
         step()
         eager_out, eager_k = out.clone(), k.clone()

@@ -34,9 +34,19 @@ from ..ops.flash_attention import flash_attention
 from ..ops.glu import silu_mul
 from ..ops.norm import add_rms_norm, rms_norm
 from ..ops.rotary import apply_rotary
+from ..ops.skinny_matmul import skinny_matmul
 
 if TYPE_CHECKING:  # llama.py imports this module
     from .llama import Attention, Model
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x @ weight^T (+ bias). One row on a GPU (batch-1 decode, the LM head of one
+    sequence): onetrip's GEMV, which streams the weight faster than cuBLAS on every 1B/8B
+    projection (benchmarks/NOTES.md, "skinny matmul"); otherwise cuBLAS."""
+    if x.is_cuda and x.numel() == x.shape[-1] and x.dtype != torch.float32:
+        return skinny_matmul(x, weight, bias)
+    return F.linear(x, weight, bias)
 
 
 def take_positions(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -56,7 +66,7 @@ def _attention(attn: "Attention", x: torch.Tensor, cos: torch.Tensor, sin: torch
     c = attn.config
     b, s, _ = x.shape
     q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    qkv = F.linear(x, attn.wqkv.weight, attn.wqkv.bias)  # (batch, seq, q + 2 kv heads x head_dim)
+    qkv = _linear(x, attn.wqkv.weight, attn.wqkv.bias)  # (batch, seq, q + 2 kv heads x head_dim)
     q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
     q = q.view(b, s, c.num_heads, c.head_dim)
     k = k.view(b, s, c.num_kv_heads, c.head_dim)
@@ -75,7 +85,7 @@ def _attention(attn: "Attention", x: torch.Tensor, cos: torch.Tensor, sin: torch
             out = decode_attention(q, cache.k, cache.v, lens_after)
         else:
             out = _prefill_attention(q, cache.k, cache.v, lens)
-    return F.linear(out.reshape(b, s, q_size), attn.wo.weight)
+    return _linear(out.reshape(b, s, q_size), attn.wo.weight)
 
 
 def _prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -120,9 +130,9 @@ def forward_fused(model: "Model", tokens: torch.Tensor, cache_seqlens: Optional[
         x = _attention(layer.attn, normed, cos, sin, lens, lens_after, positions)
         normed, residual = add_rms_norm(x, residual, layer.mlp_norm, c.rms_norm_eps)
         mlp = layer.mlp
-        x = F.linear(silu_mul(F.linear(normed, mlp.w_gate_up.weight)), mlp.w_down.weight)
+        x = _linear(silu_mul(_linear(normed, mlp.w_gate_up.weight)), mlp.w_down.weight)
     if logits_index is not None:
         x, residual = take_positions(x, logits_index), take_positions(residual, logits_index)
     x, _ = add_rms_norm(x, residual, model.norm, c.rms_norm_eps)
     head = model.embed.weight if model.lm_head is None else model.lm_head.weight
-    return F.linear(x, head)  # (batch, seq, vocab)
+    return _linear(x, head)  # (batch, seq, vocab)

@@ -180,10 +180,12 @@ def _merge_kernel(
     stride_ob, stride_os, stride_oh,
     GROUP: tl.constexpr, Q_LEN: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    CHUNK_S: tl.constexpr,             # splits whose partial outputs load as one tile
 ):
     # One program per BLOCK_R output rows of one (b, kvh): the splits' log-sum-exps as one
-    # (BLOCK_S, BLOCK_R) tile, then their partial outputs one split at a time, so registers
-    # hold (BLOCK_R, D) whatever the split count.
+    # (BLOCK_S, BLOCK_R) tile, then their partial outputs CHUNK_S splits at a time as a
+    # (CHUNK_S, BLOCK_R, D) tile. One split per iteration made the loop a chain of dependent
+    # L2 round trips: 33 splits (batch 1, 4K context, 8 kv heads) took ~15 us, for 70 KB.
     GQ: tl.constexpr = GROUP * Q_LEN
     n_rblocks: tl.constexpr = (GQ + BLOCK_R - 1) // BLOCK_R
     pid = tl.program_id(0)
@@ -202,10 +204,15 @@ def _merge_kernel(
     d = tl.arange(0, BLOCK_D)
     mask = r_ok[:, None] & (d < head_dim)[None, :]
     acc = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
-    for s in range(num_splits):
-        rows = base + s * GQ + r
-        w = tl.exp2(tl.load(ws_lse_ptr + rows, mask=r_ok, other=float("-inf")) - m)  # 0 for an empty split
-        acc += w[:, None] * tl.load(ws_o_ptr + rows[:, None] * head_dim + d[None, :], mask=mask, other=0.0)
+    c = tl.arange(0, CHUNK_S)
+    for s0 in range(0, num_splits, CHUNK_S):
+        sc_ok = (s0 + c) < num_splits
+        rows = base + (s0 + c)[:, None] * GQ + r[None, :]                      # (CHUNK_S, BLOCK_R)
+        ok = sc_ok[:, None] & r_ok[None, :]
+        w = tl.exp2(tl.load(ws_lse_ptr + rows, mask=ok, other=float("-inf")) - m[None, :])  # 0: empty split
+        o = tl.load(ws_o_ptr + rows[:, :, None] * head_dim + d[None, None, :],
+                    mask=ok[:, :, None] & (d < head_dim)[None, None, :], other=0.0)    # (CHUNK_S, BLOCK_R, D)
+        acc += tl.sum(w[:, :, None] * o, axis=0)
     y = acc / tl.where(den > 0.0, den, 1.0)[:, None]
     o_off = b.to(tl.int64) * stride_ob + (r // GROUP) * stride_os + (kvh * GROUP + r % GROUP) * stride_oh
     tl.store(o_ptr + o_off[:, None] + d[None, :], cast_out(y, o_ptr.dtype.element_ty), mask=mask)
@@ -277,10 +284,12 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale:
     )
     if S > 1:
         block_r = min(triton.next_power_of_2(group * Q), 16)
+        # (CHUNK_S, BLOCK_R, D) float32 tiles of at most 4096 values: 32 a thread at 4 warps.
+        chunk = max(1, min(triton.next_power_of_2(S), 4096 // (block_r * block_d)))
         _merge_kernel[(B * KVH * triton.cdiv(group * Q, block_r),)](
             ws_o, ws_lse, out, KVH, S, D, *out.stride()[:3],
             GROUP=group, Q_LEN=Q, BLOCK_R=block_r, BLOCK_S=triton.next_power_of_2(S), BLOCK_D=block_d,
-            num_warps=4,
+            CHUNK_S=chunk, num_warps=4,
         )
     return kernel
 

@@ -172,6 +172,8 @@ def skinny_config(M: int, N: int, K: int, sms: int, dtype: torch.dtype = torch.b
     - split_k when ceil(N / block_n) programs are fewer than 2 per SM, with at least two
       K chunks per split.
     """
+    if M == 1 and dtype != torch.float32:
+        return _gemv_config(N, K)
     block_m = triton.next_power_of_2(max(M, 1))
     use_dot = M > 8 and dtype != torch.float32 and not (is_interpreting() and dtype == torch.bfloat16)
     if use_dot:
@@ -187,6 +189,26 @@ def skinny_config(M: int, N: int, K: int, sms: int, dtype: torch.dtype = torch.b
     if programs < 2 * sms:
         split_k = max(1, min(triton.cdiv(2 * sms, programs), K // (2 * block_k)))
     return SkinnyConfig(block_m, block_n, block_k, split_k, 4, use_dot)
+
+
+def _gemv_config(N: int, K: int) -> SkinnyConfig:
+    """Batch 1 (16-bit): the rule read off ``benchmarks/sweep_gemv.py`` on an H200
+    (2026-11-21, benchmarks/NOTES.md), where it beat cuBLAS on all ten 1B/8B projections:
+
+    - N <= 8192 (qkv, o, down): few output columns, so few columns per program (4-16, about
+      N / 512 -> 256-512 programs) and long K chunks (1024) with 8 warps: each program
+      keeps 16-32 KB of weight in flight. o_proj of 1B: 4.3 us against cuBLAS's 6.1.
+    - wider (gate_up, lm_head): 16 x 256 tiles at 4 warps, already thousands of programs.
+    No split-K: it never won there (its float32 partials and second launch cost more than
+    the parallelism buys at these sizes)."""
+    def chunk(limit: int) -> int:  # the largest power of two <= limit dividing K (EVEN_K)
+        c = limit
+        while c > 16 and K % c:
+            c //= 2
+        return c if K % c == 0 else min(limit, triton.next_power_of_2(max(K, 16)))
+    if N <= 8192:
+        return SkinnyConfig(1, min(16, max(4, triton.next_power_of_2(max(1, N // 512)))), chunk(1024), 1, 8, False, 1)
+    return SkinnyConfig(1, 16, chunk(256), 1, 4, False, 1)
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], y: torch.Tensor,
