@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from conftest import DEVICE, ON_GPU, capture
-from onetrip.ops.skinny_matmul import MAX_ROWS, SkinnyConfig, skinny_config, skinny_matmul, skinny_matmul_ref
+from onetrip.ops.skinny_matmul import (MAX_ROWS, SkinnyConfig, silu_mul_matmul, skinny_config, skinny_matmul,
+                                       skinny_matmul_ref)
 from onetrip.testing import assert_close, upcast
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -74,11 +75,15 @@ def test_many_rows_fall_back_to_linear():
 
 
 def test_config_heuristic():
-    # o_proj of the 8B model at batch 1 on 132 SMs: 128 column blocks, too few, so split K.
+    # Batch 1, 16-bit: the H200 sweep's rule. o_proj of the 8B model: 8 columns a program
+    # (512 programs), K in chunks of 1024, 8 warps, no split.
     cfg = skinny_config(1, 4096, 4096, 132)
-    assert cfg.split_k > 1 and cfg.block_m == 1 and not cfg.use_dot
-    # gate_up of the 8B model: 896 column blocks fill the GPU without a split.
-    assert skinny_config(1, 28672, 4096, 132).split_k == 1
+    assert (cfg.block_m, cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps) == (1, 8, 1024, 1, 8)
+    # gate_up of the 8B model: 16 x 256 tiles; K chunks divide K (EVEN_K) when they can.
+    assert skinny_config(1, 28672, 4096, 132).as_list()[1:5] == [16, 256, 1, 4]
+    assert skinny_config(1, 896, 896, 132).block_k == 128
+    # float32 at batch 1 keeps the general rule, with a split when programs are few.
+    assert skinny_config(1, 4096, 4096, 132, torch.float32).split_k > 1
     for M in (1, 3, 8, 17, 32):
         cfg = skinny_config(M, 5000, 1023, 132, torch.float32)
         assert cfg.block_m >= M and cfg.block_m * cfg.block_n * cfg.block_k <= 8192
@@ -126,3 +131,28 @@ def test_cuda_graph_capture(M, N, K):
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(captured, eager, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N,F_,bias", [(1, 1, False), (17, 111, True), (111, 4100, False), (1023, 17, True)])
+def test_silu_mul_matmul_one_row(gen, dtype, N, F_, bias):
+    """The SwiGLU product in the GEMV's prologue against silu_mul-then-linear in float64 terms."""
+    gu = torch.randn((1, 1, 2 * F_ + 5), generator=gen, device=DEVICE).to(dtype)[..., 3:2 * F_ + 3]  # offset view
+    _, w, b = _inputs(gen, 1, N, F_, dtype, bias)
+    out = _poisoned((1, 1, N), dtype)
+    y = silu_mul_matmul(gu, w, b, out=out)
+    assert y is out
+    args = (gu, w, b) if b is not None else (gu, w)
+    exact = skinny_matmul_ref(*upcast(*args), silu_mul=True)
+    assert_close(f"silu_mul_matmul 1x{N}x{F_}", y, exact, skinny_matmul_ref(gu, w, b, silu_mul=True))
+
+
+def test_silu_mul_matmul_rows_and_errors(gen):
+    gu = torch.randn((3, 2 * 40), generator=gen, device=DEVICE).to(torch.bfloat16)
+    _, w, _ = _inputs(gen, 1, 17, 40, torch.bfloat16, bias=False)
+    exact = skinny_matmul_ref(*upcast(gu, w), silu_mul=True)
+    assert_close("silu_mul_matmul 3 rows", silu_mul_matmul(gu, w), exact, skinny_matmul_ref(gu, w, silu_mul=True))
+    with pytest.raises(ValueError, match="must be 2 \\* F = 80"):
+        silu_mul_matmul(gu[:, :79], w)
+    with pytest.raises(TypeError, match="weight has dtype torch.float32"):
+        silu_mul_matmul(gu, w.float())

@@ -14,9 +14,10 @@ QKV GEMM, Qwen3 two RMSNorms of the q and k heads):
     y    = silu_mul(normed @ w_gate_up^T)             one GEMM for gate and up
     x    = y @ w_down^T
 
-8 kernels per layer plus the split-KV merge where the context is split (9), against ~25 in
-the eager form (norm statistics, casts, rotary halves, cache index_put, repeat of K/V
-for GQA, SDPA with its mask, residual adds, SiLU and multiply). The residual stream never
+8 kernels per layer plus the split-KV merge where the context is split (9); at batch 1 the
+projections are onetrip's GEMVs and silu_mul rides in the down projection's prologue (8).
+The eager form takes ~25 (norm statistics, casts, rotary halves, cache index_put, repeat
+of K/V for GQA, SDPA with its mask, residual adds, SiLU and multiply). The residual stream never
 makes its own pass: each add happens inside the next norm, whose ``h`` output is the new
 residual. Prefill (more than ``MAX_Q_LEN`` new tokens) attends with ``flash_attention``.
 """
@@ -34,19 +35,27 @@ from ..ops.flash_attention import flash_attention
 from ..ops.glu import silu_mul
 from ..ops.norm import add_rms_norm, rms_norm
 from ..ops.rotary import apply_rotary
-from ..ops.skinny_matmul import skinny_matmul
+from ..ops.skinny_matmul import silu_mul_matmul, skinny_matmul
 
 if TYPE_CHECKING:  # llama.py imports this module
     from .llama import Attention, Model
 
 
+def _gemv(x: torch.Tensor) -> bool:
+    """One 16-bit row on a GPU (batch-1 decode, the LM head of one sequence): onetrip's
+    GEMV streams the weight faster than cuBLAS on every 1B/8B projection there
+    (benchmarks/NOTES.md, "skinny matmul"); anything else goes to cuBLAS."""
+    return x.is_cuda and x.numel() == x.shape[-1] and x.dtype != torch.float32
+
+
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """x @ weight^T (+ bias). One row on a GPU (batch-1 decode, the LM head of one
-    sequence): onetrip's GEMV, which streams the weight faster than cuBLAS on every 1B/8B
-    projection (benchmarks/NOTES.md, "skinny matmul"); otherwise cuBLAS."""
-    if x.is_cuda and x.numel() == x.shape[-1] and x.dtype != torch.float32:
-        return skinny_matmul(x, weight, bias)
-    return F.linear(x, weight, bias)
+    """x @ weight^T (+ bias)."""
+    return skinny_matmul(x, weight, bias) if _gemv(x) else F.linear(x, weight, bias)
+
+
+def _down(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """(silu(gate) * up) @ weight^T: at batch 1 one GEMV with SwiGLU in its prologue."""
+    return silu_mul_matmul(gate_up, weight) if _gemv(gate_up) else F.linear(silu_mul(gate_up), weight)
 
 
 def take_positions(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -130,7 +139,7 @@ def forward_fused(model: "Model", tokens: torch.Tensor, cache_seqlens: Optional[
         x = _attention(layer.attn, normed, cos, sin, lens, lens_after, positions)
         normed, residual = add_rms_norm(x, residual, layer.mlp_norm, c.rms_norm_eps)
         mlp = layer.mlp
-        x = _linear(silu_mul(_linear(normed, mlp.w_gate_up.weight)), mlp.w_down.weight)
+        x = _down(_linear(normed, mlp.w_gate_up.weight), mlp.w_down.weight)
     if logits_index is not None:
         x, residual = take_positions(x, logits_index), take_positions(residual, logits_index)
     x, _ = add_rms_norm(x, residual, model.norm, c.rms_norm_eps)

@@ -20,6 +20,7 @@ longer bandwidth-bound by a wide margin and tensor-core GEMMs are the right tool
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
@@ -54,6 +55,7 @@ def _skinny_matmul_kernel(
     SPLIT: tl.constexpr,  # write float32 partials of this program's K range to the workspace
     USE_DOT: tl.constexpr,  # tl.dot on the tile (M padded to 16) instead of multiply + sum
     EVEN_K: tl.constexpr,   # every K chunk is whole: no K mask, so loads stay 16-byte vectors
+    SILU_MUL: tl.constexpr,  # x is (M, 2K) [gate | up]: use silu(gate) * up (one row only)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -81,12 +83,21 @@ def _skinny_matmul_kernel(
             k = k0 + ks
             if EVEN_K:
                 w = tl.load(w_rows + k[None, :] * stride_wk, mask=col_ok[:, None], other=0.0)
-                x = tl.load(x_ptr + k)
+                x = tl.load(x_ptr + k).to(tl.float32)
+                if SILU_MUL:
+                    up = tl.load(x_ptr + K + k).to(tl.float32)
             else:
                 k_ok = k < k_hi
                 w = tl.load(w_rows + k[None, :] * stride_wk, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-                x = tl.load(x_ptr + k, mask=k_ok, other=0.0)
-            acc2 += w.to(tl.float32) * x.to(tl.float32)[None, :]
+                x = tl.load(x_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
+                if SILU_MUL:
+                    up = tl.load(x_ptr + K + k, mask=k_ok, other=0.0).to(tl.float32)
+            if SILU_MUL:
+                # SwiGLU's product in the prologue, in float32: every program recomputes its
+                # K chunk (BLOCK_K exps against BLOCK_N * BLOCK_K weights), which costs less
+                # than the launch and the HBM round trip of a separate silu_mul.
+                x = x / (1.0 + tl.exp(-x)) * up
+            acc2 += w.to(tl.float32) * x[None, :]
         acc = tl.sum(acc2, axis=1)[None, :]  # (1, BLOCK_N)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -212,10 +223,11 @@ def _gemv_config(N: int, K: int) -> SkinnyConfig:
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], y: torch.Tensor,
-            cfg: SkinnyConfig) -> None:
-    """x (M, K) with unit column stride, weight (N, K), bias (N,) or None, y (M, N) unit column stride."""
-    M, K = x.shape
-    N = weight.shape[0]
+            cfg: SkinnyConfig, silu_mul: bool = False) -> None:
+    """x (M, K) with unit column stride, weight (N, K), bias (N,) or None, y (M, N) unit column
+    stride. silu_mul: x is (1, 2K), [gate | up], and the product uses silu(gate) * up."""
+    M = x.shape[0]
+    N, K = weight.shape
     if K == 0:  # an empty sum: y = bias, or 0
         y.copy_(bias.expand(M, N) if bias is not None else torch.zeros((), dtype=y.dtype, device=y.device))
         return
@@ -230,7 +242,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
         M, N, K, k_per_split,
         x.stride(0), weight.stride(0), weight.stride(1), y.stride(0),
         HAS_BIAS=bias is not None and not split, SPLIT=split, USE_DOT=cfg.use_dot,
-        EVEN_K=k_per_split % cfg.block_k == 0 and K % k_per_split == 0,
+        EVEN_K=k_per_split % cfg.block_k == 0 and K % k_per_split == 0, SILU_MUL=silu_mul,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
@@ -244,18 +256,18 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
 
 @torch.library.custom_op("onetrip::skinny_matmul", mutates_args=("out",))
 def _skinny_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], out: torch.Tensor,
-               config: Optional[list[int]]) -> None:
+               config: Optional[list[int]], silu_mul: bool = False) -> None:
     if not use_triton(x):
-        out.copy_(skinny_matmul_ref(x, weight, bias))
+        out.copy_(skinny_matmul_ref(x, weight, bias, silu_mul))
         return
-    M, K = x.shape
+    M, K = x.shape[0], weight.shape[1]
     cfg = (SkinnyConfig.from_list(config) if config is not None
            else skinny_config(M, weight.shape[0], K, sm_count(x.device), x.dtype))
-    _launch(x, weight, bias, out, cfg)
+    _launch(x, weight, bias, out, cfg, silu_mul)
 
 
 @_skinny_op.register_fake
-def _(x, weight, bias, out, config):
+def _(x, weight, bias, out, config, silu_mul=False):
     return None
 
 
@@ -315,6 +327,64 @@ def skinny_matmul(
     return out
 
 
-def skinny_matmul_ref(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """What a user writes: ``torch.nn.functional.linear`` (cuBLAS on a GPU)."""
+def silu_mul_matmul(
+    gate_up: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    *,
+    out: Optional[torch.Tensor] = None,
+    config: Optional[SkinnyConfig] = None,
+) -> torch.Tensor:
+    """y = (silu(gate) * up) @ weight.T (+ bias): a SwiGLU MLP's down projection with the
+    activation in the GEMV's prologue (one launch, no (.., F) intermediate in HBM).
+
+    Args:
+        gate_up: (..., 2F), the gate in ``[..., :F]`` and up in ``[..., F:]`` (as
+            ``silu_mul`` takes it); float32, float16 or bfloat16.
+        weight: (N, F) of gate_up's dtype. bias: None or (N,). out: optional (..., N).
+        config: a ``SkinnyConfig`` to force (tests, tuning).
+
+    Returns:
+        (..., N) of gate_up's dtype. With one row, one Triton launch that computes the
+        activation in float32 (not rounded to the dtype first, unlike the unfused pair).
+        With more rows: ``silu_mul`` then ``torch.nn.functional.linear``.
+    """
+    check_tensor("gate_up", gate_up)
+    check_tensor("weight", weight)
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be 2-D (N, F) as nn.Linear stores it, got shape {tuple(weight.shape)}")
+    N, F_ = weight.shape
+    if gate_up.shape[-1] != 2 * F_:
+        raise ValueError(f"gate_up has shape {tuple(gate_up.shape)}; its last dimension must be 2 * F = {2 * F_} "
+                         f"for weight {tuple(weight.shape)} (gate and up side by side)")
+    check_dtype_match("weight", weight, "gate_up", gate_up)
+    if bias is not None:
+        check_tensor("bias", bias)
+        check_shape("bias", bias, (N,), "(N,): one per output column, N = weight.shape[0]")
+        check_dtype_match("bias", bias, "gate_up", gate_up)
+        bias = bias.contiguous()
+    check_same_device("gate_up", gate_up, weight=weight, bias=bias)
+    out = output("out", out, gate_up.shape[:-1] + (N,), gate_up.dtype, gate_up.device)
+    if out.numel() == 0:
+        return out
+    x2 = as_rows(gate_up, 2 * F_)
+    if x2.shape[0] != 1 or F_ == 0:
+        from .glu import silu_mul
+        out.copy_(F.linear(silu_mul(gate_up), weight, bias))
+        return out
+    y2, scratch = rows_out(out, N)
+    cfg = config or skinny_config(1, N, F_, sm_count(gate_up.device), gate_up.dtype)
+    _skinny_op(x2, weight, bias, y2, dataclasses.replace(cfg, split_k=1).as_list(), True)
+    if scratch:
+        out.copy_(y2.view(out.shape))
+    return out
+
+
+def skinny_matmul_ref(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                      silu_mul: bool = False) -> torch.Tensor:
+    """What a user writes: ``torch.nn.functional.linear`` (cuBLAS on a GPU); with
+    ``silu_mul``, x is [gate | up] and the input is F.silu(gate) * up first."""
+    if silu_mul:
+        gate, up = x.chunk(2, dim=-1)
+        x = F.silu(gate) * up
     return F.linear(x, weight, bias)
