@@ -81,3 +81,23 @@ def test_backend_errors():
     with pytest.raises(ValueError, match="backend must be one of eager, fused; got 'triton'"):
         model.backend = "triton"
     assert model.backend == "eager"
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_batch_one_gemv_path(variant, gen, monkeypatch):
+    """Batch 1, one token a step: the path where every projection is a GEMV and the norms
+    ride in them (``_decode_one_row``). On a GPU it runs for 16-bit rows; forced here so
+    the interpreter checks it in float32 against the float64 eager run."""
+    import importlib
+
+    fused_mod = importlib.import_module("onetrip.models.fused")
+    monkeypatch.setattr(fused_mod, "_gemv", lambda x: True)
+    calls = []
+    one_row = fused_mod._decode_one_row
+    monkeypatch.setattr(fused_mod, "_decode_one_row", lambda *a: calls.append(1) or one_row(*a))
+    eager, exact, fused = _pair(variant, seed=int(torch.randint(0, 1000, (1,), generator=gen, device=DEVICE)))
+    tokens = torch.randint(0, TINY.vocab_size, (1, 12), generator=gen, device=DEVICE)
+    chunks = [tokens[:, :9]] + [tokens[:, i:i + 1] for i in range(9, 12)]
+    want, torch_out, ours = _run([exact, eager, fused], chunks, 1, 16)
+    assert len(calls) == 3  # the three single-token steps took the GEMV path
+    assert_close(f"{variant} batch-1 GEMV logits", ours, want, torch_out, atol=1e-6)

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from ..ops.append_kv import append_kv
 from ..ops.decode_attention import MAX_Q_LEN, decode_attention
 from ..ops.flash_attention import flash_attention
+from ..ops.gemv_norm import gemv_add_residual, gemv_rms_norm
 from ..ops.glu import silu_mul
 from ..ops.norm import add_rms_norm, rms_norm
 from ..ops.rotary import apply_rotary
@@ -72,10 +73,19 @@ def _attention(attn: "Attention", x: torch.Tensor, cos: torch.Tensor, sin: torch
     lens + seq. Without: ``positions`` (batch, seq), the tokens' positions, give the rotary
     angles and attention is causal within the call (only used there).
     """
-    c = attn.config
-    b, s, _ = x.shape
-    q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
     qkv = _linear(x, attn.wqkv.weight, attn.wqkv.bias)  # (batch, seq, q + 2 kv heads x head_dim)
+    out = _attend(attn, qkv.view(*x.shape[:2], -1), cos, sin, lens, lens_after, positions)
+    return _linear(out, attn.wo.weight)
+
+
+def _attend(attn: "Attention", qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+            lens: Optional[torch.Tensor], lens_after: Optional[torch.Tensor],
+            positions: Optional[torch.Tensor]) -> torch.Tensor:
+    """qkv (batch, seq, (heads + 2 kv_heads) x head_dim) -> attention output (batch, seq,
+    heads x head_dim), before the output projection."""
+    c = attn.config
+    b, s, _ = qkv.shape
+    q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
     q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
     q = q.view(b, s, c.num_heads, c.head_dim)
     k = k.view(b, s, c.num_kv_heads, c.head_dim)
@@ -94,7 +104,7 @@ def _attention(attn: "Attention", x: torch.Tensor, cos: torch.Tensor, sin: torch
             out = decode_attention(q, cache.k, cache.v, lens_after)
         else:
             out = _prefill_attention(q, cache.k, cache.v, lens)
-    return _linear(out.reshape(b, s, q_size), attn.wo.weight)
+    return out.reshape(b, s, q_size)
 
 
 def _prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -133,6 +143,8 @@ def forward_fused(model: "Model", tokens: torch.Tensor, cache_seqlens: Optional[
         lens_after = lens + s  # decode_attention counts the appended tokens (one tiny kernel per step)
 
     x = F.embedding(tokens, model.embed.weight)  # (batch, seq, hidden)
+    if b * s == 1 and _gemv(x) and lens is not None:
+        return _decode_one_row(model, x, cos, sin, lens, lens_after)
     residual = None
     for layer in model.layers:
         normed, residual = add_rms_norm(x, residual, layer.attn_norm, c.rms_norm_eps)
@@ -145,3 +157,36 @@ def forward_fused(model: "Model", tokens: torch.Tensor, cache_seqlens: Optional[
     x, _ = add_rms_norm(x, residual, model.norm, c.rms_norm_eps)
     head = model.embed.weight if model.lm_head is None else model.lm_head.weight
     return _linear(x, head)  # (batch, seq, vocab)
+
+
+def _decode_one_row(model: "Model", x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                    lens: torch.Tensor, lens_after: torch.Tensor) -> torch.Tensor:
+    """One token of one sequence (x (1, 1, hidden)): every projection a GEMV, and each
+    residual add + RMSNorm carried by the GEMVs around it (``ops.gemv_norm``):
+
+        qkv = gemv_rms_norm(h, ss, attn_norm, Wqkv)        norm in the prologue
+        o   = attention(qkv)                                append_kv, decode_attention
+        h, ss = gemv_add_residual(o, Wo, h)                 residual add in the epilogue
+        gu  = gemv_rms_norm(h, ss, mlp_norm, Wgate_up)
+        h, ss = gemv_add_residual(gu, Wdown, h, silu_mul)   SwiGLU in the prologue
+
+    6 kernels per layer (7 with the split-KV merge) against 9-10; the first layer's norm
+    is an ``add_rms_norm`` of the embedding. Returns logits (1, 1, vocab)."""
+    c = model.config
+    eps = c.rms_norm_eps
+    h = ss = None
+    for i, layer in enumerate(model.layers):
+        attn, mlp = layer.attn, layer.mlp
+        if i == 0:
+            normed, h = add_rms_norm(x, None, layer.attn_norm, eps)
+            qkv = _linear(normed, attn.wqkv.weight, attn.wqkv.bias)
+        else:
+            qkv = gemv_rms_norm(h, ss, layer.attn_norm, eps, attn.wqkv.weight, attn.wqkv.bias)
+        o = _attend(attn, qkv.view(1, 1, -1), cos, sin, lens, lens_after, None)
+        h, ss = gemv_add_residual(o, attn.wo.weight, h)
+        gate_up = gemv_rms_norm(h, ss, layer.mlp_norm, eps, mlp.w_gate_up.weight)
+        h, ss = gemv_add_residual(gate_up, mlp.w_down.weight, h, silu_mul=True)
+    head = model.embed.weight if model.lm_head is None else model.lm_head.weight
+    if h is None:  # no layers
+        return _linear(rms_norm(x, model.norm, eps), head)
+    return gemv_rms_norm(h, ss, model.norm, eps, head).view(1, 1, -1)

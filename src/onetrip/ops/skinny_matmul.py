@@ -51,7 +51,12 @@ def _skinny_matmul_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr,  # x (M, K), w (N, K), b (N,), y (M, N) or the (SPLIT_K, M, N) fp32 workspace
     M, N, K, K_PER_SPLIT,
     stride_xm, stride_wn, stride_wk, stride_ym,
+    res_ptr, ss_out_ptr,         # RES_OUT: residual (N,); float32 sum of squares per program (grid,)
+    ss_in_ptr, n_ss, nw_ptr, eps,  # NORM_IN: the producer's n_ss sums of squares; norm weight (K,)
     HAS_BIAS: tl.constexpr,
+    RES_OUT: tl.constexpr,  # y = x @ w^T + residual, and this program's sum of y^2 (one row)
+    NORM_IN: tl.constexpr,  # x -> x * rsqrt(sum(ss_in) / K + eps) * nw: RMSNorm in the prologue
+    BLOCK_SS: tl.constexpr,
     SPLIT: tl.constexpr,  # write float32 partials of this program's K range to the workspace
     USE_DOT: tl.constexpr,  # tl.dot on the tile (M padded to 16) instead of multiply + sum
     EVEN_K: tl.constexpr,   # every K chunk is whole: no K mask, so loads stay 16-byte vectors
@@ -79,6 +84,12 @@ def _skinny_matmul_kernel(
         # over K once after the loop, so the loop is loads and FMAs only; a sum per chunk
         # costs a cross-thread reduction (shuffles) for every BLOCK_K weights.
         acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        if NORM_IN:
+            # The row's sum of squares arrives as the producer GEMV's per-program partials
+            # (n_ss floats, summed here in a fixed order: deterministic, no atomics).
+            j = tl.arange(0, BLOCK_SS)
+            ss = tl.sum(tl.load(ss_in_ptr + j, mask=j < n_ss, other=0.0), axis=0)
+            rstd = 1.0 / tl.sqrt(ss / K + eps)
         for k0 in range(k_lo, k_hi, BLOCK_K):
             k = k0 + ks
             if EVEN_K:
@@ -97,6 +108,12 @@ def _skinny_matmul_kernel(
                 # K chunk (BLOCK_K exps against BLOCK_N * BLOCK_K weights), which costs less
                 # than the launch and the HBM round trip of a separate silu_mul.
                 x = x / (1.0 + tl.exp(-x)) * up
+            if NORM_IN:  # Llama's RMSNorm (weight after the normalisation), in float32
+                if EVEN_K:
+                    nw = tl.load(nw_ptr + k).to(tl.float32)
+                else:
+                    nw = tl.load(nw_ptr + k, mask=k < k_hi, other=0.0).to(tl.float32)
+                x = x * rstd * nw
             acc2 += w.to(tl.float32) * x[None, :]
         acc = tl.sum(acc2, axis=1)[None, :]  # (1, BLOCK_N)
     else:
@@ -120,8 +137,13 @@ def _skinny_matmul_kernel(
     else:
         if HAS_BIAS:
             acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        if RES_OUT:  # the residual add of the next norm, and its statistic, in the epilogue
+            acc += tl.load(res_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         y = cast_out(acc, y_ptr.dtype.element_ty)
         tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :], y, mask=mask)
+        if RES_OUT:  # of the rounded h, as the unfused norm sees it
+            yf = tl.where(mask, y.to(tl.float32), 0.0)
+            tl.store(ss_out_ptr + pid_n, tl.sum(tl.sum(yf * yf, axis=1), axis=0))
 
 
 @triton.jit
@@ -223,9 +245,13 @@ def _gemv_config(N: int, K: int) -> SkinnyConfig:
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], y: torch.Tensor,
-            cfg: SkinnyConfig, silu_mul: bool = False) -> None:
+            cfg: SkinnyConfig, silu_mul: bool = False, residual: Optional[torch.Tensor] = None,
+            ss_out: Optional[torch.Tensor] = None, ss_in: Optional[torch.Tensor] = None,
+            norm_weight: Optional[torch.Tensor] = None, eps: float = 0.0) -> None:
     """x (M, K) with unit column stride, weight (N, K), bias (N,) or None, y (M, N) unit column
-    stride. silu_mul: x is (1, 2K), [gate | up], and the product uses silu(gate) * up."""
+    stride. One row only (``gemv_norm``): silu_mul: x is (1, 2K), [gate | up], and the
+    product uses silu(gate) * up; residual (N,) + ss_out (grid,): y += residual and each
+    program's sum of y^2; ss_in + norm_weight (K,): x is RMS-normalised first."""
     M = x.shape[0]
     N, K = weight.shape
     if K == 0:  # an empty sum: y = bias, or 0
@@ -241,7 +267,12 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
         x, weight, b, target,
         M, N, K, k_per_split,
         x.stride(0), weight.stride(0), weight.stride(1), y.stride(0),
-        HAS_BIAS=bias is not None and not split, SPLIT=split, USE_DOT=cfg.use_dot,
+        residual if residual is not None else x, ss_out if ss_out is not None else x,
+        ss_in if ss_in is not None else x, ss_in.numel() if ss_in is not None else 0,
+        norm_weight if norm_weight is not None else x, eps,
+        HAS_BIAS=bias is not None and not split, RES_OUT=residual is not None, NORM_IN=ss_in is not None,
+        BLOCK_SS=max(16, triton.next_power_of_2(ss_in.numel())) if ss_in is not None else 16,
+        SPLIT=split, USE_DOT=cfg.use_dot,
         EVEN_K=k_per_split % cfg.block_k == 0 and K % k_per_split == 0, SILU_MUL=silu_mul,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,

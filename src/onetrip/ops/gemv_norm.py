@@ -1,0 +1,168 @@
+"""Batch-1 GEMVs that carry a pre-norm decoder's residual add and RMSNorm between them.
+
+At batch 1 a Llama layer is GEMV, attention, GEMV, ... with an ``add_rms_norm`` between
+the output projections and the next input projections:
+
+    h      = x @ Wo^T + residual                  (o_proj, or down_proj of the MLP)
+    normed = h * rsqrt(mean(h^2) + eps) * g       (RMSNorm, Llama convention)
+    y      = normed @ Wqkv^T                      (qkv, or gate_up)
+
+Unfused, the norm is its own launch (~1.5 us on an H200 for a 4-8 KB row: launch,
+ramp-up and tail, not bytes), twice per layer: 65 launches a step for the 8B model. Here
+it dissolves into the two GEMVs:
+
+    gemv_add_residual   epilogue: h = x @ W^T + residual, stored once, and each program's
+                        sum of h^2 over its columns (one float32 per program)
+    gemv_rms_norm       prologue: mean(h^2) from those partials (summed in a fixed order:
+                        deterministic, no atomics, nothing to zero between steps), then
+                        each weight chunk multiplies h * rstd * g
+
+The partials are ``cdiv(N, block_n)`` floats (256-512 for 1B/8B), which every program of
+the consumer reads from L2 (2 KB): cheap against the 16-32 KB of weight each streams.
+Accumulation is float32 throughout; h is rounded once to the dtype (it is the residual
+stream) and its statistic is taken of the rounded values, as the unfused norm sees them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+import triton
+
+from ._common import check_dtype_match, check_same_device, check_shape, check_tensor, sm_count, use_triton
+from .skinny_matmul import _launch, skinny_config
+
+
+def _one_row(name: str, t: torch.Tensor, width: int) -> torch.Tensor:
+    if t.numel() != width or t.shape[-1] != width:
+        raise ValueError(f"{name} has shape {tuple(t.shape)}; expected one row of {width} values "
+                         f"(..., {width}) with every leading dimension 1")
+    return t.reshape(1, width) if t.stride(-1) == 1 else t.reshape(1, width).contiguous()
+
+
+def _check_weight(weight: torch.Tensor, x: torch.Tensor, k: int) -> tuple[int, int]:
+    check_tensor("weight", weight)
+    if weight.dim() != 2 or weight.shape[1] != k:
+        raise ValueError(f"weight has shape {tuple(weight.shape)}; expected (N, {k}) as nn.Linear stores it")
+    check_dtype_match("weight", weight, "x", x)
+    return weight.shape
+
+
+def partials(n: int, k: int, device: torch.device, dtype: torch.dtype) -> int:
+    """How many sums of squares ``gemv_add_residual`` writes for an (n, k) weight: its grid."""
+    return triton.cdiv(n, skinny_config(1, n, k, sm_count(device), dtype).block_n)
+
+
+@torch.library.custom_op("onetrip::gemv_add_residual", mutates_args=("h", "ss"))
+def _residual_op(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, h: torch.Tensor,
+                 ss: torch.Tensor, silu_mul: bool) -> None:
+    n, k = weight.shape
+    if not use_triton(x):
+        hv = gemv_add_residual_ref(x, weight, residual, silu_mul)
+        h.copy_(hv)
+        ss.zero_()
+        ss[0] = hv.float().square().sum()
+        return
+    cfg = dataclasses.replace(skinny_config(1, n, k, sm_count(x.device), x.dtype), split_k=1)
+    _launch(x, weight, None, h, cfg, silu_mul, residual=residual, ss_out=ss)
+
+
+@_residual_op.register_fake
+def _(x, weight, residual, h, ss, silu_mul):
+    return None
+
+
+@torch.library.custom_op("onetrip::gemv_rms_norm", mutates_args=("out",))
+def _norm_op(h: torch.Tensor, ss: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+             bias: Optional[torch.Tensor], out: torch.Tensor) -> None:
+    n, k = weight.shape
+    if not use_triton(h):
+        rstd = torch.rsqrt(ss.sum() / k + eps)
+        out.copy_(F.linear((h.float() * rstd * norm_weight.float()).to(h.dtype), weight, bias))
+        return
+    cfg = dataclasses.replace(skinny_config(1, n, k, sm_count(h.device), h.dtype), split_k=1)
+    _launch(h, weight, bias, out, cfg, ss_in=ss, norm_weight=norm_weight, eps=eps)
+
+
+@_norm_op.register_fake
+def _(h, ss, norm_weight, eps, weight, bias, out):
+    return None
+
+
+def gemv_add_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, *,
+                      silu_mul: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """h = x @ weight^T + residual for one row, with h's sum of squares in partials.
+
+    Args:
+        x: one row (..., K) (or (..., 2K) = [gate | up] with ``silu_mul``: the input is then
+            silu(gate) * up, computed in the prologue); float32, float16 or bfloat16.
+        weight: (N, K) of x's dtype. residual: one row of N values, x's dtype.
+        silu_mul: SwiGLU in the prologue (the MLP's down projection).
+
+    Returns:
+        (h (1, N) of x's dtype, ss (P,) float32): P = ``partials(N, K)`` per-program sums of
+        h^2, which only ``gemv_rms_norm`` reads. One launch; capturable.
+    """
+    check_tensor("x", x)
+    k = x.shape[-1] // 2 if silu_mul else x.shape[-1]
+    n, _ = _check_weight(weight, x, k)
+    x2 = _one_row("x", x, 2 * k if silu_mul else k)
+    check_tensor("residual", residual)
+    check_dtype_match("residual", residual, "x", x)
+    r2 = _one_row("residual", residual, n)
+    check_same_device("x", x, weight=weight, residual=residual)
+    h = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    ss = torch.empty((partials(n, k, x.device, x.dtype),), dtype=torch.float32, device=x.device)
+    _residual_op(x2, weight, r2, h, ss, silu_mul)
+    return h, ss
+
+
+def gemv_rms_norm(h: torch.Tensor, ss: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                  weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """y = rms_norm(h) @ weight^T (+ bias) for one row, with the norm in the prologue.
+
+    Args:
+        h, ss: as ``gemv_add_residual`` returned them (h one row of K values).
+        norm_weight: (K,) RMSNorm gain of h's dtype (Llama: applied after normalising).
+        eps: RMSNorm's epsilon. weight: (N, K); bias: None or (N,).
+
+    Returns:
+        (1, N) of h's dtype. One launch; capturable.
+    """
+    check_tensor("h", h)
+    k = h.shape[-1]
+    n, _ = _check_weight(weight, h, k)
+    h2 = _one_row("h", h, k)
+    if not isinstance(ss, torch.Tensor) or ss.dtype != torch.float32 or ss.dim() != 1:
+        raise TypeError("ss must be the float32 partials that gemv_add_residual returned with h")
+    check_tensor("norm_weight", norm_weight)
+    check_shape("norm_weight", norm_weight, (k,), "(K,): one gain per input column")
+    check_dtype_match("norm_weight", norm_weight, "h", h)
+    if bias is not None:
+        check_shape("bias", bias, (n,), "(N,)")
+        check_dtype_match("bias", bias, "h", h)
+    check_same_device("h", h, ss=ss, norm_weight=norm_weight, weight=weight, bias=bias)
+    out = torch.empty((1, n), dtype=h.dtype, device=h.device)
+    _norm_op(h2, ss, norm_weight.contiguous(), float(eps), weight, bias.contiguous() if bias is not None else None,
+             out)
+    return out
+
+
+def gemv_add_residual_ref(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
+                          silu_mul: bool = False) -> torch.Tensor:
+    """Op by op: (silu(gate) * up if silu_mul), linear, then the residual add."""
+    if silu_mul:
+        gate, up = x.chunk(2, dim=-1)
+        x = F.silu(gate) * up
+    return F.linear(x, weight).reshape(1, -1) + residual.reshape(1, -1)
+
+
+def gemv_rms_norm_ref(h: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+                      bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Op by op: HF's LlamaRMSNorm (float32 statistic, cast, gain), then linear."""
+    var = h.float().pow(2).mean(-1, keepdim=True)
+    normed = (h.float() * torch.rsqrt(var + eps)).to(h.dtype) * norm_weight
+    return F.linear(normed, weight, bias).reshape(1, -1)

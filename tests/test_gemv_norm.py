@@ -1,0 +1,45 @@
+"""The batch-1 GEMV pair that carries the residual add and RMSNorm: against the op-by-op
+chain (linear, add, HF RMSNorm, linear) in float64, by the 2 x PyTorch-error rule."""
+
+import pytest
+import torch
+
+from conftest import DEVICE
+from onetrip.ops.gemv_norm import (gemv_add_residual, gemv_add_residual_ref, gemv_rms_norm, gemv_rms_norm_ref,
+                                   partials)
+from onetrip.testing import assert_close, upcast
+
+
+def _rn(gen, *shape, dtype):
+    return torch.randn(*shape, generator=gen, device=DEVICE).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("K,N,M2,silu", [(17, 111, 33, False), (1023, 300, 17, True), (256, 5000, 7, False)])
+def test_chain(gen, dtype, K, N, M2, silu):
+    x = _rn(gen, 1, 1, 2 * K if silu else K, dtype=dtype)
+    w1, res = _rn(gen, N, K, dtype=dtype), _rn(gen, 1, N, dtype=dtype)
+    g = (1 + 0.1 * _rn(gen, N, dtype=torch.float32)).to(dtype)
+    w2, b2 = _rn(gen, M2, N, dtype=dtype), _rn(gen, M2, dtype=dtype)
+    h, ss = gemv_add_residual(x, w1, res, silu_mul=silu)
+    assert h.shape == (1, N) and ss.shape == (partials(N, K, h.device, dtype),)
+    h_exact = gemv_add_residual_ref(*upcast(x, w1, res), silu_mul=silu)
+    h_torch = gemv_add_residual_ref(x, w1, res, silu_mul=silu)
+    assert_close("h", h, h_exact, h_torch)
+    y = gemv_rms_norm(h, ss, g, 1e-5, w2, b2)
+    g64, w64, b64 = upcast(g, w2, b2)
+    y_exact = gemv_rms_norm_ref(h_exact, g64, 1e-5, w64, b64)
+    assert_close("y", y, y_exact, gemv_rms_norm_ref(h_torch, g, 1e-5, w2, b2))
+
+
+def test_bad_input(gen):
+    x, w, r = _rn(gen, 2, 8, dtype=torch.float32), _rn(gen, 4, 8, dtype=torch.float32), _rn(gen, 4, dtype=torch.float32)
+    with pytest.raises(ValueError, match="expected one row of 8 values"):
+        gemv_add_residual(x, w, r)
+    with pytest.raises(ValueError, match="weight has shape"):
+        gemv_add_residual(x[:1], w[:, :7], r)
+    h, ss = gemv_add_residual(x[:1], w, r)
+    with pytest.raises(TypeError, match="ss must be the float32 partials"):
+        gemv_rms_norm(h, ss.double(), r, 1e-5, w.T.contiguous())
+    with pytest.raises(ValueError, match="norm_weight has shape"):
+        gemv_rms_norm(h, ss, r[:3], 1e-5, w.T.contiguous())
