@@ -48,6 +48,25 @@ def test_steps_and_kernels_per_step(reports, name):
     assert r.bandwidth.device == "NVIDIA H200"
 
 
+@pytest.mark.parametrize("name", TRACES)
+def test_counts_match_the_raw_trace(reports, name):
+    """Kernel events counted straight from the JSON (cat "kernel") equal the report's
+    count over the steps, and its busy time lies between
+    the kernels' summed durations and all device events'."""
+    import gzip
+
+    with gzip.open(TRACES[name], "rt") as f:
+        events = json.load(f)["traceEvents"]
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    device = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    r = reports[name]
+    assert sum(s.kernels for s in r.steps) == len(kernels)
+    # busy = the union of device activity inside the steps: at least the kernels' time, at
+    # most every device event's (a few copies fall outside the steps)
+    busy = sum(s.busy_us for s in r.steps)
+    assert sum(e["dur"] for e in kernels) - 1 <= busy <= sum(e["dur"] for e in device) + 1
+
+
 def test_verdicts(reports):
     for name in ("eager", "fused"):
         r = reports[name]
