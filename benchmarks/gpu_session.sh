@@ -9,12 +9,16 @@
 # $OUT/gpu.tgz at the end (the tool brings back at most 8 files).
 #
 # Stages, in order of what they unblock:
-#   tests      the whole suite on the GPU (every kernel, graphs, compile, engine) ~2 min
-#   quick      bench attention/decode-attention --quick, demo, bench decode 1B batch 1  ~6 min
-#   attention  full bench attention (bf16) + autotune sweep                        ~8 min
-#   decode     full bench decode-attention                                         ~5 min
-#   engine     full bench decode (1B and 8B, batch 1/8/32, TTFT)                   ~9 min
-#   gemv       bench gemv --quick then full (cuBLAS vs onetrip's skinny matmul)      ~4 min
+#   tests      the whole suite on the GPU (TESTS="files" for a subset)             ~4 min
+#   quick      bench attention/decode-attention --quick, demo, bench decode 1B batch 1  ~2 min
+#   attention  autotune sweep, then full bench attention (bf16)                    ~3 min
+#   decode     full bench decode-attention                                         ~1 min
+#   engine1    bench decode at batch 1 (1B, 8B), then the demo                     ~3 min
+#   engine     full bench decode (1B and 8B, batch 1/8/32, TTFT)                   ~6 min
+#   gemv       bench gemv (cuBLAS vs onetrip's skinny matmul)                      ~1 min
+#   ops        bench ops                                                           ~8 min
+#   sh=FILE    a script taking --out (benchmarks/sweep_gemv.py ~1 min, benchmarks/ab_next.py ~2 min)
+# Times measured on an H200, 2026-11-21.
 # Liger-Kernel comes from .whl (carry it): installed into /tmp/site first.
 set -uo pipefail
 [ $# -ge 1 ] || { echo "usage: benchmarks/gpu_session.sh tests|quick|attention|decode|engine|gemv[:SECONDS] ..." >&2; exit 2; }

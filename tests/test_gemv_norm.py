@@ -26,10 +26,11 @@ def test_chain(gen, dtype, K, N, M2, silu):
     h_exact = gemv_add_residual_ref(*upcast(x, w1, res), silu_mul=silu)
     h_torch = gemv_add_residual_ref(x, w1, res, silu_mul=silu)
     assert_close("h", h, h_exact, h_torch)
-    y = gemv_rms_norm(h, ss, g, 1e-5, w2, b2)
     g64, w64, b64 = upcast(g, w2, b2)
     y_exact = gemv_rms_norm_ref(h_exact, g64, 1e-5, w64, b64)
-    assert_close("y", y, y_exact, gemv_rms_norm_ref(h_torch, g, 1e-5, w2, b2))
+    for late in (False, True):
+        y = gemv_rms_norm(h, ss, g, 1e-5, w2, b2, rstd_late=late)
+        assert_close(f"y (rstd_late={late})", y, y_exact, gemv_rms_norm_ref(h_torch, g, 1e-5, w2, b2))
 
 
 def test_bad_input(gen):

@@ -77,18 +77,18 @@ def _(x, weight, residual, h, ss, silu_mul):
 
 @torch.library.custom_op("onetrip::gemv_rms_norm", mutates_args=("out",))
 def _norm_op(h: torch.Tensor, ss: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-             bias: Optional[torch.Tensor], out: torch.Tensor) -> None:
+             bias: Optional[torch.Tensor], out: torch.Tensor, rstd_late: bool = False) -> None:
     n, k = weight.shape
     if not use_triton(h):
         rstd = torch.rsqrt(ss.sum() / k + eps)
         out.copy_(F.linear((h.float() * rstd * norm_weight.float()).to(h.dtype), weight, bias))
         return
     cfg = dataclasses.replace(skinny_config(1, n, k, sm_count(h.device), h.dtype), split_k=1)
-    _launch(h, weight, bias, out, cfg, ss_in=ss, norm_weight=norm_weight, eps=eps)
+    _launch(h, weight, bias, out, cfg, ss_in=ss, norm_weight=norm_weight, eps=eps, norm_late=rstd_late)
 
 
 @_norm_op.register_fake
-def _(h, ss, norm_weight, eps, weight, bias, out):
+def _(h, ss, norm_weight, eps, weight, bias, out, rstd_late=False):
     return None
 
 
@@ -121,13 +121,17 @@ def gemv_add_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Ten
 
 
 def gemv_rms_norm(h: torch.Tensor, ss: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                  weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+                  weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
+                  rstd_late: bool = False) -> torch.Tensor:
     """y = rms_norm(h) @ weight^T (+ bias) for one row, with the norm in the prologue.
 
     Args:
         h, ss: as ``gemv_add_residual`` returned them (h one row of K values).
         norm_weight: (K,) RMSNorm gain of h's dtype (Llama: applied after normalising).
         eps: RMSNorm's epsilon. weight: (N, K); bias: None or (N,).
+        rstd_late: multiply by rsqrt(mean(h^2) + eps) after the K loop (it is one scalar
+            per row) instead of in the prologue, so the partials' load overlaps the loop.
+            Measured: not yet (the engine runs the prologue form, measured on an H200).
 
     Returns:
         (1, N) of h's dtype. One launch; capturable.
@@ -147,7 +151,7 @@ def gemv_rms_norm(h: torch.Tensor, ss: torch.Tensor, norm_weight: torch.Tensor, 
     check_same_device("h", h, ss=ss, norm_weight=norm_weight, weight=weight, bias=bias)
     out = torch.empty((1, n), dtype=h.dtype, device=h.device)
     _norm_op(h2, ss, norm_weight.contiguous(), float(eps), weight, bias.contiguous() if bias is not None else None,
-             out)
+             out, rstd_late)
     return out
 
 

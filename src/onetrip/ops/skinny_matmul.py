@@ -56,6 +56,7 @@ def _skinny_matmul_kernel(
     HAS_BIAS: tl.constexpr,
     RES_OUT: tl.constexpr,  # y = x @ w^T + residual, and this program's sum of y^2 (one row)
     NORM_IN: tl.constexpr,  # x -> x * rsqrt(sum(ss_in) / K + eps) * nw: RMSNorm in the prologue
+    NORM_LATE: tl.constexpr,  # apply NORM_IN's rsqrt (one scalar per row) after the K loop
     BLOCK_SS: tl.constexpr,
     SPLIT: tl.constexpr,  # write float32 partials of this program's K range to the workspace
     USE_DOT: tl.constexpr,  # tl.dot on the tile (M padded to 16) instead of multiply + sum
@@ -84,7 +85,8 @@ def _skinny_matmul_kernel(
         # over K once after the loop, so the loop is loads and FMAs only; a sum per chunk
         # costs a cross-thread reduction (shuffles) for every BLOCK_K weights.
         acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-        if NORM_IN:
+        rstd = 1.0
+        if NORM_IN and not NORM_LATE:
             # The row's sum of squares arrives as the producer GEMV's per-program partials
             # (n_ss floats, summed here in a fixed order: deterministic, no atomics).
             j = tl.arange(0, BLOCK_SS)
@@ -113,9 +115,15 @@ def _skinny_matmul_kernel(
                     nw = tl.load(nw_ptr + k).to(tl.float32)
                 else:
                     nw = tl.load(nw_ptr + k, mask=k < k_hi, other=0.0).to(tl.float32)
-                x = x * rstd * nw
+                x = x * nw if NORM_LATE else x * rstd * nw
             acc2 += w.to(tl.float32) * x[None, :]
         acc = tl.sum(acc2, axis=1)[None, :]  # (1, BLOCK_N)
+        if NORM_IN and NORM_LATE:
+            # rsqrt is one scalar per row, so it factors out of the dot product: its
+            # partials load overlaps the whole K loop instead of gating the first FMA.
+            j = tl.arange(0, BLOCK_SS)
+            ss = tl.sum(tl.load(ss_in_ptr + j, mask=j < n_ss, other=0.0), axis=0)
+            acc = acc / tl.sqrt(ss / K + eps)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -247,7 +255,7 @@ def _gemv_config(N: int, K: int) -> SkinnyConfig:
 def _launch(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], y: torch.Tensor,
             cfg: SkinnyConfig, silu_mul: bool = False, residual: Optional[torch.Tensor] = None,
             ss_out: Optional[torch.Tensor] = None, ss_in: Optional[torch.Tensor] = None,
-            norm_weight: Optional[torch.Tensor] = None, eps: float = 0.0) -> None:
+            norm_weight: Optional[torch.Tensor] = None, eps: float = 0.0, norm_late: bool = False) -> None:
     """x (M, K) with unit column stride, weight (N, K), bias (N,) or None, y (M, N) unit column
     stride. One row only (``gemv_norm``): silu_mul: x is (1, 2K), [gate | up], and the
     product uses silu(gate) * up; residual (N,) + ss_out (grid,): y += residual and each
@@ -271,6 +279,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
         ss_in if ss_in is not None else x, ss_in.numel() if ss_in is not None else 0,
         norm_weight if norm_weight is not None else x, eps,
         HAS_BIAS=bias is not None and not split, RES_OUT=residual is not None, NORM_IN=ss_in is not None,
+        NORM_LATE=norm_late,
         BLOCK_SS=max(16, triton.next_power_of_2(ss_in.numel())) if ss_in is not None else 16,
         SPLIT=split, USE_DOT=cfg.use_dot,
         EVEN_K=k_per_split % cfg.block_k == 0 and K % k_per_split == 0, SILU_MUL=silu_mul,
