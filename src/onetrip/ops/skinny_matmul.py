@@ -311,6 +311,30 @@ def _(x, weight, bias, out, config, silu_mul=False):
     return None
 
 
+def _check_args(name: str, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                per_column: int) -> tuple[int, int, Optional[torch.Tensor]]:
+    """Checks shared by the GEMV entry points: x (..., per_column * K) against weight (N, K)
+    and bias (N,). Returns N, K and the bias with unit stride (it is small)."""
+    check_tensor(name, x)
+    check_tensor("weight", weight)
+    k = "K" if per_column == 1 else "F"
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be 2-D (N, {k}) as nn.Linear stores it, got shape {tuple(weight.shape)}")
+    N, K = weight.shape
+    if x.shape[-1] != per_column * K:
+        need = (f"K = {K}, the second dimension of weight {tuple(weight.shape)}" if per_column == 1 else
+                f"{per_column} * F = {per_column * K} for weight {tuple(weight.shape)} (gate and up side by side)")
+        raise ValueError(f"{name} has shape {tuple(x.shape)}; its last dimension must be {need}")
+    check_dtype_match("weight", weight, name, x)
+    if bias is not None:
+        check_tensor("bias", bias)
+        check_shape("bias", bias, (N,), "(N,): one per output column, N = weight.shape[0]")
+        check_dtype_match("bias", bias, name, x)
+        bias = bias.contiguous()
+    check_same_device(name, x, weight=weight, bias=bias)
+    return N, K, bias
+
+
 def skinny_matmul(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -336,21 +360,7 @@ def skinny_matmul(
         alone); no host synchronisation, so the call can be captured in a CUDA graph. For
         M > 32 the call is ``torch.nn.functional.linear`` (cuBLAS), copied into ``out``.
     """
-    check_tensor("x", x)
-    check_tensor("weight", weight)
-    if weight.dim() != 2:
-        raise ValueError(f"weight must be 2-D (N, K) as nn.Linear stores it, got shape {tuple(weight.shape)}")
-    N, K = weight.shape
-    if x.shape[-1] != K:
-        raise ValueError(f"x has shape {tuple(x.shape)}; its last dimension must be K = {K}, "
-                         f"the second dimension of weight {tuple(weight.shape)}")
-    check_dtype_match("weight", weight, "x", x)
-    if bias is not None:
-        check_tensor("bias", bias)
-        check_shape("bias", bias, (N,), "(N,): one per output column, N = weight.shape[0]")
-        check_dtype_match("bias", bias, "x", x)
-        bias = bias.contiguous()  # (N,): small; the kernels read it with unit stride
-    check_same_device("x", x, weight=weight, bias=bias)
+    N, K, bias = _check_args("x", x, weight, bias, 1)
     if config is not None and not isinstance(config, SkinnyConfig):
         raise TypeError(f"config must be a SkinnyConfig or None, got {type(config).__name__}")
     out = output("out", out, x.shape[:-1] + (N,), x.dtype, x.device)
@@ -389,21 +399,7 @@ def silu_mul_matmul(
         activation in float32 (not rounded to the dtype first, unlike the unfused pair).
         With more rows: ``silu_mul`` then ``torch.nn.functional.linear``.
     """
-    check_tensor("gate_up", gate_up)
-    check_tensor("weight", weight)
-    if weight.dim() != 2:
-        raise ValueError(f"weight must be 2-D (N, F) as nn.Linear stores it, got shape {tuple(weight.shape)}")
-    N, F_ = weight.shape
-    if gate_up.shape[-1] != 2 * F_:
-        raise ValueError(f"gate_up has shape {tuple(gate_up.shape)}; its last dimension must be 2 * F = {2 * F_} "
-                         f"for weight {tuple(weight.shape)} (gate and up side by side)")
-    check_dtype_match("weight", weight, "gate_up", gate_up)
-    if bias is not None:
-        check_tensor("bias", bias)
-        check_shape("bias", bias, (N,), "(N,): one per output column, N = weight.shape[0]")
-        check_dtype_match("bias", bias, "gate_up", gate_up)
-        bias = bias.contiguous()
-    check_same_device("gate_up", gate_up, weight=weight, bias=bias)
+    N, F_, bias = _check_args("gate_up", gate_up, weight, bias, 2)
     out = output("out", out, gate_up.shape[:-1] + (N,), gate_up.dtype, gate_up.device)
     if out.numel() == 0:
         return out
