@@ -15,6 +15,7 @@
 #   decode     full bench decode-attention                                         ~1 min
 #   engine1    bench decode at batch 1 (1B, 8B), then the demo                     ~3 min
 #   engine     full bench decode (1B and 8B, batch 1/8/32, TTFT)                   ~6 min
+#   traces     1B decode traces: transformers, eager, fused, fused + graphs (untimed yet)
 #   gemv       bench gemv (cuBLAS vs onetrip's skinny matmul)                      ~1 min
 #   ops        bench ops                                                           ~8 min
 #   sh=FILE    a script taking --out (benchmarks/sweep_gemv.py ~1 min, benchmarks/ab_next.py ~2 min)
@@ -76,6 +77,17 @@ for arg in "$@"; do
         # batch 1 only (the issue's bar), then the demo
         py -m onetrip bench decode --batch 1 --out "$out/results" 2>&1 | tee "$out/logs/decode-b1.txt"
         py -m onetrip demo --out "$out/demo" 2>&1 | tee "$out/logs/demo.txt"
+        ;;
+    traces)
+        # issue 6: real traces for tests/data (gzip them there), and the profiler's report of each
+        mkdir -p "$out/traces"
+        for b in transformers eager fused; do
+            py -m onetrip profile --model llama-3.2-1b --backend "$b" --no-graphs --steps 5 \
+                --trace-out "$out/traces/$b.json" 2>&1 | tee "$out/logs/profile-$b.txt"
+        done
+        py -m onetrip profile --model llama-3.2-1b --backend fused --steps 5 \
+            --trace-out "$out/traces/fused-graphs.json" 2>&1 | tee "$out/logs/profile-fused-graphs.txt"
+        gzip -9 "$out"/traces/*.json
         ;;
     engine)
         py -m onetrip bench decode --out "$out/results" 2>&1 | tee "$out/logs/decode.txt"

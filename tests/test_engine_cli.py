@@ -53,3 +53,16 @@ def test_demo_on_the_cpu(tmp_path):
 def test_bench_decode_checks_tokens_on_the_cpu(capsys):
     assert main(["bench", "decode"]) == 0
     assert "same as transformers" in capsys.readouterr().out
+
+
+@cpu_only
+def test_profile_transformers_decode(tmp_path, capsys):
+    """The same weights run by transformers' own decode loop, profiled: the baseline trace
+    the profiler is meant to read (on a GPU: launch-bound, element-wise chains)."""
+    trace = tmp_path / "hf.json"
+    assert main(["profile", "--model", "tiny", "--backend", "transformers", "--steps", "2",
+                 "--trace-out", str(trace)]) == 0
+    assert "No GPU activity" in capsys.readouterr().out  # a CPU trace: operators only
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert {e["name"] for e in events if e["name"].startswith("ProfilerStep#")} == {"ProfilerStep#0", "ProfilerStep#1"}
+    assert any(e["name"] == "aten::linear" for e in events)

@@ -8,7 +8,7 @@
     onetrip profile A.json --diff B.json [--json OUT] [--png OUT.png] [--html OUT.html]
     onetrip bench decode [--preset NAME ...] [--batch N ...] [--provider NAME ...] [--new-tokens N]
     onetrip demo [--out DIR] [--preset NAME] [--new-tokens N]
-    onetrip profile --model PATH|PRESET [--backend eager|fused] [--no-graphs] [--steps N] [--png OUT.png]
+    onetrip profile --model PATH|PRESET [--backend eager|fused|transformers] [--no-graphs] [--steps N] [--png OUT.png]
     onetrip generate --model PATH|PRESET [--prompt TEXT | --prompt-tokens N] [--max-new-tokens N]
                      [--batch N] [--backend eager|fused] [--no-graphs] [--chat] [--json OUT]
     onetrip env
@@ -122,7 +122,9 @@ def _build_parser(op_names: tuple[str, ...], dtype_names: tuple[str, ...]) -> ar
     prof.add_argument("trace", type=Path, nargs="?", help="trace file (.json or .json.gz)")
     prof.add_argument("--model", metavar="PATH|PRESET",
                       help="instead of a trace: profile decode steps of the engine on this checkpoint or preset")
-    prof.add_argument("--backend", choices=("eager", "fused"), default="fused", help="with --model (default fused)")
+    prof.add_argument("--backend", choices=("eager", "fused", "transformers"), default="fused",
+                      help="with --model (default fused); transformers: the same weights run by HF transformers "
+                           "with its dynamic cache")
     prof.add_argument("--no-graphs", action="store_true", help="with --model: no CUDA graph for the decode step")
     prof.add_argument("--steps", type=_positive, default=5, metavar="N", help="with --model: steps (default 5)")
     prof.add_argument("--batch", type=_positive, default=1, metavar="N", help="with --model: batch (default 1)")
@@ -328,9 +330,17 @@ def _record_model_trace(args: argparse.Namespace) -> Path:
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, _, label = load(args.model, torch.bfloat16 if device == "cuda" else torch.float32, device)
-    model.backend = args.backend
     prompts = torch.randint(0, model.config.vocab_size, (args.batch, 32),
                             generator=torch.Generator().manual_seed(0)).tolist()
+    if args.backend == "transformers":  # HF's own decode loop on the same weights (views, no copy)
+        from .models.hf import decode_stepper, to_transformers
+
+        step = decode_stepper(to_transformers(model), torch.tensor(prompts, device=device))
+        step()  # the prefill, outside the profiled steps
+        out = args.trace_out or Path(f"profile-{label}-transformers.json")
+        profile_run(step, steps=args.steps, warmup=2, trace_path=out)
+        return out
+    model.backend = args.backend
     engine = Engine(model, max_seq=32 + args.steps + 16, max_batch=args.batch, graphs=not args.no_graphs)
     out = args.trace_out or Path(f"profile-{label}-{args.backend}{'-graphs' if engine.graphs else ''}.json")
     profile_run(engine.stepper(prompts, args.steps + 4), steps=args.steps, warmup=2, trace_path=out)

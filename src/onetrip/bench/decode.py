@@ -35,6 +35,7 @@ import torch
 from ..engine.budget import decode_budget
 from ..engine.generate import Engine
 from ..models import Model, get_config
+from ..models.hf import decode_stepper
 from ..profile.run import kernels_per_step
 
 PROVIDERS = ("transformers", "gpt-fast", "onetrip-eager", "onetrip-fused", "onetrip-graphs")
@@ -81,16 +82,7 @@ def run_transformers(hf, prompts: torch.Tensor, new_tokens: int):
     out, tn = gen(new_tokens)
     tokens = out[:, prompts.shape[1]:].tolist()
 
-    cache = {}
-
-    def step():  # one decode forward with the dynamic cache, for the kernel count
-        if "past" not in cache:
-            o = hf(ids, use_cache=True)
-            cache["past"], cache["tok"] = o.past_key_values, o.logits[:, -1:].argmax(-1)
-        o = hf(cache["tok"], past_key_values=cache["past"], use_cache=True)
-        cache["past"], cache["tok"] = o.past_key_values, o.logits[:, -1:].argmax(-1)
-
-    return tokens, t1, tn - t1, step
+    return tokens, t1, tn - t1, decode_stepper(hf, ids)  # one decode forward a call, for the kernel count
 
 
 def _static_loop(model: Model, prompts: torch.Tensor, new_tokens: int, decode_one: Callable, max_seq: int = 0):

@@ -40,3 +40,22 @@ def to_transformers(model: Model, attn_implementation: str = "sdpa"):
             if hasattr(child, "inv_freq"):
                 setattr(parent, child_name, type(child)(ref.config).to(model.device))
     return ref.to(model.device).eval()
+
+
+def decode_stepper(hf, ids: torch.Tensor):
+    """A zero-argument callable that runs one greedy decode step of a transformers causal
+    LM on ``ids`` (batch, prompt) with its dynamic KV cache: the first call prefills, each
+    call after it feeds the last token. For profilers (``onetrip profile --model X
+    --backend transformers``, ``bench decode``'s kernel count); the cache grows with each
+    call."""
+    state = {}
+
+    @torch.no_grad()
+    def step():
+        if "past" not in state:
+            o = hf(ids, use_cache=True)
+        else:
+            o = hf(state["tok"], past_key_values=state["past"], use_cache=True)
+        state["past"], state["tok"] = o.past_key_values, o.logits[:, -1:].argmax(-1)
+
+    return step
