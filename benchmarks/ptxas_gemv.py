@@ -1,0 +1,63 @@
+"""Registers and spills of the batch-1 GEMV variants, compiled for sm_90a without a GPU.
+
+    python benchmarks/ptxas_gemv.py        # needs triton (3.6 = the GPU image's) and CUDA's ptxas
+
+Triton compiles the kernel to PTX for a Hopper target on any machine; ptxas -v then gives
+the resource report the device would. A fused kernel that spills is unfused in disguise.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.pop("TRITON_INTERPRET", None)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+PTXAS = os.environ.get("PTXAS", "/usr/local/cuda/bin/ptxas")
+POINTERS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "y_ptr": "*bf16", "res_ptr": "*bf16",
+            "ss_out_ptr": "*fp32", "ss_in_ptr": "*fp32", "nw_ptr": "*bf16"}
+BASE = dict(HAS_BIAS=False, RES_OUT=False, NORM_IN=False, NORM_LATE=False, BLOCK_SS=512, SPLIT=False,
+            USE_DOT=False, EVEN_K=True, SILU_MUL=False, BLOCK_M=1, BLOCK_N=8, BLOCK_K=1024)
+VARIANTS = {  # (constexprs, num_warps): the engine's configs at batch 1 (_gemv_config)
+    "qkv/o/down plain, 8 x 1024": ({}, 8),
+    "qkv + RMSNorm prologue": ({"NORM_IN": True}, 8),
+    "qkv + RMSNorm, rsqrt late": ({"NORM_IN": True, "NORM_LATE": True}, 8),
+    "o + residual epilogue, 4 x 1024": ({"RES_OUT": True, "BLOCK_N": 4}, 8),
+    "down + SwiGLU prologue + residual, 4 x 1024": ({"RES_OUT": True, "SILU_MUL": True, "BLOCK_N": 4}, 8),
+    "gate_up / lm_head + RMSNorm, 16 x 256": ({"NORM_IN": True, "BLOCK_N": 16, "BLOCK_K": 256}, 4),
+}
+
+
+def report(fn, constexprs: dict, num_warps: int) -> str:
+    names = fn.arg_names
+    sig = {n: "constexpr" if n in constexprs else POINTERS.get(n, "fp32" if n == "eps" else "i32") for n in names}
+    src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in constexprs.items()})
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps}).asm["ptx"]
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(ptx)
+    err = subprocess.run([PTXAS, "--gpu-name", "sm_90a", "-v", f.name, "-o", os.devnull],
+                         capture_output=True, text=True).stderr
+    regs = next((ln.split("Used ")[1].split(" registers")[0] for ln in err.splitlines() if "registers" in ln), "?")
+    spill = next((ln.strip() for ln in err.splitlines() if "spill" in ln), "?")
+    return f"{regs} registers; {spill}"
+
+
+def main() -> int:
+    fn = importlib.import_module("onetrip.ops.skinny_matmul")._skinny_matmul_kernel
+    print(f"triton {triton.__version__}, sm_90a")
+    for label, (const, warps) in VARIANTS.items():
+        print(f"{label:46s} {warps} warps: {report(fn, {**BASE, **const}, warps)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
