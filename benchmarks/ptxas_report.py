@@ -1,6 +1,7 @@
-"""Registers and spills of the batch-1 GEMV variants, compiled for sm_90a without a GPU.
+"""Registers and spills of the engine's decode-step kernels, compiled for sm_90a without a GPU:
+the batch-1 GEMV variants and decode_attention's launch configs.
 
-    python benchmarks/ptxas_gemv.py        # needs triton (3.6 = the GPU image's) and CUDA's ptxas
+    python benchmarks/ptxas_report.py      # needs triton (3.6 = the GPU image's) and CUDA's ptxas
 
 Triton compiles the kernel to PTX for a Hopper target on any machine; ptxas -v then gives
 the resource report the device would. A fused kernel that spills is unfused in disguise.
@@ -24,7 +25,10 @@ from triton.compiler import ASTSource  # noqa: E402
 
 PTXAS = os.environ.get("PTXAS", "/usr/local/cuda/bin/ptxas")
 POINTERS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "y_ptr": "*bf16", "res_ptr": "*bf16",
-            "ss_out_ptr": "*fp32", "ss_in_ptr": "*fp32", "nw_ptr": "*bf16"}
+            "ss_out_ptr": "*fp32", "ss_in_ptr": "*fp32", "nw_ptr": "*bf16",  # the GEMV
+            "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "o_ptr": "*bf16", "seqlens_ptr": "*i32",
+            "table_ptr": "*i32", "ws_o_ptr": "*fp32", "ws_lse_ptr": "*fp32"}  # decode attention
+FLOATS = ("eps", "qk_scale", "softcap_log2")
 BASE = dict(HAS_BIAS=False, RES_OUT=False, NORM_IN=False, NORM_LATE=False, BLOCK_SS=512, SPLIT=False,
             USE_DOT=False, EVEN_K=True, SILU_MUL=False, BLOCK_M=1, BLOCK_N=8, BLOCK_K=1024)
 VARIANTS = {  # (constexprs, num_warps): the engine's configs at batch 1 (_gemv_config)
@@ -39,7 +43,7 @@ VARIANTS = {  # (constexprs, num_warps): the engine's configs at batch 1 (_gemv_
 
 def report(fn, constexprs: dict, num_warps: int) -> str:
     names = fn.arg_names
-    sig = {n: "constexpr" if n in constexprs else POINTERS.get(n, "fp32" if n == "eps" else "i32") for n in names}
+    sig = {n: "constexpr" if n in constexprs else POINTERS.get(n, "fp32" if n in FLOATS else "i32") for n in names}
     src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in constexprs.items()})
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps}).asm["ptx"]
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
@@ -51,11 +55,21 @@ def report(fn, constexprs: dict, num_warps: int) -> str:
     return f"{regs} registers; {spill}"
 
 
+# decode_attention at 32 query / 8 kv heads, q_len 1 (16 score rows: tl.dot's minimum), split-KV
+DECODE = dict(GROUP=4, Q_LEN=1, PAGED=False, PAGE_SIZE=1, SOFTCAP=False, HAS_WINDOW=False, SPLIT=True,
+              PRECISION="tf32", BLOCK_M=16, BLOCK_D=128)
+
+
 def main() -> int:
-    fn = importlib.import_module("onetrip.ops.skinny_matmul")._skinny_matmul_kernel
     print(f"triton {triton.__version__}, sm_90a")
+    fn = importlib.import_module("onetrip.ops.skinny_matmul")._skinny_matmul_kernel
     for label, (const, warps) in VARIANTS.items():
-        print(f"{label:46s} {warps} warps: {report(fn, {**BASE, **const}, warps)}")
+        print(f"GEMV {label:46s} {warps} warps: {report(fn, {**BASE, **const}, warps)}")
+    fn = importlib.import_module("onetrip.ops.decode_attention")._decode_kernel
+    for warps in (4, 8):
+        for block_n in (32, 64, 128):
+            print(f"decode_attention block_n {block_n:3d}{'':31s} {warps} warps: "
+                  f"{report(fn, {**DECODE, 'BLOCK_N': block_n}, warps)}")
     return 0
 
 
