@@ -71,8 +71,10 @@ def _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_
 
 @triton.jit
 def _store_y(y_ptr, h, mean, rstd, w, b, rows, cols, mask, stride_ym,
-             IS_RMS: tl.constexpr, GEMMA: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """y = norm(h) from its statistics (scalars, or (BLOCK_M, 1) columns), stored rounded."""
+             IS_RMS: tl.constexpr, GEMMA: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+             mean_lo=0.0, TWO_PART: tl.constexpr = False):
+    """y = norm(h) from its statistics (scalars, or (BLOCK_M, 1) columns), stored rounded.
+    TWO_PART: the mean is mean + mean_lo, kept as two float32s (see ``_mean_rstd``)."""
     if IS_RMS:
         y = h * rstd
         if HAS_WEIGHT:
@@ -81,7 +83,10 @@ def _store_y(y_ptr, h, mean, rstd, w, b, rows, cols, mask, stride_ym,
             else:  # Llama: round to x's dtype, then multiply by the weight
                 y = cast_out(y, y_ptr.dtype.element_ty).to(tl.float32) * w.to(tl.float32)[None, :]
     else:
-        y = (h - mean) * rstd
+        if TWO_PART:
+            y = ((h - mean) - mean_lo) * rstd
+        else:
+            y = (h - mean) * rstd
         if HAS_WEIGHT:
             y = y * w.to(tl.float32)[None, :]
         if HAS_BIAS:
@@ -92,23 +97,25 @@ def _store_y(y_ptr, h, mean, rstd, w, b, rows, cols, mask, stride_ym,
 
 @triton.jit
 def _mean_rstd(h, mask, N, eps, CORRECTED: tl.constexpr):
-    """Per-row mean and 1/sqrt(var + eps) of a (BLOCK_M, BLOCK_N) float32 tile.
+    """Per-row (mean, mean_lo, 1/sqrt(var + eps)) of a (BLOCK_M, BLOCK_N) float32 tile.
 
     mean = sum(h) / N, then var = sum((h - mean)^2) / N: two dependent reductions. The mean
     is off by float32's rounding of a sum of N values, which matters when |mean| >> std:
     rows 100 std from zero gave twice PyTorch's error on float32 outputs. CORRECTED (used
-    for float32 inputs) adds sum(h - mean) / N to the mean and subtracts its square from the
-    variance; the extra reduction cost a 16-bit LayerNorm up to 40% of its bandwidth on an
-    H200, whose rounding hides the error anyway, so 16-bit inputs skip it.
+    for float32 inputs) computes mean_lo = sum(h - mean) / N and subtracts its square from
+    the variance; the mean stays the pair (mean, mean_lo), because folded into one float32
+    near 100 it would again be off by up to half an ulp of 100 (3.8e-6: 2.3x PyTorch's
+    error on one seed in 40). The extra reduction cost a 16-bit LayerNorm up to 40% of its
+    bandwidth on an H200, whose rounding hides the error anyway, so 16-bit inputs skip it.
     """
     mean = tl.sum(h, axis=1) / N
     d = tl.where(mask, h - mean[:, None], 0.0)
     var = tl.sum(d * d, axis=1) / N
+    mean_lo = tl.zeros_like(mean)
     if CORRECTED:
-        c1 = tl.sum(d, axis=1) / N
-        mean += c1
-        var = tl.maximum(var - c1 * c1, 0.0)
-    return mean, tl.rsqrt(var + eps)
+        mean_lo = tl.sum(d, axis=1) / N
+        var = tl.maximum(var - mean_lo * mean_lo, 0.0)
+    return mean, mean_lo, tl.rsqrt(var + eps)
 
 
 @triton.jit
@@ -150,10 +157,12 @@ def _norm_kernel(
             mean = 0.0
             rstd = tl.rsqrt(tl.sum(h * h, axis=1) / N + eps)[:, None]  # (BLOCK_M, 1)
         else:
-            mean, rstd = _mean_rstd(h, mask, N, eps, x_ptr.dtype.element_ty == tl.float32)
+            mean, mean_lo, rstd = _mean_rstd(h, mask, N, eps, x_ptr.dtype.element_ty == tl.float32)
             mean = mean[:, None]
+            mean_lo = mean_lo[:, None]
             rstd = rstd[:, None]
-        _store_y(y_ptr, h, mean, rstd, w, b, rows, cols, mask, stride_ym, IS_RMS, GEMMA, HAS_WEIGHT, HAS_BIAS)
+        _store_y(y_ptr, h, mean, rstd, w, b, rows, cols, mask, stride_ym, IS_RMS, GEMMA, HAS_WEIGHT, HAS_BIAS,
+                 mean_lo if not IS_RMS else 0.0, TWO_PART=x_ptr.dtype.element_ty == tl.float32 and not IS_RMS)
     else:
         # -- split rows (BLOCK_M == 1): statistics are scalars. Keeping them scalar matters: a
         # (1, BLOCK_C) tensor of partials broadcast against the (1, BLOCK_N) chunk made the
