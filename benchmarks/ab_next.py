@@ -8,9 +8,10 @@
    0.2 us of the plain GEMV, because the partials' load no longer gates the first FMA.
 2. decode_attention launch configs against SDPA (enable_gqa) on the cells where it trails:
    batch 1 x 4K, 4 x 32K, 64 x 8K (contiguous, 32/8 heads, head dim 128): block_n 32/64/
-   128, 4/8 warps, the heuristic split count and half / twice it. Prediction: batch 1 x 4K
-   stays under 30% whatever the config (two launches and ~4 dependent round trips), the
-   large cells gain from 128-key tiles and 8 warps.
+   128, 4/8 warps, the heuristic split count and half / twice it, and each launch with
+   the merge inside the attention kernel (``DecodeConfig.fused_merge``). Prediction:
+   batch 1 x 4K stays under 30% with two launches and gains ~2 us (of ~19) fused; the
+   large cells gain from 128-key tiles and 8 warps (207 registers, no spills).
 
 Every variant is timed as one CUDA graph over enough input copies to pass 256 MiB (each
 call reads HBM), median of 15, per call; prints tables and writes ab-next.json.
@@ -95,7 +96,7 @@ def decode_ab(flush, copy, dev="cuda"):
             splits = max(1, min(int(base.num_splits * mult), -(-ctx // bn)))
             cfg = da.DecodeConfig(bn, w, splits)
             outs = [torch.empty_like(q) for q, _, _ in sets]
-            calls = [lambda q=q, k=k, v=v, o=o: da._launch(q, k, v, lens, None, o, D ** -0.5, -1, 0.0, cfg)
+            calls = [lambda q=q, k=k, v=v, o=o, cfg=cfg: da._launch(q, k, v, lens, None, o, D ** -0.5, -1, 0.0, cfg)
                      for (q, k, v), o in zip(sets, outs)]
             try:
                 calls[0]()
@@ -106,6 +107,20 @@ def decode_ab(flush, copy, dev="cuda"):
                 continue
             results.append({"cfg": [bn, w, splits], "us": us, "pct_of_copy": 100 * nbytes / (us * 1e3) / copy,
                             "max_diff": err})
+            if mult == 1:  # the same launch with the merge inside the attention kernel
+                cfg = da.DecodeConfig(bn, w, splits, fused_merge=True)
+                calls = [lambda q=q, k=k, v=v, o=o, cfg=cfg: da._launch(q, k, v, lens, None, o, D ** -0.5, -1, 0.0,
+                                                                          cfg)
+                         for (q, k, v), o in zip(sets, outs)]
+                try:
+                    calls[0]()
+                    err = (outs[0].float() - ref.float()).abs().max().item()
+                    us = 1e3 * time_per_call(calls, flush)
+                except Exception as exc:  # noqa: BLE001 - recorded
+                    results.append({"cfg": [bn, w, splits, "fused-merge"], "error": str(exc)[:160]})
+                    continue
+                results.append({"cfg": [bn, w, splits, "fused-merge"], "us": us,
+                                "pct_of_copy": 100 * nbytes / (us * 1e3) / copy, "max_diff": err})
         ok = sorted((r for r in results if "us" in r), key=lambda r: r["us"])
         row["configs"] = results
         rows.append(row)

@@ -26,31 +26,9 @@ range compiles without the index comparisons and `where`s.
 import triton
 import triton.language as tl
 
-from ._common import is_interpreting
-from ._jit import cast_out
-
-# Triton's interpreter stores bfloat16 as uint16 and its tl.dot multiplies those integers;
-# under it, bf16 operands are widened to float32 first (exact, and the product accumulates
-# in float32 as on the GPU). On a GPU the bf16 tensor-core product is used.
-_INTERPRETED_BF16_DOT = tl.constexpr(is_interpreting())
+from ._jit import cast_out, dot_f32, tanh
 
 LOG2E = 1.4426950408889634  # folded into the scale on the host
-
-
-@triton.jit
-def _tanh(x):
-    # tanh(x) = 2 sigmoid(2x) - 1: Triton's core language has no tanh (libdevice's is
-    # GPU-only). Absolute error ~1e-7 in float32, far below a 16-bit output's ulp.
-    return 2.0 * tl.sigmoid(2.0 * x) - 1.0
-
-
-@triton.jit
-def _dot(a, b, DOT_PRECISION: tl.constexpr):
-    """a @ b accumulated in float32."""
-    if _INTERPRETED_BF16_DOT and a.dtype == tl.bfloat16:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    else:
-        return tl.dot(a, b, input_precision=DOT_PRECISION)
 
 
 @triton.jit
@@ -97,9 +75,9 @@ def _attn_tile(acc, m_i, l_i, q, k_base, v_base, n0, offs_m, offs_n, offs_d,
     n64 = n.to(tl.int64)[:, None]
     k = tl.load(k_base + n64 * stride_ks + offs_d[None, :], mask=kv_mask, other=0.0)  # (BLOCK_N, BLOCK_D)
     v = tl.load(v_base + n64 * stride_vs + offs_d[None, :], mask=kv_mask, other=0.0)
-    s = _dot(q, tl.trans(k), DOT_PRECISION)  # (BLOCK_M, BLOCK_N) float32
+    s = dot_f32(q, tl.trans(k), DOT_PRECISION)  # (BLOCK_M, BLOCK_N) float32
     if HAS_SOFTCAP:  # cap * tanh(scale * qk / cap), in log2 units: cap_in = scale / cap, cap_out = cap * log2(e)
-        s = cap_out * _tanh(s * cap_in)
+        s = cap_out * tanh(s * cap_in)
     else:
         s = s * qk_scale
     if MASKED:  # the softcap comes first: masking is applied to the capped scores
@@ -118,7 +96,7 @@ def _attn_tile(acc, m_i, l_i, q, k_base, v_base, n0, offs_m, offs_n, offs_d,
     l_i = l_i * alpha + tl.sum(p, axis=1)
     # p is rounded to v's dtype for the tensor-core product (values in [0, 1]; the row sum
     # l above uses the unrounded p). cast_out: the interpreter's own bf16 cast truncates.
-    acc = acc * alpha[:, None] + _dot(cast_out(p, v.dtype), v, DOT_PRECISION)
+    acc = acc * alpha[:, None] + dot_f32(cast_out(p, v.dtype), v, DOT_PRECISION)
     return acc, m_new, l_i
 
 

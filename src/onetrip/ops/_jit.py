@@ -1,4 +1,5 @@
-"""@triton.jit helpers shared by the kernels: activations in float32 and the final cast."""
+"""@triton.jit helpers shared by the kernels: activations in float32, tanh, the attention
+kernels' tensor-core product, and the final cast."""
 
 import triton
 import triton.language as tl
@@ -55,3 +56,36 @@ def row_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     cols = (pid % n_col_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (rows < M)[:, None] & (cols < N)[None, :]
     return rows.to(tl.int64), cols, mask
+
+
+# Triton's interpreter multiplies bfloat16 tiles wrongly in tl.dot (it stores them as
+# uint16: errors of 1e10 on unit-normal inputs), so under it the operands are widened to
+# float32 first: exact products accumulated in float32, which is what the tensor cores do.
+_INTERPRETED_DOT = tl.constexpr(is_interpreting())
+
+
+@triton.jit
+def dot_f32(a, b, PRECISION: tl.constexpr):
+    """a @ b accumulated in float32 (``PRECISION``: "ieee" for float32 operands, else "tf32")."""
+    if _INTERPRETED_DOT:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(a, b, input_precision=PRECISION)
+
+
+@triton.jit
+def tanh(x):
+    """tanh of float32 ``x`` from exp (libdevice's tanh is not in the interpreter).
+
+    (1 - e) / (1 + e) with e = exp(-2|x|) loses relative accuracy as |x| -> 0 (1 - e
+    cancels), so below 0.25 an odd Taylor polynomial is used; its first omitted term is
+    below 1e-10 there.
+    """
+    a = tl.abs(x)
+    e = tl.exp(-2.0 * a)
+    big = (1.0 - e) / (1.0 + e)
+    x2 = x * x
+    poly = -17.0 / 315 + x2 * (62.0 / 2835 + x2 * (-1382.0 / 155925))
+    small = a * (1.0 + x2 * (-1.0 / 3 + x2 * (2.0 / 15 + x2 * poly)))
+    t = tl.where(a < 0.25, small, big)
+    return tl.where(x < 0, -t, t)

@@ -39,42 +39,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (check_dtype_match, check_same_device, check_shape, check_tensor, is_interpreting, output,
+from ._common import (check_dtype_match, check_same_device, check_shape, check_tensor, output,
                       sm_count, use_triton)
-from ._jit import cast_out
+from ._jit import cast_out, dot_f32, tanh
 
 LOG2E = 1.4426950408889634
 MAX_Q_LEN = 16
-# Triton's interpreter multiplies bfloat16 tiles wrongly in tl.dot (errors of 1e10 on
-# unit-normal inputs), so under it the operands are upcast to float32 first: exact products
-# accumulated in float32, which is what the tensor cores do.
-_INTERPRETED_DOT = tl.constexpr(is_interpreting())
-
-
-@triton.jit
-def _tanh(x):
-    """tanh of float32 ``x`` from exp (libdevice's tanh is not in the interpreter).
-
-    (1 - e) / (1 + e) with e = exp(-2|x|) loses relative accuracy as |x| -> 0 (1 - e
-    cancels), so below 0.25 an odd Taylor polynomial is used; its first omitted term is
-    below 1e-10 there.
-    """
-    a = tl.abs(x)
-    e = tl.exp(-2.0 * a)
-    big = (1.0 - e) / (1.0 + e)
-    x2 = x * x
-    poly = -17.0 / 315 + x2 * (62.0 / 2835 + x2 * (-1382.0 / 155925))
-    small = a * (1.0 + x2 * (-1.0 / 3 + x2 * (2.0 / 15 + x2 * poly)))
-    t = tl.where(a < 0.25, small, big)
-    return tl.where(x < 0, -t, t)
-
-
-@triton.jit
-def _dot(a, b, PRECISION: tl.constexpr):
-    if _INTERPRETED_DOT:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    else:
-        return tl.dot(a, b, input_precision=PRECISION)
 
 
 @triton.jit
@@ -82,6 +52,7 @@ def _decode_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr,        # q, out (B, Q_LEN, H, D); caches (blocks, block_size, KVH, D)
     seqlens_ptr, table_ptr,            # (B,) int32; (B, max_blocks) int32 when PAGED
     ws_o_ptr, ws_lse_ptr,              # SPLIT: (B * KVH, S, GROUP * Q_LEN, D) and (B * KVH, S, GROUP * Q_LEN) fp32
+    sem_ptr,                           # FUSED_MERGE: (B * KVH,) int32 arrival counters, zero between calls
     kv_heads, num_splits, head_dim,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
@@ -94,6 +65,8 @@ def _decode_kernel(
     SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, SPLIT: tl.constexpr,
     PRECISION: tl.constexpr,                        # "ieee" for float32 (no TF32), else "tf32"
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    FUSED_MERGE: tl.constexpr = False,  # the last split of a (b, kvh) to finish merges all of them
+    BLOCK_S: tl.constexpr = 1, CHUNK_S: tl.constexpr = 1,
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -144,9 +117,9 @@ def _decode_kernel(
         # (batch 1, 4K context, 33 splits) these round trips are most of the kernel.
         v_off = blk.to(tl.int64) * stride_vb + slot * stride_vs + kvh * stride_vh
         v = tl.load(v_ptr + v_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        s = _dot(q, tl.trans(k), PRECISION)  # (BLOCK_M, BLOCK_N) float32
+        s = dot_f32(q, tl.trans(k), PRECISION)  # (BLOCK_M, BLOCK_N) float32
         if SOFTCAP:  # qk_scale = scale / softcap, softcap_log2 = softcap * log2(e)
-            s = softcap_log2 * _tanh(s * qk_scale)
+            s = softcap_log2 * tanh(s * qk_scale)
         else:        # qk_scale = scale * log2(e)
             s = s * qk_scale
         visible = j_ok[None, :] & (j[None, :] <= qpos[:, None])
@@ -161,7 +134,7 @@ def _decode_kernel(
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         # P rounded to V's dtype for the tensor-core product, as FlashAttention does.
-        acc = acc * alpha[:, None] + _dot(cast_out(p, v_ptr.dtype.element_ty), v, PRECISION)
+        acc = acc * alpha[:, None] + dot_f32(cast_out(p, v_ptr.dtype.element_ty), v, PRECISION)
         m_i = m_new
 
     o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # rows with no visible key: 0
@@ -170,10 +143,57 @@ def _decode_kernel(
         rows = (pid.to(tl.int64) * num_splits + split) * (GROUP * Q_LEN) + r
         tl.store(ws_lse_ptr + rows, lse, mask=row_ok)
         tl.store(ws_o_ptr + rows[:, None] * head_dim + d[None, :], o, mask=row_ok[:, None] & d_ok[None, :])
+        if FUSED_MERGE:
+            # The same handshake as the norm's cooperative mode: every thread's partials are
+            # issued (barrier), then released with the counter update; the program that
+            # arrives last acquires them all, merges (loads bypassing L1), and re-arms the
+            # counter for the next call or graph replay. Saves the merge kernel's launch.
+            tl.debug_barrier()
+            arrived = tl.atomic_add(sem_ptr + pid, 1, sem="acq_rel")
+            if arrived == num_splits - 1:
+                base = pid.to(tl.int64) * num_splits * (GROUP * Q_LEN)
+                y = _merge_rows(ws_o_ptr, ws_lse_ptr, base, r, row_ok, num_splits, head_dim,
+                                GROUP * Q_LEN, BLOCK_S, BLOCK_M, BLOCK_D, CHUNK_S, True)
+                o_off = b.to(tl.int64) * stride_ob + i * stride_os + (kvh * GROUP + g) * stride_oh
+                tl.store(o_ptr + o_off[:, None] + d[None, :], cast_out(y, o_ptr.dtype.element_ty),
+                         mask=row_ok[:, None] & d_ok[None, :])
+                tl.atomic_xchg(sem_ptr + pid, 0)
     else:
         o_off = b.to(tl.int64) * stride_ob + i * stride_os + (kvh * GROUP + g) * stride_oh
         tl.store(o_ptr + o_off[:, None] + d[None, :], cast_out(o, o_ptr.dtype.element_ty),
                  mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _merge_rows(ws_o_ptr, ws_lse_ptr, base, r, r_ok, num_splits, head_dim,
+                GQ: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                CHUNK_S: tl.constexpr, VOLATILE: tl.constexpr):
+    """Rows r of one (b, kvh)'s split partials merged: (BLOCK_R, BLOCK_D) float32.
+
+    The splits' log-sum-exps load as one (BLOCK_S, BLOCK_R) tile, then their partial outputs
+    CHUNK_S splits at a time as a (CHUNK_S, BLOCK_R, D) tile. One split per iteration made
+    the loop a chain of dependent L2 round trips: 33 splits (batch 1, 4K context, 8 kv
+    heads) took ~15 us, for 70 KB. VOLATILE: written by other programs of the same launch.
+    """
+    sp = tl.arange(0, BLOCK_S)
+    lse = tl.load(ws_lse_ptr + base + sp[:, None] * GQ + r[None, :], mask=(sp < num_splits)[:, None] & r_ok[None, :],
+                  other=float("-inf"), volatile=VOLATILE)
+    m = tl.max(lse, axis=0)
+    m = tl.where(m == float("-inf"), 0.0, m)  # rows no split saw: weights all 0, output 0
+    den = tl.sum(tl.exp2(lse - m[None, :]), axis=0)
+    d = tl.arange(0, BLOCK_D)
+    acc = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
+    c = tl.arange(0, CHUNK_S)
+    for s0 in range(0, num_splits, CHUNK_S):
+        sc_ok = (s0 + c) < num_splits
+        rows = base + (s0 + c)[:, None] * GQ + r[None, :]                      # (CHUNK_S, BLOCK_R)
+        ok = sc_ok[:, None] & r_ok[None, :]
+        w = tl.exp2(tl.load(ws_lse_ptr + rows, mask=ok, other=float("-inf"), volatile=VOLATILE) - m[None, :])
+        o = tl.load(ws_o_ptr + rows[:, :, None] * head_dim + d[None, None, :],
+                    mask=ok[:, :, None] & (d < head_dim)[None, None, :], other=0.0,
+                    volatile=VOLATILE)                                           # (CHUNK_S, BLOCK_R, D)
+        acc += tl.sum(w[:, :, None] * o, axis=0)                                # empty splits weigh 0
+    return acc / tl.where(den > 0.0, den, 1.0)[:, None]
 
 
 @triton.jit
@@ -185,10 +205,7 @@ def _merge_kernel(
     BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
     CHUNK_S: tl.constexpr,             # splits whose partial outputs load as one tile
 ):
-    # One program per BLOCK_R output rows of one (b, kvh): the splits' log-sum-exps as one
-    # (BLOCK_S, BLOCK_R) tile, then their partial outputs CHUNK_S splits at a time as a
-    # (CHUNK_S, BLOCK_R, D) tile. One split per iteration made the loop a chain of dependent
-    # L2 round trips: 33 splits (batch 1, 4K context, 8 kv heads) took ~15 us, for 70 KB.
+    # One program per BLOCK_R output rows of one (b, kvh).
     GQ: tl.constexpr = GROUP * Q_LEN
     n_rblocks: tl.constexpr = (GQ + BLOCK_R - 1) // BLOCK_R
     pid = tl.program_id(0)
@@ -197,26 +214,11 @@ def _merge_kernel(
     r_ok = r < GQ
     b = bk // kv_heads
     kvh = bk % kv_heads
-    sp = tl.arange(0, BLOCK_S)
     base = bk.to(tl.int64) * num_splits * GQ
-    lse = tl.load(ws_lse_ptr + base + sp[:, None] * GQ + r[None, :], mask=(sp < num_splits)[:, None] & r_ok[None, :],
-                  other=float("-inf"))
-    m = tl.max(lse, axis=0)
-    m = tl.where(m == float("-inf"), 0.0, m)  # rows no split saw: weights all 0, output 0
-    den = tl.sum(tl.exp2(lse - m[None, :]), axis=0)
+    y = _merge_rows(ws_o_ptr, ws_lse_ptr, base, r, r_ok, num_splits, head_dim, GQ, BLOCK_S, BLOCK_R, BLOCK_D,
+                    CHUNK_S, False)
     d = tl.arange(0, BLOCK_D)
     mask = r_ok[:, None] & (d < head_dim)[None, :]
-    acc = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
-    c = tl.arange(0, CHUNK_S)
-    for s0 in range(0, num_splits, CHUNK_S):
-        sc_ok = (s0 + c) < num_splits
-        rows = base + (s0 + c)[:, None] * GQ + r[None, :]                      # (CHUNK_S, BLOCK_R)
-        ok = sc_ok[:, None] & r_ok[None, :]
-        w = tl.exp2(tl.load(ws_lse_ptr + rows, mask=ok, other=float("-inf")) - m[None, :])  # 0: empty split
-        o = tl.load(ws_o_ptr + rows[:, :, None] * head_dim + d[None, None, :],
-                    mask=ok[:, :, None] & (d < head_dim)[None, None, :], other=0.0)    # (CHUNK_S, BLOCK_R, D)
-        acc += tl.sum(w[:, :, None] * o, axis=0)
-    y = acc / tl.where(den > 0.0, den, 1.0)[:, None]
     o_off = b.to(tl.int64) * stride_ob + (r // GROUP) * stride_os + (kvh * GROUP + r % GROUP) * stride_oh
     tl.store(o_ptr + o_off[:, None] + d[None, :], cast_out(y, o_ptr.dtype.element_ty), mask=mask)
 
@@ -228,6 +230,7 @@ class DecodeConfig:
     block_n: int
     num_warps: int
     num_splits: int
+    fused_merge: bool = False  # merge the splits in the attention kernel (no second launch)
 
 
 def decode_config(batch: int, kv_heads: int, max_seq: int, head_dim: int, device: torch.device, *,
@@ -252,6 +255,20 @@ def _default_config(q, k_cache, block_table, num_splits: int = 0) -> DecodeConfi
     return cfg if num_splits <= 0 else DecodeConfig(cfg.block_n, cfg.num_warps, num_splits)
 
 
+_SEMAPHORES: dict = {}
+
+
+def _semaphores(device: torch.device, n: int) -> torch.Tensor:
+    """(n,) int32 arrival counters for the fused merge, zeroed once and re-armed by the
+    kernel itself, so a call adds no memset. One per (device, size): two fused-merge calls
+    of one size must not run concurrently on different streams. Allocated inside a graph
+    capture, it comes from the graph's pool with its zeroing captured (still correct)."""
+    key = (device, n)
+    if key not in _SEMAPHORES:
+        _SEMAPHORES[key] = torch.zeros(n, dtype=torch.int32, device=device)
+    return _SEMAPHORES[key]
+
+
 def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale: float, window_left: int,
             softcap: float, config: DecodeConfig | None = None):
     """Launch on validated tensors (last dims unit stride). Returns the compiled attention
@@ -274,8 +291,12 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale:
         qk_scale, softcap_log2 = softmax_scale * LOG2E, 0.0
     block_m = max(16, triton.next_power_of_2(group * Q))  # tl.dot needs 16 rows at least
     block_d = max(16, triton.next_power_of_2(D))
+    fused = S > 1 and cfg.fused_merge
+    # (CHUNK_S, rows, D) float32 merge tiles of at most 4096 values: 32 a thread at 4 warps.
+    chunk = lambda rows: max(1, min(triton.next_power_of_2(S), 4096 // (rows * block_d)))  # noqa: E731
     kernel = _decode_kernel[(B * KVH, S)](
         q, k_cache, v_cache, out, cache_seqlens, block_table if paged else cache_seqlens, ws_o, ws_lse,
+        _semaphores(q.device, B * KVH) if fused else cache_seqlens,
         KVH, S, D,
         *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *out.stride()[:3],
         block_table.stride(0) if paged else 0,
@@ -284,15 +305,14 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale:
         SOFTCAP=softcap > 0, HAS_WINDOW=window_left >= 0, SPLIT=S > 1,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, num_warps=cfg.num_warps,
+        FUSED_MERGE=fused, BLOCK_S=triton.next_power_of_2(S) if fused else 1, CHUNK_S=chunk(block_m) if fused else 1,
     )
-    if S > 1:
+    if S > 1 and not fused:
         block_r = min(triton.next_power_of_2(group * Q), 16)
-        # (CHUNK_S, BLOCK_R, D) float32 tiles of at most 4096 values: 32 a thread at 4 warps.
-        chunk = max(1, min(triton.next_power_of_2(S), 4096 // (block_r * block_d)))
         _merge_kernel[(B * KVH * triton.cdiv(group * Q, block_r),)](
             ws_o, ws_lse, out, KVH, S, D, *out.stride()[:3],
             GROUP=group, Q_LEN=Q, BLOCK_R=block_r, BLOCK_S=triton.next_power_of_2(S), BLOCK_D=block_d,
-            CHUNK_S=chunk, num_warps=4,
+            CHUNK_S=chunk(block_r), num_warps=4,
         )
     return kernel
 
