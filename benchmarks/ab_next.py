@@ -92,35 +92,25 @@ def decode_ab(flush, copy, dev="cuda"):
         row["sdpa_us"] = 1e3 * time_per_call(sdpa, flush)
         ref = da.decode_attention(*sets[0], lens)
         results = []
-        for bn, w, mult in itertools.product((32, 64, 128), (4, 8), (0.5, 1, 2)):
-            splits = max(1, min(int(base.num_splits * mult), -(-ctx // bn)))
-            cfg = da.DecodeConfig(bn, w, splits)
+
+        def timed(cfg, label):
+            """One launch config on every input set: its record (time per call or the error)."""
             outs = [torch.empty_like(q) for q, _, _ in sets]
-            calls = [lambda q=q, k=k, v=v, o=o, cfg=cfg: da._launch(q, k, v, lens, None, o, D ** -0.5, -1, 0.0, cfg)
+            calls = [lambda q=q, k=k, v=v, o=o: da._launch(q, k, v, lens, None, o, D ** -0.5, -1, 0.0, cfg)
                      for (q, k, v), o in zip(sets, outs)]
             try:
                 calls[0]()
                 err = (outs[0].float() - ref.float()).abs().max().item()
                 us = 1e3 * time_per_call(calls, flush)
             except Exception as exc:  # noqa: BLE001 - recorded
-                results.append({"cfg": [bn, w, splits], "error": str(exc)[:160]})
-                continue
-            results.append({"cfg": [bn, w, splits], "us": us, "pct_of_copy": 100 * nbytes / (us * 1e3) / copy,
-                            "max_diff": err})
+                return {"cfg": label, "error": str(exc)[:160]}
+            return {"cfg": label, "us": us, "pct_of_copy": 100 * nbytes / (us * 1e3) / copy, "max_diff": err}
+
+        for bn, w, mult in itertools.product((32, 64, 128), (4, 8), (0.5, 1, 2)):
+            splits = max(1, min(int(base.num_splits * mult), -(-ctx // bn)))
+            results.append(timed(da.DecodeConfig(bn, w, splits), [bn, w, splits]))
             if mult == 1:  # the same launch with the merge inside the attention kernel
-                cfg = da.DecodeConfig(bn, w, splits, fused_merge=True)
-                calls = [lambda q=q, k=k, v=v, o=o, cfg=cfg: da._launch(q, k, v, lens, None, o, D ** -0.5, -1, 0.0,
-                                                                          cfg)
-                         for (q, k, v), o in zip(sets, outs)]
-                try:
-                    calls[0]()
-                    err = (outs[0].float() - ref.float()).abs().max().item()
-                    us = 1e3 * time_per_call(calls, flush)
-                except Exception as exc:  # noqa: BLE001 - recorded
-                    results.append({"cfg": [bn, w, splits, "fused-merge"], "error": str(exc)[:160]})
-                    continue
-                results.append({"cfg": [bn, w, splits, "fused-merge"], "us": us,
-                                "pct_of_copy": 100 * nbytes / (us * 1e3) / copy, "max_diff": err})
+                results.append(timed(da.DecodeConfig(bn, w, splits, fused_merge=True), [bn, w, splits, "fused-merge"]))
         ok = sorted((r for r in results if "us" in r), key=lambda r: r["us"])
         row["configs"] = results
         rows.append(row)
