@@ -26,7 +26,7 @@ from typing import Optional
 import torch
 
 from .engine.budget import decode_budget
-from .engine.generate import Engine
+from .engine.generate import Engine, common_prefix
 from .models import Model, get_config
 from .profile import TraceReport, draw_timelines
 from .profile import run as profile_run
@@ -153,8 +153,7 @@ def run_demo(out_dir: Path = Path("demo"), preset: Optional[str] = None, new_tok
         con.print(f"{mode} ...")
         row, tokens = run_mode(model, mode, backend, graphs, prompts, new_tokens, out_dir, bandwidth)
         first = first or tokens
-        prefix = next((i for i, (a, b) in enumerate(zip(tokens[0], first[0])) if a != b), min(len(tokens[0]), len(first[0])))
-        rows.append(ModeResult(**{**asdict(row), "same_prefix": prefix}))
+        rows.append(ModeResult(**{**asdict(row), "same_prefix": common_prefix(tokens[0], first[0])}))
 
     table = Table(title=f"onetrip demo: {preset}, batch 1, {new_tokens} new tokens, {str(dtype)[6:]}, "
                         f"{torch.cuda.get_device_name() if gpu else 'CPU'}")

@@ -335,7 +335,7 @@ def run_attention_check(dtype: torch.dtype, console=None) -> int:
     from . import report
 
     console = console or report.console()
-    rows, failed = [], 0
+    rows = []
     for cell in CHECK_CELLS:
         q, k, v = make_inputs(cell, dtype, "cpu", torch.Generator().manual_seed(0))
         try:
@@ -345,14 +345,9 @@ def run_attention_check(dtype: torch.dtype, console=None) -> int:
             row = (rep.max_err, rep.bound, "ok" if rep.ok else f"FAIL {rep}")
         except Exception as exc:  # noqa: BLE001 - a crash is a failed check, shown in the table
             row = (None, None, f"FAIL {harness.error_string(exc)}")
-        failed += row[2] != "ok"
         rows.append(("flash_attention", cell.label, DTYPE_NAMES[dtype], *row))
-    report.print_check_table(console, rows)
-    console.print("Timings need a CUDA GPU. This machine has none, so onetrip's flash_attention was only checked "
-                  "against its reference, through Triton's interpreter.")
-    print(json.dumps({"bench": "attention-check", "dtype": DTYPE_NAMES[dtype], "checks": len(rows),
-                      "failed": failed}), flush=True)
-    return 1 if failed else 0
+    return report.finish_check(console, rows, "attention-check", DTYPE_NAMES[dtype],
+                               "onetrip's flash_attention was only checked against its reference")
 
 
 __all__ = ["AttnCell", "CHECK_CELLS", "DTYPES", "PROVIDERS", "bench_cell", "cells", "eager_peak_estimate", "flops",

@@ -35,6 +35,7 @@ import torch
 from ..engine.budget import decode_budget
 from ..engine.generate import Engine
 from ..models import Model, get_config
+from ..engine.generate import common_prefix
 from ..models.hf import decode_stepper
 from ..profile.run import kernels_per_step
 
@@ -183,7 +184,7 @@ def bench_case(case: DecodeCase, model: Model, hf, providers, bandwidth: Optiona
             ref_tokens = toks
         same = sum(a == b for ra, rb in zip(toks, ref_tokens) for a, b in zip(ra, rb))
         rec["tokens_agree"] = same / max(1, sum(len(r) for r in ref_tokens))  # vs the first provider
-        rec["same_prefix"] = min(_common_prefix(ra, rb) for ra, rb in zip(toks, ref_tokens))
+        rec["same_prefix"] = min(common_prefix(ra, rb) for ra, rb in zip(toks, ref_tokens))
         if profile and model.device.type == "cuda":
             try:
                 rec["kernels_per_step"], rec["graph_kernels_per_step"] = kernels_per_step(step)
@@ -320,13 +321,3 @@ def check_decode(con=None, new_tokens: int = 12) -> int:
     con.print("[yellow]No CUDA GPU: gpt-fast (torch.compile + CUDA graphs) and onetrip-graphs need one, and so do "
               "timings. Run `onetrip bench decode` on a GPU.[/]")
     return 1 if bad else 0
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    """How many leading tokens two generations share."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n

@@ -526,7 +526,7 @@ def run_decode_check(console=None, dtype: torch.dtype = DTYPE) -> int:
     from . import report
 
     console = console or report.console()
-    rows, failed = [], 0
+    rows = []
     for cell in CHECK_CELLS:
         try:
             results = [(name, rep.max_err, rep.bound, "ok" if rep.ok else f"FAIL {rep}")
@@ -534,11 +534,6 @@ def run_decode_check(console=None, dtype: torch.dtype = DTYPE) -> int:
         except Exception as exc:  # noqa: BLE001 - a crash is a failed check, shown in the table
             results = [(cell.kind, None, None, f"FAIL {harness.error_string(exc)}")]
         for name, err, bound, verdict in results:
-            failed += verdict != "ok"
             rows.append((name, cell.label, DTYPE_NAMES[dtype], err, bound, verdict))
-    report.print_check_table(console, rows)
-    console.print("Timings need a CUDA GPU. This machine has none, so onetrip's decode_attention and append_kv were "
-                  "only checked against their references, through Triton's interpreter.")
-    print(json.dumps({"bench": "decode-attention-check", "dtype": DTYPE_NAMES[dtype], "checks": len(rows),
-                      "failed": failed}), flush=True)
-    return 1 if failed else 0
+    return report.finish_check(console, rows, "decode-attention-check", DTYPE_NAMES[dtype],
+                               "onetrip's decode_attention and append_kv were only checked against their references")

@@ -260,7 +260,7 @@ def run_gemv_check(console=None) -> int:
     console = console or report.console()
     cases = [(p, m) for p in projections(["tiny"]) for m in (1, 3)]
     cases += [(Projection("-", "awkward", n, k, bias=m == 3), m) for m, n, k in CHECK_SHAPES]
-    rows, failed = [], 0
+    rows = []
     gen = torch.Generator().manual_seed(0)
     for proj, m in cases:
         x, w, b = _inputs(proj, m, torch.bfloat16, "cpu", gen)
@@ -268,11 +268,7 @@ def run_gemv_check(console=None) -> int:
             result = _check(x, w, b, skinny_matmul(x, w, b))
         except Exception as exc:  # noqa: BLE001 - a crash is a failed check, shown in the table
             result = {"ok": False, "max_err": None, "bound": None, "check_report": harness.error_string(exc)}
-        failed += not result["ok"]
         rows.append(("skinny_matmul", f"{proj.preset} {proj.label} M={m}", "bfloat16", result["max_err"],
                      result["bound"], "ok" if result["ok"] else f"FAIL {result['check_report']}"))
-    report.print_check_table(console, rows)
-    console.print("Timings need a CUDA GPU. This machine has none, so skinny_matmul was only checked "
-                  "against F.linear, through Triton's interpreter.")
-    print(json.dumps({"bench": "gemv-check", "dtype": "bfloat16", "checks": len(rows), "failed": failed}), flush=True)
-    return 1 if failed else 0
+    return report.finish_check(console, rows, "gemv-check", "bfloat16",
+                               "skinny_matmul was only checked against F.linear")

@@ -210,7 +210,7 @@ def run_ops_check(ops: Sequence[str] | None, dtype: torch.dtype, console=None) -
     from . import report
 
     console = console or report.console()
-    rows, failed = [], 0
+    rows = []
     for case in select(ops):
         if not onetrip_has(case):
             rows.append((case.name, "—", DTYPE_NAMES[dtype], None, None, "not written yet"))
@@ -222,12 +222,7 @@ def run_ops_check(ops: Sequence[str] | None, dtype: torch.dtype, console=None) -
                 result = check_accuracy(case, case.ref(), inputs, _outputs(case.fused(*inputs)), shape.fields()["rows"])
             except Exception as exc:  # noqa: BLE001 - a crash is a failed check, shown in the table
                 result = {"ok": False, "max_err": None, "bound": None, "report": harness.error_string(exc)}
-            failed += not result["ok"]
             rows.append((case.name, shape.label, DTYPE_NAMES[dtype], result["max_err"], result["bound"],
                          "ok" if result["ok"] else f"FAIL {result['report']}"))
-    report.print_check_table(console, rows)
-    console.print("Timings need a CUDA GPU. This machine has none, so onetrip's kernels were only checked "
-                  "against their references, through Triton's interpreter.")
-    print(json.dumps({"bench": "ops-check", "dtype": DTYPE_NAMES[dtype], "checks": len(rows), "failed": failed}),
-          flush=True)
-    return 1 if failed else 0
+    return report.finish_check(console, rows, "ops-check", DTYPE_NAMES[dtype],
+                               "onetrip's kernels were only checked against their references")

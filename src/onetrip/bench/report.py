@@ -73,6 +73,19 @@ def print_check_table(con, rows: list[tuple]) -> None:
     con.print(table)
 
 
+def finish_check(con, rows: list[tuple], bench: str, dtype: str, checked: str) -> int:
+    """The end of every bench's CPU check: the table, what was (and was not) done, the JSON
+    summary line scripts read, and the exit status. ``checked`` completes "This machine has
+    none, so ..." (e.g. "skinny_matmul was only checked against F.linear")."""
+    import json
+
+    failed = sum(r[5].startswith("FAIL") for r in rows)  # "not written yet" is no failure
+    print_check_table(con, rows)
+    con.print(f"Timings need a CUDA GPU. This machine has none, so {checked}, through Triton's interpreter.")
+    print(json.dumps({"bench": bench, "dtype": dtype, "checks": len(rows), "failed": failed}), flush=True)
+    return 1 if failed else 0
+
+
 def _geomean(values: list[float]) -> float | None:
     return math.exp(sum(map(math.log, values)) / len(values)) if values else None
 

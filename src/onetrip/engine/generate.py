@@ -40,6 +40,16 @@ from ..models.llama import KVCache, Model
 from .sampling import SamplingParams, sample
 
 
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two generations share (where greedy runs first differ)."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 @dataclass(frozen=True)
 class GenerationResult:
     """What ``Engine.generate`` produced and how long it took.

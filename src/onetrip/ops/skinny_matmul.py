@@ -42,6 +42,7 @@ from ._common import (
     use_triton,
 )
 from ._jit import cast_out
+from .glu import silu_mul as glu_silu_mul  # the unfused path of silu_mul_matmul
 
 MAX_ROWS = 32  # above this many rows, F.linear (cuBLAS) runs instead
 
@@ -405,8 +406,7 @@ def silu_mul_matmul(
         return out
     x2 = as_rows(gate_up, 2 * F_)
     if x2.shape[0] != 1 or F_ == 0:
-        from .glu import silu_mul
-        out.copy_(F.linear(silu_mul(gate_up), weight, bias))
+        out.copy_(F.linear(glu_silu_mul(gate_up), weight, bias))
         return out
     y2, scratch = rows_out(out, N)
     cfg = config or skinny_config(1, N, F_, sm_count(gate_up.device), gate_up.dtype)
