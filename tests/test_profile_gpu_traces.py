@@ -6,6 +6,11 @@
     gpu_demo_fused_h200         onetrip's fused Triton kernels: ~157 kernels a step, still ~96% idle
     gpu_demo_fused_graphs_h200  fused, the whole decode step one CUDA graph: ~157 kernels, ~7% idle
 
+and ``onetrip profile --backend transformers --no-graphs --steps 5`` (same GPU and versions,
+transformers 5.17): Hugging Face's own LlamaForCausalLM decoding one token a step.
+
+    gpu_profile_transformers_h200  678 kernels a step, ~96% of the wall time launch overhead
+
 The bounds leave margin: a re-recording on another day should still pass.
 """
 
@@ -22,8 +27,10 @@ from onetrip.profile.analyze import UNAVAILABLE
 
 DATA = Path(__file__).parent / "data"
 TRACES = {name: DATA / f"gpu_demo_{name}_h200.json.gz" for name in ("eager", "fused", "fused_graphs")}
+TRACES["transformers"] = DATA / "gpu_profile_transformers_h200.json.gz"
 STEPS = [f"ProfilerStep#{i}" for i in range(5)]
-KERNELS_PER_STEP = {"eager": (700, 1000), "fused": (140, 180), "fused_graphs": (140, 180)}
+KERNELS_PER_STEP = {"eager": (700, 1000), "fused": (140, 180), "fused_graphs": (140, 180),
+                    "transformers": (550, 850)}
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +75,7 @@ def test_counts_match_the_raw_trace(reports, name):
 
 
 def test_verdicts(reports):
-    for name in ("eager", "fused"):
+    for name in ("eager", "fused", "transformers"):
         r = reports[name]
         assert r.verdict.kind == "launch-bound" and r.verdict.launch_overhead_share > 0.8, name
         assert {v.kind for v in r.step_verdicts} == {"launch-bound"}, name
@@ -83,6 +90,24 @@ def test_verdicts(reports):
     # eager has many element-wise chains to fuse; the fused kernels leave almost none
     assert reports["eager"].verdict.fusible_share > 0.2 and reports["fused"].verdict.fusible_share < 0.05
     assert reports["eager"].chain_count > 100 > reports["fused"].chain_count
+
+
+def test_transformers_chains_named(reports):
+    """transformers' decode: launch-bound, and its element-wise chains named by operator.
+    The top chain is LlamaRMSNorm written op by op (a residual add, then an upcast, pow,
+    mean, add eps, rsqrt, mul, downcast and the weight's mul): nine kernels where one would do."""
+    r = reports["transformers"]
+    assert r.verdict.kind == "launch-bound" and r.verdict.fusible_share > 0.2
+    assert r.chain_count > 100
+    top = r.chains[0]
+    assert {"aten::pow", "aten::mean", "aten::rsqrt", "aten::mul"} <= set(top.ops)
+    assert top.saved_launches == top.occurrences * (len(top.ops) - 1) and top.saved_bytes > 0
+    # a residual add then RMSNorm: before the MLP of each of 16 layers and before the
+    # attention of layers 2-16 (the first norm has no add before it), 31 a step; the last
+    # layer's pair before the final norm counts toward another pattern
+    assert top.occurrences >= 5 * 2 * 15
+    assert r.top_kernels[0].category == "gemm" and r.top_kernels[0].op == "aten::mm"
+    assert r.casts, "the bf16 <-> fp32 casts of LlamaRMSNorm"
 
 
 def test_top_kernels(reports):
