@@ -27,14 +27,15 @@ PTXAS = os.environ.get("PTXAS", "/usr/local/cuda/bin/ptxas")
 POINTERS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "y_ptr": "*bf16", "res_ptr": "*bf16",
             "ss_out_ptr": "*fp32", "ss_in_ptr": "*fp32", "nw_ptr": "*bf16",  # the GEMV
             "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "o_ptr": "*bf16", "seqlens_ptr": "*i32",
-            "table_ptr": "*i32", "ws_o_ptr": "*fp32", "ws_lse_ptr": "*fp32", "sem_ptr": "*i32"}  # decode attention
+            "table_ptr": "*i32", "ws_o_ptr": "*fp32", "ws_lse_ptr": "*fp32"}  # decode attention
 FLOATS = ("eps", "qk_scale", "softcap_log2")
-BASE = dict(HAS_BIAS=False, RES_OUT=False, NORM_IN=False, NORM_LATE=False, BLOCK_SS=512, SPLIT=False,
+BASE = dict(HAS_BIAS=False, RES_OUT=False, NORM_IN=False, NORM_LATE=False, NORM_GAIN=True, BLOCK_SS=512, SPLIT=False,
             USE_DOT=False, EVEN_K=True, SILU_MUL=False, BLOCK_M=1, BLOCK_N=8, BLOCK_K=1024)
 VARIANTS = {  # (constexprs, num_warps): the engine's configs at batch 1 (_gemv_config)
     "qkv/o/down plain, 8 x 1024": ({}, 8),
     "qkv + RMSNorm prologue": ({"NORM_IN": True}, 8),
     "qkv + RMSNorm, rsqrt late": ({"NORM_IN": True, "NORM_LATE": True}, 8),
+    "qkv + RMSNorm, rsqrt late, gain upstream": ({"NORM_IN": True, "NORM_LATE": True, "NORM_GAIN": False}, 8),
     "o + residual epilogue, 4 x 1024": ({"RES_OUT": True, "BLOCK_N": 4}, 8),
     "down + SwiGLU prologue + residual, 4 x 1024": ({"RES_OUT": True, "SILU_MUL": True, "BLOCK_N": 4}, 8),
     "gate_up / lm_head + RMSNorm, 16 x 256": ({"NORM_IN": True, "BLOCK_N": 16, "BLOCK_K": 256}, 4),
@@ -57,22 +58,19 @@ def report(fn, constexprs: dict, num_warps: int) -> str:
 
 # decode_attention at 32 query / 8 kv heads, q_len 1 (16 score rows: tl.dot's minimum), split-KV
 DECODE = dict(GROUP=4, Q_LEN=1, PAGED=False, PAGE_SIZE=1, SOFTCAP=False, HAS_WINDOW=False, SPLIT=True,
-              PRECISION="tf32", BLOCK_M=16, BLOCK_D=128, FUSED_MERGE=False, BLOCK_S=1, CHUNK_S=1)
+              PRECISION="tf32", BLOCK_M=16, BLOCK_D=128)
 
 
 def main() -> int:
     print(f"triton {triton.__version__}, sm_90a")
     fn = importlib.import_module("onetrip.ops.skinny_matmul")._skinny_matmul_kernel
     for label, (const, warps) in VARIANTS.items():
-        print(f"GEMV {label:46s} {warps} warps: {report(fn, {**BASE, **const}, warps)}")
+        print(f"GEMV {label:50s} {warps} warps: {report(fn, {**BASE, **const}, warps)}")
     fn = importlib.import_module("onetrip.ops.decode_attention")._decode_kernel
     for warps in (4, 8):
         for block_n in (32, 64, 128):
-            print(f"decode_attention block_n {block_n:3d}{'':31s} {warps} warps: "
+            print(f"decode_attention block_n {block_n:3d}{'':35s} {warps} warps: "
                   f"{report(fn, {**DECODE, 'BLOCK_N': block_n}, warps)}")
-            fused = {**DECODE, "BLOCK_N": block_n, "FUSED_MERGE": True, "BLOCK_S": 64, "CHUNK_S": 2}
-            print(f"decode_attention block_n {block_n:3d}, merge inside{'':18s} {warps} warps: "
-                  f"{report(fn, fused, warps)}")
     return 0
 
 

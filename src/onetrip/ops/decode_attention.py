@@ -52,7 +52,6 @@ def _decode_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr,        # q, out (B, Q_LEN, H, D); caches (blocks, block_size, KVH, D)
     seqlens_ptr, table_ptr,            # (B,) int32; (B, max_blocks) int32 when PAGED
     ws_o_ptr, ws_lse_ptr,              # SPLIT: (B * KVH, S, GROUP * Q_LEN, D) and (B * KVH, S, GROUP * Q_LEN) fp32
-    sem_ptr,                           # FUSED_MERGE: (B * KVH,) int32 arrival counters, zero between calls
     kv_heads, num_splits, head_dim,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
@@ -65,8 +64,6 @@ def _decode_kernel(
     SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, SPLIT: tl.constexpr,
     PRECISION: tl.constexpr,                        # "ieee" for float32 (no TF32), else "tf32"
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    FUSED_MERGE: tl.constexpr = False,  # the last split of a (b, kvh) to finish merges all of them
-    BLOCK_S: tl.constexpr = 1, CHUNK_S: tl.constexpr = 1,
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -143,21 +140,6 @@ def _decode_kernel(
         rows = (pid.to(tl.int64) * num_splits + split) * (GROUP * Q_LEN) + r
         tl.store(ws_lse_ptr + rows, lse, mask=row_ok)
         tl.store(ws_o_ptr + rows[:, None] * head_dim + d[None, :], o, mask=row_ok[:, None] & d_ok[None, :])
-        if FUSED_MERGE:
-            # The same handshake as the norm's cooperative mode: every thread's partials are
-            # issued (barrier), then released with the counter update; the program that
-            # arrives last acquires them all, merges (loads bypassing L1), and re-arms the
-            # counter for the next call or graph replay. Saves the merge kernel's launch.
-            tl.debug_barrier()
-            arrived = tl.atomic_add(sem_ptr + pid, 1, sem="acq_rel")
-            if arrived == num_splits - 1:
-                base = pid.to(tl.int64) * num_splits * (GROUP * Q_LEN)
-                y = _merge_rows(ws_o_ptr, ws_lse_ptr, base, r, row_ok, num_splits, head_dim,
-                                GROUP * Q_LEN, BLOCK_S, BLOCK_M, BLOCK_D, CHUNK_S, True)
-                o_off = b.to(tl.int64) * stride_ob + i * stride_os + (kvh * GROUP + g) * stride_oh
-                tl.store(o_ptr + o_off[:, None] + d[None, :], cast_out(y, o_ptr.dtype.element_ty),
-                         mask=row_ok[:, None] & d_ok[None, :])
-                tl.atomic_xchg(sem_ptr + pid, 0)
     else:
         o_off = b.to(tl.int64) * stride_ob + i * stride_os + (kvh * GROUP + g) * stride_oh
         tl.store(o_ptr + o_off[:, None] + d[None, :], cast_out(o, o_ptr.dtype.element_ty),
@@ -167,17 +149,17 @@ def _decode_kernel(
 @triton.jit
 def _merge_rows(ws_o_ptr, ws_lse_ptr, base, r, r_ok, num_splits, head_dim,
                 GQ: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-                CHUNK_S: tl.constexpr, VOLATILE: tl.constexpr):
+                CHUNK_S: tl.constexpr):
     """Rows r of one (b, kvh)'s split partials merged: (BLOCK_R, BLOCK_D) float32.
 
     The splits' log-sum-exps load as one (BLOCK_S, BLOCK_R) tile, then their partial outputs
     CHUNK_S splits at a time as a (CHUNK_S, BLOCK_R, D) tile. One split per iteration made
     the loop a chain of dependent L2 round trips: 33 splits (batch 1, 4K context, 8 kv
-    heads) took ~15 us, for 70 KB. VOLATILE: written by other programs of the same launch.
+    heads) took ~15 us, for 70 KB.
     """
     sp = tl.arange(0, BLOCK_S)
     lse = tl.load(ws_lse_ptr + base + sp[:, None] * GQ + r[None, :], mask=(sp < num_splits)[:, None] & r_ok[None, :],
-                  other=float("-inf"), volatile=VOLATILE)
+                  other=float("-inf"))
     m = tl.max(lse, axis=0)
     m = tl.where(m == float("-inf"), 0.0, m)  # rows no split saw: weights all 0, output 0
     den = tl.sum(tl.exp2(lse - m[None, :]), axis=0)
@@ -188,10 +170,9 @@ def _merge_rows(ws_o_ptr, ws_lse_ptr, base, r, r_ok, num_splits, head_dim,
         sc_ok = (s0 + c) < num_splits
         rows = base + (s0 + c)[:, None] * GQ + r[None, :]                      # (CHUNK_S, BLOCK_R)
         ok = sc_ok[:, None] & r_ok[None, :]
-        w = tl.exp2(tl.load(ws_lse_ptr + rows, mask=ok, other=float("-inf"), volatile=VOLATILE) - m[None, :])
+        w = tl.exp2(tl.load(ws_lse_ptr + rows, mask=ok, other=float("-inf")) - m[None, :])
         o = tl.load(ws_o_ptr + rows[:, :, None] * head_dim + d[None, None, :],
-                    mask=ok[:, :, None] & (d < head_dim)[None, None, :], other=0.0,
-                    volatile=VOLATILE)                                           # (CHUNK_S, BLOCK_R, D)
+                    mask=ok[:, :, None] & (d < head_dim)[None, None, :], other=0.0)  # (CHUNK_S, BLOCK_R, D)
         acc += tl.sum(w[:, :, None] * o, axis=0)                                # empty splits weigh 0
     return acc / tl.where(den > 0.0, den, 1.0)[:, None]
 
@@ -216,7 +197,7 @@ def _merge_kernel(
     kvh = bk % kv_heads
     base = bk.to(tl.int64) * num_splits * GQ
     y = _merge_rows(ws_o_ptr, ws_lse_ptr, base, r, r_ok, num_splits, head_dim, GQ, BLOCK_S, BLOCK_R, BLOCK_D,
-                    CHUNK_S, False)
+                    CHUNK_S)
     d = tl.arange(0, BLOCK_D)
     mask = r_ok[:, None] & (d < head_dim)[None, :]
     o_off = b.to(tl.int64) * stride_ob + (r // GROUP) * stride_os + (kvh * GROUP + r % GROUP) * stride_oh
@@ -230,21 +211,28 @@ class DecodeConfig:
     block_n: int
     num_warps: int
     num_splits: int
-    fused_merge: bool = False  # merge the splits in the attention kernel (no second launch)
 
 
 def decode_config(batch: int, kv_heads: int, max_seq: int, head_dim: int, device: torch.device, *,
-                  rows: int = 1, waves: int = 2) -> DecodeConfig:
-    """Tiles of 64 keys (32 for head_dim > 128, to bound the K/V tile's registers), and
-    enough splits that batch * kv_heads * num_splits programs fill ``waves`` waves of SMs,
-    at most one split per tile of max_seq. ``rows`` = group * q_len query rows per program:
-    8 warps once the float32 accumulator (rows x head_dim) passes 64 values per thread of 4
-    warps. Untuned: a first guess until the GPU sweep."""
-    block_n = 64 if head_dim <= 128 else 32
+                  rows: int = 1, waves: int = 1) -> DecodeConfig:
+    """Tiles of 128 keys at 8 warps (32 keys for head_dim > 128, to bound the K/V tile's
+    registers), and enough splits that batch * kv_heads * num_splits programs fill ``waves``
+    waves of SMs, at most one split per tile of max_seq. ``rows`` = group * q_len query
+    rows per program: with 32-key tiles, 8 warps once the float32 accumulator (rows x
+    head_dim) passes 64 values per thread of 4 warps.
+
+    From an H200 sweep (2026-11-21, bf16, 32/8 heads, head dim 128, benchmarks/NOTES.md):
+    128-key tiles at 8 warps (207 registers, no spills; 4 warps spill) and one wave won or
+    tied every cell: batch 4 x 32K 148 -> 128 us (4 splits, not 9), batch 64 x 8K 551 ->
+    479 us, batch 1 x 4K 20.6 -> 14.5 us (16 splits, not 33: fewer partials to merge)."""
+    if head_dim <= 128:
+        block_n, warps = 128, 8
+    else:
+        block_n = 32
+        warps = 4 if max(16, triton.next_power_of_2(rows)) * triton.next_power_of_2(head_dim) <= 64 * 128 else 8
     programs = max(1, batch * kv_heads)
     splits = max(1, min(triton.cdiv(waves * sm_count(device), programs), triton.cdiv(max(max_seq, 1), block_n)))
-    acc = max(16, triton.next_power_of_2(rows)) * triton.next_power_of_2(head_dim)
-    return DecodeConfig(block_n, 4 if acc <= 64 * 128 else 8, splits)
+    return DecodeConfig(block_n, warps, splits)
 
 
 def _default_config(q, k_cache, block_table, num_splits: int = 0) -> DecodeConfig:
@@ -253,20 +241,6 @@ def _default_config(q, k_cache, block_table, num_splits: int = 0) -> DecodeConfi
     max_seq = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
     cfg = decode_config(B, k_cache.shape[2], max_seq, D, q.device, rows=Q * H // k_cache.shape[2])
     return cfg if num_splits <= 0 else DecodeConfig(cfg.block_n, cfg.num_warps, num_splits)
-
-
-_SEMAPHORES: dict = {}
-
-
-def _semaphores(device: torch.device, n: int) -> torch.Tensor:
-    """(n,) int32 arrival counters for the fused merge, zeroed once and re-armed by the
-    kernel itself, so a call adds no memset. One per (device, size): two fused-merge calls
-    of one size must not run concurrently on different streams. Allocated inside a graph
-    capture, it comes from the graph's pool with its zeroing captured (still correct)."""
-    key = (device, n)
-    if key not in _SEMAPHORES:
-        _SEMAPHORES[key] = torch.zeros(n, dtype=torch.int32, device=device)
-    return _SEMAPHORES[key]
 
 
 def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale: float, window_left: int,
@@ -291,12 +265,8 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale:
         qk_scale, softcap_log2 = softmax_scale * LOG2E, 0.0
     block_m = max(16, triton.next_power_of_2(group * Q))  # tl.dot needs 16 rows at least
     block_d = max(16, triton.next_power_of_2(D))
-    fused = S > 1 and cfg.fused_merge
-    # (CHUNK_S, rows, D) float32 merge tiles of at most 4096 values: 32 a thread at 4 warps.
-    chunk = lambda rows: max(1, min(triton.next_power_of_2(S), 4096 // (rows * block_d)))  # noqa: E731
     kernel = _decode_kernel[(B * KVH, S)](
         q, k_cache, v_cache, out, cache_seqlens, block_table if paged else cache_seqlens, ws_o, ws_lse,
-        _semaphores(q.device, B * KVH) if fused else cache_seqlens,
         KVH, S, D,
         *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *out.stride()[:3],
         block_table.stride(0) if paged else 0,
@@ -305,14 +275,15 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale:
         SOFTCAP=softcap > 0, HAS_WINDOW=window_left >= 0, SPLIT=S > 1,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, num_warps=cfg.num_warps,
-        FUSED_MERGE=fused, BLOCK_S=triton.next_power_of_2(S) if fused else 1, CHUNK_S=chunk(block_m) if fused else 1,
     )
-    if S > 1 and not fused:
+    if S > 1:
         block_r = min(triton.next_power_of_2(group * Q), 16)
+        # (CHUNK_S, BLOCK_R, D) float32 merge tiles of at most 4096 values: 32 a thread at 4 warps.
+        chunk = max(1, min(triton.next_power_of_2(S), 4096 // (block_r * block_d)))
         _merge_kernel[(B * KVH * triton.cdiv(group * Q, block_r),)](
             ws_o, ws_lse, out, KVH, S, D, *out.stride()[:3],
             GROUP=group, Q_LEN=Q, BLOCK_R=block_r, BLOCK_S=triton.next_power_of_2(S), BLOCK_D=block_d,
-            CHUNK_S=chunk(block_r), num_warps=4,
+            CHUNK_S=chunk, num_warps=4,
         )
     return kernel
 

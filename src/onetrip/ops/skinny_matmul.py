@@ -58,6 +58,7 @@ def _skinny_matmul_kernel(
     RES_OUT: tl.constexpr,  # y = x @ w^T + residual, and this program's sum of y^2 (one row)
     NORM_IN: tl.constexpr,  # x -> x * rsqrt(sum(ss_in) / K + eps) * nw: RMSNorm in the prologue
     NORM_LATE: tl.constexpr,  # apply NORM_IN's rsqrt (one scalar per row) after the K loop
+    NORM_GAIN: tl.constexpr,  # NORM_IN multiplies by nw (False: x arrives with the gain applied)
     BLOCK_SS: tl.constexpr,
     SPLIT: tl.constexpr,  # write float32 partials of this program's K range to the workspace
     USE_DOT: tl.constexpr,  # tl.dot on the tile (M padded to 16) instead of multiply + sum
@@ -111,12 +112,14 @@ def _skinny_matmul_kernel(
                 # K chunk (BLOCK_K exps against BLOCK_N * BLOCK_K weights), which costs less
                 # than the launch and the HBM round trip of a separate silu_mul.
                 x = x / (1.0 + tl.exp(-x)) * up
-            if NORM_IN:  # Llama's RMSNorm (weight after the normalisation), in float32
+            if NORM_IN and NORM_GAIN:  # Llama's RMSNorm (weight after the normalisation), in float32
                 if EVEN_K:
                     nw = tl.load(nw_ptr + k).to(tl.float32)
                 else:
                     nw = tl.load(nw_ptr + k, mask=k < k_hi, other=0.0).to(tl.float32)
-                x = x * nw if NORM_LATE else x * rstd * nw
+                x = x * nw
+            if NORM_IN and not NORM_LATE:
+                x = x * rstd
             acc2 += w.to(tl.float32) * x[None, :]
         acc = tl.sum(acc2, axis=1)[None, :]  # (1, BLOCK_N)
         if NORM_IN and NORM_LATE:
@@ -280,7 +283,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
         ss_in if ss_in is not None else x, ss_in.numel() if ss_in is not None else 0,
         norm_weight if norm_weight is not None else x, eps,
         HAS_BIAS=bias is not None and not split, RES_OUT=residual is not None, NORM_IN=ss_in is not None,
-        NORM_LATE=norm_late,
+        NORM_LATE=norm_late, NORM_GAIN=norm_weight is not None,
         BLOCK_SS=max(16, triton.next_power_of_2(ss_in.numel())) if ss_in is not None else 16,
         SPLIT=split, USE_DOT=cfg.use_dot,
         EVEN_K=k_per_split % cfg.block_k == 0 and K % k_per_split == 0, SILU_MUL=silu_mul,
