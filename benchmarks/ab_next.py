@@ -2,27 +2,22 @@
 
     python benchmarks/ab_next.py --out DIR
 
-The previous round (benchmarks/results/ab-norm-decode-configs-h200-20261121.json) showed:
-the RMSNorm prologue costs 0.4-2.6 us per GEMV whether rsqrt comes first or late (8B qkv
-16.1 -> 18.6 us), so the cost is the gain's load and multiply in every K chunk; and
-decode attention wins with 128-key tiles, 8 warps and one wave of programs.
+Round 2 (benchmarks/results/ab-round2-h200-20261121.json) found the RMSNorm prologue's cost
+was mostly its launch config: at its best config 8B qkv + norm takes 15.2 us, against 18.6
+with the plain GEMV's rule (plain: 14.7); storing h * g upstream saved only 0.3 us more.
+Those winners are now ``skinny_matmul._TUNED_GEMV``.
 
-1. RMSNorm carried by the GEMV, three forms, each over the launch configs of
-   ``sweep_gemv.py``: the plain GEMV (no norm), the engine's (rsqrt first, gain per chunk)
-   and "gain upstream": the producer GEMV stores h * g (float32) beside h, so the consumer
-   loads that row and multiplies one rsqrt after its K loop. Prediction: gain upstream
-   within 0.3 us of the plain GEMV at its best config; 8B qkv's best config beats the
-   rule's (14.8 vs 16.1 us in the sweep).
-2. Decode attention at batch 1: 4K context over split counts (128-key tiles, 8 warps), and
-   the engine's case, a 288-token sequence in a 2048-slot cache (what ``bench decode``
-   reaches), where most of the heuristic's 16 splits are empty. Prediction: at 288 tokens
-   1-2 splits beat 16 by the merge kernel's ~1.5 us.
-3. append_kv's launch shape (tokens and heads per program, warps) at 64 sequences x 64
-   new tokens and 64 x 1, contiguous and paged-64. Prediction: the heuristic is within 5%
-   of the best; if not, the bar (80%) may be a config away.
+Round 3, the GEMVs of the batch-1 step not swept with their fusions yet, each over the
+launch configs of ``sweep_gemv.py`` and at the rule's config:
+1. o_proj + residual add + sum-of-squares partials (``gemv_add_residual``), 1B and 8B.
+2. down_proj + SwiGLU prologue + residual (``silu_mul=True``), 1B and 8B.
+3. lm_head + RMSNorm prologue (``gemv_rms_norm``), 1B and 8B (128256 rows).
+Prediction: o (8-32 MB, 1B o is 46% of copy) gains the most, 0.5-1 us from fewer, longer
+programs; down and lm_head are within 3% of their floor already.
 
-Every variant is timed as one CUDA graph over enough input copies to pass 256 MiB (each
-call reads HBM), median of 15, per call; prints tables and writes ab-next.json.
+Round 2's decode-attention split sweep and append_kv shapes stay callable (``decode_ab``,
+``append_ab``) for re-checks. Every variant is timed as one CUDA graph over enough input
+copies to pass 256 MiB (each call reads HBM), median of 15, per call; writes ab-next.json.
 """
 
 from __future__ import annotations
@@ -52,8 +47,10 @@ da = importlib.import_module("onetrip.ops.decode_attention")
 ak = importlib.import_module("onetrip.ops.append_kv")
 rot = importlib.import_module("onetrip.ops.rotary")
 
-NORM_SHAPES = {"1B qkv": (3072, 2048), "1B gate_up": (16384, 2048), "8B qkv": (6144, 4096),
-               "8B gate_up": (28672, 4096)}
+# (name, N, K, form): form "residual" (o), "silu residual" (down, x is [gate | up]), "norm" (lm_head)
+GEMV_CASES = (("1B o + residual", 2048, 2048, "residual"), ("1B down + SwiGLU + residual", 2048, 8192, "silu residual"),
+              ("1B lm_head + norm", 128256, 2048, "norm"), ("8B o + residual", 4096, 4096, "residual"),
+              ("8B down + SwiGLU + residual", 4096, 14336, "silu residual"), ("8B lm_head + norm", 128256, 4096, "norm"))
 DECODE_CASES = ((4096, 4096, (2, 4, 6, 8, 12, 16, 24, 32)), (288, 2048, (1, 2, 3, 4, 8, 16)))  # length, slots, splits
 APPEND_CASES = ((64, 64), (64, 1))  # sequences, new tokens
 HEADS = (32, 8, 128)  # query heads, kv heads, head dim
@@ -64,50 +61,53 @@ def _best(d: dict) -> tuple:
     return min(ok) if ok else (float("nan"), None)
 
 
-def norm_ab(flush, copy, dev="cuda"):
+def gemv_ab(flush, copy, dev="cuda"):
     rows = []
-    for name, (n, k) in NORM_SHAPES.items():
+    for name, n, k, form in GEMV_CASES:
         copies = max(1, min(32, -(-ROTATE // (n * k * 2))))
         ws = [torch.randn((n, k), device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
-        wo = torch.randn((k, 2048), device=dev, dtype=torch.bfloat16) * 0.02
-        h, ss = gn.gemv_add_residual(torch.randn((1, 2048), device=dev, dtype=torch.bfloat16), wo,
-                                     torch.randn((1, k), device=dev, dtype=torch.bfloat16))
+        x = torch.randn((1, 2 * k if form == "silu residual" else k), device=dev, dtype=torch.bfloat16)
+        res = torch.randn((1, n), device=dev, dtype=torch.bfloat16)
         g = 1 + 0.1 * torch.randn(k, device=dev, dtype=torch.bfloat16)
-        hg = h.float() * g.float()  # what the producer would store beside h
-        ref = gn.gemv_rms_norm_ref(h, g, 1e-5, ws[0]).float()
-        rule = sk.skinny_config(1, n, k, 132)
+        h, ss = gn.gemv_add_residual(torch.randn((1, 2048), device=dev, dtype=torch.bfloat16),
+                                     torch.randn((k, 2048), device=dev, dtype=torch.bfloat16) * 0.02,
+                                     torch.randn((1, k), device=dev, dtype=torch.bfloat16))
+        if form == "norm":
+            ref = gn.gemv_rms_norm_ref(h, g, 1e-5, ws[0]).float()
+        else:
+            ref = gn.gemv_add_residual_ref(x, ws[0], res, form == "silu residual").float()
+        rule = sk.skinny_config(1, n, k, 132, norm_in=form == "norm")
         row = {"shape": name, "N": n, "K": k, "floor_us": n * k * 2 / (copy * 1e3), "rule": rule.as_list()}
-        forms = {  # form -> (launch on weight w into out y with config c)
-            "plain": lambda w, y, c: sk._launch(h, w, None, y, c),
-            "norm first (engine)": lambda w, y, c: sk._launch(h, w, None, y, c, ss_in=ss, norm_weight=g, eps=1e-5),
-            "gain upstream, rsqrt late": lambda w, y, c: sk._launch(hg, w, None, y, c, ss_in=ss, eps=1e-5,
-                                                                    norm_late=True),
-        }
-        for form, launch in forms.items():
-            times = {}
-            for bn, bk, warps, stages in [(rule.block_n, rule.block_k, rule.num_warps, rule.num_stages),
-                                          *configs()]:
-                if k % bk:
-                    continue
-                cfg = sk.SkinnyConfig(1, bn, bk, 1, warps, False, stages)
-                ys = [torch.empty((1, n), device=dev, dtype=torch.bfloat16) for _ in ws]
-                try:
-                    launch(ws[0], ys[0], cfg)
-                    if form != "plain":
-                        err = ((ys[0].float() - ref).abs().max() / ref.abs().max()).item()
-                        assert err < 2e-2, f"{form} {cfg}: relative error {err}"
-                    us = 1e3 * time_per_call([lambda w=w, y=y: launch(w, y, cfg) for w, y in zip(ws, ys)], flush)
-                except Exception as exc:  # noqa: BLE001 - recorded
-                    print(f"  {name} {form} {cfg.as_list()}: {str(exc)[:120]}")
-                    us = None
-                times[str(cfg.as_list())] = us
-            rule_us = times[str(rule.as_list())]
-            best_us, best_cfg = _best(times)
-            row[form] = {"rule_us": rule_us, "best_us": best_us, "best_cfg": best_cfg, "all": times}
+
+        def launch(w, y, part, c):
+            if form == "norm":
+                sk._launch(h, w, None, y, c, ss_in=ss, norm_weight=g, eps=1e-5)
+            else:
+                sk._launch(x, w, None, y, c, form == "silu residual", residual=res, ss_out=part)
+
+        times = {}
+        for bn, bk, warps, stages in [(rule.block_n, rule.block_k, rule.num_warps, rule.num_stages), *configs()]:
+            if k % bk:
+                continue
+            cfg = sk.SkinnyConfig(1, bn, bk, 1, warps, False, stages)
+            ys = [torch.empty((1, n), device=dev, dtype=torch.bfloat16) for _ in ws]
+            parts = [torch.empty(-(-n // bn), device=dev, dtype=torch.float32) for _ in ws]
+            try:
+                launch(ws[0], ys[0], parts[0], cfg)
+                err = ((ys[0].float() - ref).abs().max() / ref.abs().max()).item()
+                assert err < 2e-2, f"{name} {cfg}: relative error {err}"
+                us = 1e3 * time_per_call([lambda w=w, y=y, p=p: launch(w, y, p, cfg)
+                                          for w, y, p in zip(ws, ys, parts)], flush)
+            except Exception as exc:  # noqa: BLE001 - recorded
+                print(f"  {name} {cfg.as_list()}: {str(exc)[:120]}")
+                us = None
+            times[str(cfg.as_list())] = us
+        row["rule_us"] = times[str(rule.as_list())]
+        row["best_us"], row["best_cfg"] = _best(times)
+        row["all"] = times
         rows.append(row)
-        print(f"{name:11s} floor {row['floor_us']:6.1f} us | " + " | ".join(
-            f"{form}: rule {row[form]['rule_us']:.1f}, best {row[form]['best_us']:.1f} {row[form]['best_cfg']}"
-            for form in forms), flush=True)
+        print(f"{name:28s} floor {row['floor_us']:6.1f} us | rule {row['rule_us']:.1f} {rule.as_list()} | "
+              f"best {row['best_us']:.1f} {row['best_cfg']}", flush=True)
         del ws
         torch.cuda.empty_cache()
     return rows
@@ -190,7 +190,7 @@ def main() -> int:
     t0 = time.time()
     result = {"meta": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_gbs": copy,
                        "triton": __import__("triton").__version__, "date": time.strftime("%Y-%m-%d")}}
-    for name, fn in (("norm", norm_ab), ("decode", decode_ab), ("append", append_ab)):
+    for name, fn in (("gemv", gemv_ab),):
         try:
             result[name] = fn(flush, copy)
         except Exception as exc:  # noqa: BLE001 - the other parts still report

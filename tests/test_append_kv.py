@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from onetrip.ops.append_kv import _append_kv_op, append_kv, append_kv_ref
+from onetrip.ops.append_kv import _append_kv_op, append_config, append_kv, append_kv_ref
 from onetrip.testing import assert_close, upcast
 
 from conftest import DTYPES, rope_tables
@@ -105,6 +105,15 @@ def test_opcheck(device, gen):
     q, k, v, kc, vc, L, table = make_case([3, 40], 2, 4, 2, 32, 64, torch.bfloat16, device, gen, 16)
     cos, sin = rope_tables(64, 32, device)
     torch.library.opcheck(_append_kv_op, (q, k, v, kc.nan_to_num(), vc.nan_to_num(), L, cos, sin, table, False))
+
+
+def test_config():
+    """Enough tokens to fill the SMs (4 nominal on the CPU): one token a program, 8 heads
+    at a time; fewer keep the rotary rule (one token, all heads)."""
+    cpu = torch.device("cpu")
+    assert (append_config(4096, 32, 64, cpu).block_t, append_config(4096, 32, 64, cpu).block_h) == (1, 8)
+    assert append_config(4096, 4, 64, cpu).block_h == 4
+    assert append_config(2, 32, 64, cpu).block_h == 32
 
 
 def test_bad_input(device):

@@ -133,8 +133,9 @@ def test_layouts_and_scale(device, gen):
 def test_config_heuristic():
     cpu = torch.device("cpu")  # a nominal 4 SMs: one wave is 4 programs
     assert decode_config(1, 1, 4096, 128, cpu) == DecodeConfig(128, 8, 4)
-    assert decode_config(1, 1, 200, 128, cpu).num_splits == 2  # capped by the tiles of max_seq
+    assert decode_config(1, 1, 1000, 128, cpu).num_splits == 2  # one split per 4 tiles of max_seq
     assert decode_config(1, 1, 4096, 128, cpu, waves=2).num_splits == 8
+    assert decode_config(1, 3, 4096, 128, cpu).num_splits == 1  # 3 programs: a second split passes the wave
     assert decode_config(64, 8, 4096, 128, cpu).num_splits == 1
     assert decode_config(1, 2, 4096, 256, cpu).block_n == 32
 

@@ -45,6 +45,11 @@ from ._jit import cast_out, dot_f32, tanh
 
 LOG2E = 1.4426950408889634
 MAX_Q_LEN = 16
+# A split takes at least this many key tiles; the rest of the splits stay empty. On an
+# H200 (batch 1, bf16, 128-key tiles) 4K keys ran fastest in 8 splits of 4 tiles (13.8 us,
+# 16 splits of 2: 14.6), and 288 keys in one split (7.8 us, 16 splits: 11.0): the grid
+# is fixed by the cache's capacity (graph capture), the work by the length.
+MIN_TILES = 4
 
 
 @triton.jit
@@ -64,6 +69,7 @@ def _decode_kernel(
     SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, SPLIT: tl.constexpr,
     PRECISION: tl.constexpr,                        # "ieee" for float32 (no TF32), else "tf32"
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    MIN_TILES: tl.constexpr,                        # the fewest key tiles a split takes
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -82,15 +88,16 @@ def _decode_kernel(
     q = tl.load(q_ptr + q_off[:, None] + d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     qpos = L - Q_LEN + i  # (BLOCK_M,) negative when L < Q_LEN: such rows see nothing
 
-    # -- this split's keys: the visible range [lo, L) in whole tiles, cut into num_splits
-    # contiguous runs. Splitting the visible range (not max_seq) keeps splits balanced for
-    # short sequences and sliding windows; empty runs write zeros and lse = -inf.
+    # -- this split's keys: the visible range [lo, L) in whole tiles, cut into runs of at
+    # least MIN_TILES tiles, at most num_splits of them. Splitting the visible range (not
+    # max_seq) keeps splits balanced for short sequences and sliding windows; a split past
+    # the last run writes lse = -inf only (its partial output is never read).
     lo = 0
     if HAS_WINDOW:
         lo = tl.maximum(L - Q_LEN - window_left, 0)
     tile_lo = lo // BLOCK_N
     n_tiles = tl.maximum(tl.cdiv(L, BLOCK_N) - tile_lo, 0)
-    per_split = tl.cdiv(n_tiles, num_splits)
+    per_split = tl.maximum(tl.cdiv(n_tiles, num_splits), MIN_TILES)
     start = (tile_lo + split * per_split) * BLOCK_N
     end = tl.minimum(start + per_split * BLOCK_N, L)
 
@@ -139,7 +146,8 @@ def _decode_kernel(
         lse = tl.where(l_i > 0.0, m_i + tl.log2(tl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
         rows = (pid.to(tl.int64) * num_splits + split) * (GROUP * Q_LEN) + r
         tl.store(ws_lse_ptr + rows, lse, mask=row_ok)
-        tl.store(ws_o_ptr + rows[:, None] * head_dim + d[None, :], o, mask=row_ok[:, None] & d_ok[None, :])
+        o_ok = row_ok & (start + tl.zeros_like(r) < end)  # a vector compare: the interpreter refuses a scalar in a mask
+        tl.store(ws_o_ptr + rows[:, None] * head_dim + d[None, :], o, mask=o_ok[:, None] & d_ok[None, :])
     else:
         o_off = b.to(tl.int64) * stride_ob + i * stride_os + (kvh * GROUP + g) * stride_oh
         tl.store(o_ptr + o_off[:, None] + d[None, :], cast_out(o, o_ptr.dtype.element_ty),
@@ -170,10 +178,13 @@ def _merge_rows(ws_o_ptr, ws_lse_ptr, base, r, r_ok, num_splits, head_dim,
         sc_ok = (s0 + c) < num_splits
         rows = base + (s0 + c)[:, None] * GQ + r[None, :]                      # (CHUNK_S, BLOCK_R)
         ok = sc_ok[:, None] & r_ok[None, :]
-        w = tl.exp2(tl.load(ws_lse_ptr + rows, mask=ok, other=float("-inf")) - m[None, :])
+        lse_c = tl.load(ws_lse_ptr + rows, mask=ok, other=float("-inf"))
+        w = tl.exp2(lse_c - m[None, :])
+        # a row of a split that saw no key (lse = -inf) weighs 0, and its output is not read
+        seen = ok & (lse_c > float("-inf"))
         o = tl.load(ws_o_ptr + rows[:, :, None] * head_dim + d[None, None, :],
-                    mask=ok[:, :, None] & (d < head_dim)[None, None, :], other=0.0)  # (CHUNK_S, BLOCK_R, D)
-        acc += tl.sum(w[:, :, None] * o, axis=0)                                # empty splits weigh 0
+                    mask=seen[:, :, None] & (d < head_dim)[None, None, :], other=0.0)  # (CHUNK_S, BLOCK_R, D)
+        acc += tl.sum(w[:, :, None] * o, axis=0)
     return acc / tl.where(den > 0.0, den, 1.0)[:, None]
 
 
@@ -216,22 +227,24 @@ class DecodeConfig:
 def decode_config(batch: int, kv_heads: int, max_seq: int, head_dim: int, device: torch.device, *,
                   rows: int = 1, waves: int = 1) -> DecodeConfig:
     """Tiles of 128 keys at 8 warps (32 keys for head_dim > 128, to bound the K/V tile's
-    registers), and enough splits that batch * kv_heads * num_splits programs fill ``waves``
-    waves of SMs, at most one split per tile of max_seq. ``rows`` = group * q_len query
-    rows per program: with 32-key tiles, 8 warps once the float32 accumulator (rows x
-    head_dim) passes 64 values per thread of 4 warps.
+    registers), and as many splits as fit batch * kv_heads * num_splits programs into
+    ``waves`` waves of SMs without passing them, at most one split per MIN_TILES tiles of
+    max_seq. ``rows`` = group * q_len query rows per program: with 32-key tiles, 8 warps
+    once the float32 accumulator (rows x head_dim) passes 64 values per thread of 4 warps.
 
-    From an H200 sweep (2026-11-21, bf16, 32/8 heads, head dim 128, benchmarks/NOTES.md):
+    From H200 sweeps (2026-11-21, bf16, 32/8 heads, head dim 128, benchmarks/NOTES.md):
     128-key tiles at 8 warps (207 registers, no spills; 4 warps spill) and one wave won or
     tied every cell: batch 4 x 32K 148 -> 128 us (4 splits, not 9), batch 64 x 8K 551 ->
-    479 us, batch 1 x 4K 20.6 -> 14.5 us (16 splits, not 33: fewer partials to merge)."""
+    479 us, batch 1 x 4K 20.6 -> 14.5 us (16 splits, not 33: fewer partials to merge).
+    At 207 registers one CTA fits an SM, so a wave is exactly the SM count: rounding the
+    splits up (batch 4 x 32K: 5 splits, 160 programs on 132 SMs) fell to 71% of copy."""
     if head_dim <= 128:
         block_n, warps = 128, 8
     else:
         block_n = 32
         warps = 4 if max(16, triton.next_power_of_2(rows)) * triton.next_power_of_2(head_dim) <= 64 * 128 else 8
     programs = max(1, batch * kv_heads)
-    splits = max(1, min(triton.cdiv(waves * sm_count(device), programs), triton.cdiv(max(max_seq, 1), block_n)))
+    splits = max(1, min(waves * sm_count(device) // programs, triton.cdiv(max(max_seq, 1), block_n * MIN_TILES)))
     return DecodeConfig(block_n, warps, splits)
 
 
@@ -274,7 +287,7 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale:
         GROUP=group, Q_LEN=Q, PAGED=paged, PAGE_SIZE=page if paged else 1,
         SOFTCAP=softcap > 0, HAS_WINDOW=window_left >= 0, SPLIT=S > 1,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, num_warps=cfg.num_warps,
+        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, MIN_TILES=MIN_TILES, num_warps=cfg.num_warps,
     )
     if S > 1:
         block_r = min(triton.next_power_of_2(group * Q), 16)
@@ -392,7 +405,9 @@ def decode_attention(
         window: (left, right) as in FlashAttention, -1 unbounded: query at p sees keys
             p - left .. p. The op is causal, so right must be -1 or 0 (the same thing).
         softcap: > 0 gives s = softcap * tanh(s / softcap) (Gemma 2, Grok), before masking.
-        num_splits: split-KV count; None picks from the shape and the SM count.
+        num_splits: the most split-KV programs per (sequence, kv head); each split takes at
+            least ``MIN_TILES`` tiles of keys, so short sequences use fewer. None picks
+            from the shape and the SM count.
         out: optional (batch, q_len, heads, head_dim) output of q's dtype.
 
     Returns:

@@ -83,7 +83,7 @@ def _norm_op(h: torch.Tensor, ss: torch.Tensor, norm_weight: torch.Tensor, eps: 
         rstd = torch.rsqrt(ss.sum() / k + eps)
         out.copy_(F.linear((h.float() * rstd * norm_weight.float()).to(h.dtype), weight, bias))
         return
-    cfg = dataclasses.replace(skinny_config(1, n, k, sm_count(h.device), h.dtype), split_k=1)
+    cfg = dataclasses.replace(skinny_config(1, n, k, sm_count(h.device), h.dtype, norm_in=True), split_k=1)
     _launch(h, weight, bias, out, cfg, ss_in=ss, norm_weight=norm_weight, eps=eps, norm_late=rstd_late)
 
 

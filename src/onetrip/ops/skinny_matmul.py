@@ -206,7 +206,8 @@ class SkinnyConfig:
         return cls(*v[:5], bool(v[5]), *v[6:7])
 
 
-def skinny_config(M: int, N: int, K: int, sms: int, dtype: torch.dtype = torch.bfloat16) -> SkinnyConfig:
+def skinny_config(M: int, N: int, K: int, sms: int, dtype: torch.dtype = torch.bfloat16, *,
+                  norm_in: bool = False) -> SkinnyConfig:
     """A config from the shape and the SM count (a first guess, to be tuned on a GPU).
 
     - M <= 8, or float32: multiply + sum with a (block_m, block_n, block_k) product of at
@@ -218,7 +219,7 @@ def skinny_config(M: int, N: int, K: int, sms: int, dtype: torch.dtype = torch.b
       K chunks per split.
     """
     if M == 1 and dtype != torch.float32:
-        return _gemv_config(N, K)
+        return _gemv_config(N, K, norm_in)
     block_m = triton.next_power_of_2(max(M, 1))
     use_dot = M > 8 and dtype != torch.float32 and not (is_interpreting() and dtype == torch.bfloat16)
     if use_dot:
@@ -236,7 +237,18 @@ def skinny_config(M: int, N: int, K: int, sms: int, dtype: torch.dtype = torch.b
     return SkinnyConfig(block_m, block_n, block_k, split_k, 4, use_dot)
 
 
-def _gemv_config(N: int, K: int) -> SkinnyConfig:
+# Batch-1 shapes where an H200 sweep's best launch beat the rule below by more than 3%
+# (benchmarks/ab_next.py, 2026-11-21, benchmarks/results/ab-round2-h200-20261121.json):
+# (N, K, RMSNorm in the prologue) -> (block_n, block_k, num_warps), time in us (rule's).
+_TUNED_GEMV = {
+    (16384, 2048, False): (32, 256, 4),  # Llama-3.2-1B gate_up        18.4 (20.9)
+    (16384, 2048, True): (16, 256, 8),   # 1B gate_up + RMSNorm        19.9 (22.0)
+    (6144, 4096, False): (8, 512, 4),    # Llama-3.1-8B qkv            14.7 (16.2)
+    (6144, 4096, True): (8, 512, 4),     # 8B qkv + RMSNorm            15.2 (18.6)
+}
+
+
+def _gemv_config(N: int, K: int, norm_in: bool = False) -> SkinnyConfig:
     """Batch 1 (16-bit): the rule read off ``benchmarks/sweep_gemv.py`` on an H200
     (2026-11-21, benchmarks/NOTES.md), where it beat cuBLAS on all ten 1B/8B projections:
 
@@ -245,7 +257,12 @@ def _gemv_config(N: int, K: int) -> SkinnyConfig:
       keeps 16-32 KB of weight in flight. o_proj of 1B: 4.3 us against cuBLAS's 6.1.
     - wider (gate_up, lm_head): 16 x 256 tiles at 4 warps, already thousands of programs.
     No split-K: it never won there (its float32 partials and second launch cost more than
-    the parallelism buys at these sizes)."""
+    the parallelism buys at these sizes). ``_TUNED_GEMV`` overrides the rule for the
+    shapes a later sweep found >3% faster, with and without the RMSNorm prologue
+    (``norm_in``, which adds a load and a multiply per K chunk)."""
+    if (N, K, norm_in) in _TUNED_GEMV:
+        bn, bk, warps = _TUNED_GEMV[N, K, norm_in]
+        return SkinnyConfig(1, bn, bk, 1, warps, False, 1)
     def chunk(limit: int) -> int:  # the largest power of two <= limit dividing K (EVEN_K)
         c = limit
         while c > 16 and K % c:
