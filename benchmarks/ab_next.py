@@ -1,23 +1,22 @@
-"""The next device session's A/B runs, prepared and checked on the CPU: one call, ~1-2 min.
+"""The next device session's A/B runs, prepared and checked on the CPU: one call, ~1 min.
 
     python benchmarks/ab_next.py --out DIR
 
-Round 2 (benchmarks/results/ab-round2-h200-20261121.json) found the RMSNorm prologue's cost
-was mostly its launch config: at its best config 8B qkv + norm takes 15.2 us, against 18.6
-with the plain GEMV's rule (plain: 14.7); storing h * g upstream saved only 0.3 us more.
-Those winners are now ``skinny_matmul._TUNED_GEMV``.
+Rounds 2-3 (benchmarks/results/ab-round{2,3}-h200-20261121.json) gave the batch-1 GEMV
+table (``skinny_matmul._TUNED_GEMV``), the decode split rule and append_kv's launch.
 
-Round 3, the GEMVs of the batch-1 step not swept with their fusions yet, each over the
-launch configs of ``sweep_gemv.py`` and at the rule's config:
-1. o_proj + residual add + sum-of-squares partials (``gemv_add_residual``), 1B and 8B.
-2. down_proj + SwiGLU prologue + residual (``silu_mul=True``), 1B and 8B.
-3. lm_head + RMSNorm prologue (``gemv_rms_norm``), 1B and 8B (128256 rows).
-Prediction: o (8-32 MB, 1B o is 46% of copy) gains the most, 0.5-1 us from fewer, longer
-programs; down and lm_head are within 3% of their floor already.
+Round 4: paged decode attention. With 128-key tiles, 8 warps (one CTA per SM) and one
+wave of programs, contiguous caches reach 97-110% of copy from batch 4 x 32K up, but
+paged-64/256 fell where the wave is one program per SM (batch 16 x 8K: 95% -> 65%,
+batch 4 x 32K: 78% -> 62%) while batch 64 (four waves) kept 102-105%. Suspect: each
+tile's K/V address waits on its block-table load, and one CTA per SM has nothing else to
+run meanwhile. Sweep, per cell, tiles of 128 / 64 / 32 keys at 4 and 8 warps and 1x, 2x
+and 4x the heuristic's split count. Prediction: paged wants two or more CTAs per SM (64
+keys at 4 warps: 218 registers, 2 CTAs) or two waves of splits; contiguous does not care.
 
-Round 2's decode-attention split sweep and append_kv shapes stay callable (``decode_ab``,
-``append_ab``) for re-checks. Every variant is timed as one CUDA graph over enough input
-copies to pass 256 MiB (each call reads HBM), median of 15, per call; writes ab-next.json.
+Every variant is timed as one CUDA graph over enough input copies to pass 256 MiB (each
+call reads HBM), median of 15, per call; writes ab-next.json. ``gemv_ab`` (round 3) and
+``append_ab`` (round 2) stay callable for re-checks.
 """
 
 from __future__ import annotations
@@ -76,7 +75,7 @@ def gemv_ab(flush, copy, dev="cuda"):
             ref = gn.gemv_rms_norm_ref(h, g, 1e-5, ws[0]).float()
         else:
             ref = gn.gemv_add_residual_ref(x, ws[0], res, form == "silu residual").float()
-        rule = sk.skinny_config(1, n, k, 132, norm_in=form == "norm")
+        rule = sk.skinny_config(1, n, k, 132, fusion=form.replace(" ", "_"))
         row = {"shape": name, "N": n, "K": k, "floor_us": n * k * 2 / (copy * 1e3), "rule": rule.as_list()}
 
         def launch(w, y, part, c):
@@ -117,6 +116,42 @@ def _decode_calls(sets, lens, cfg, D):
     outs = [torch.empty_like(q) for q, _, _ in sets]
     return [lambda q=q, k=k, v=v, o=o: da._launch(q, k, v, lens, None, o, D ** -0.5, -1, 0.0, cfg)
             for (q, k, v), o in zip(sets, outs)], outs
+
+
+PAGED_CELLS = ((16, 8192, "paged-64"), (4, 32768, "paged-64"), (1, 32768, "paged-64"), (64, 8192, "paged-64"),
+               (16, 8192, "contiguous"), (4, 32768, "contiguous"))
+
+
+def paged_ab(flush, copy, dev="cuda"):
+    rows = []
+    gen = torch.Generator(device=dev).manual_seed(0)
+    H, KVH, D = HEADS
+    for b, ctx, layout in PAGED_CELLS:
+        cell = DecodeCell("decode", layout, b, ctx, heads=H, kv_heads=KVH, head_dim=D)
+        t = make_inputs(cell, torch.bfloat16, dev, gen)
+        nbytes = 2 * b * ctx * KVH * D * 2
+        heur = da._default_config(t["q"], t["k_cache"], t["block_table"])
+        ref = da.decode_attention(t["q"], t["k_cache"], t["v_cache"], t["cache_seqlens"],
+                                  block_table=t["block_table"]).float()
+        row = {"cell": f"B={b} ctx={ctx} {layout}", "heuristic": dataclasses.astuple(heur), "configs": {}}
+        for (bn, warps), mult in itertools.product(((128, 8), (64, 4), (64, 8), (32, 4)), (1, 2, 4)):
+            splits = heur.num_splits * mult
+            out = torch.empty_like(t["q"])
+            call = lambda cfg=da.DecodeConfig(bn, warps, splits): da._launch(  # noqa: E731
+                t["q"], t["k_cache"], t["v_cache"], t["cache_seqlens"], t["block_table"], out, D ** -0.5, -1, 0.0, cfg)
+            call()
+            err = (out.float() - ref).abs().max().item()
+            us = 1e3 * time_per_call([call], flush)
+            row["configs"][str([bn, warps, splits])] = {"us": us, "pct_of_copy": 100 * nbytes / (us * 1e3) / copy,
+                                                        "max_diff": err}
+        rows.append(row)
+        top = sorted(row["configs"].items(), key=lambda kv: kv[1]["us"])
+        print(f"{row['cell']:28s} heuristic {row['heuristic']}: " + ", ".join(
+            f"{c} {r['pct_of_copy']:.0f}%" for c, r in top[:4]) + f" ... worst {top[-1][0]} "
+            f"{top[-1][1]['pct_of_copy']:.0f}%", flush=True)
+        del t
+        torch.cuda.empty_cache()
+    return rows
 
 
 def decode_ab(flush, copy, dev="cuda"):
@@ -190,7 +225,7 @@ def main() -> int:
     t0 = time.time()
     result = {"meta": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_gbs": copy,
                        "triton": __import__("triton").__version__, "date": time.strftime("%Y-%m-%d")}}
-    for name, fn in (("gemv", gemv_ab),):
+    for name, fn in (("paged", paged_ab),):
         try:
             result[name] = fn(flush, copy)
         except Exception as exc:  # noqa: BLE001 - the other parts still report

@@ -22,7 +22,7 @@ def test_chain(gen, dtype, K, N, M2, silu):
     g = (1 + 0.1 * _rn(gen, N, dtype=torch.float32)).to(dtype)
     w2, b2 = _rn(gen, M2, N, dtype=dtype), _rn(gen, M2, dtype=dtype)
     h, ss = gemv_add_residual(x, w1, res, silu_mul=silu)
-    assert h.shape == (1, N) and ss.shape == (partials(N, K, h.device, dtype),)
+    assert h.shape == (1, N) and ss.shape == (partials(N, K, h.device, dtype, silu),)
     h_exact = gemv_add_residual_ref(*upcast(x, w1, res), silu_mul=silu)
     h_torch = gemv_add_residual_ref(x, w1, res, silu_mul=silu)
     assert_close("h", h, h_exact, h_torch)
@@ -44,3 +44,12 @@ def test_bad_input(gen):
         gemv_rms_norm(h, ss.double(), r, 1e-5, w.T.contiguous())
     with pytest.raises(ValueError, match="norm_weight has shape"):
         gemv_rms_norm(h, ss, r[:3], 1e-5, w.T.contiguous())
+
+
+def test_partials_follow_the_tuned_launch():
+    """The consumer reads as many partials as the producer's grid has programs: 8B o_proj
+    + residual runs 16 columns a program (the H200 table), so 256 partials, not 512."""
+    cpu = torch.device("cpu")
+    assert partials(4096, 4096, cpu, torch.bfloat16) == 256
+    assert partials(4096, 14336, cpu, torch.bfloat16, silu_mul=True) == 512
+

@@ -84,9 +84,12 @@ def test_config_heuristic():
     assert skinny_config(1, 896, 896, 132).block_k == 128
     # shapes swept on the H200 since: the table, with and without the RMSNorm prologue
     assert skinny_config(1, 6144, 4096, 132).as_list()[1:5] == [8, 512, 1, 4]
-    assert skinny_config(1, 16384, 2048, 132, norm_in=True).as_list()[1:5] == [16, 256, 1, 8]
+    assert skinny_config(1, 16384, 2048, 132, fusion="norm").as_list()[1:5] == [16, 256, 1, 8]
+    assert skinny_config(1, 4096, 14336, 132, fusion="silu_residual").as_list()[1:5] == [8, 1024, 1, 4]
+    with pytest.raises(ValueError, match="fusion"):
+        skinny_config(1, 64, 64, 132, fusion="gelu")
     assert skinny_config(1, 16384, 2048, 132).as_list()[1:5] == [32, 256, 1, 4]
-    assert skinny_config(1, 16384, 2048, 132, torch.float32, norm_in=True).block_n != 16  # 16-bit only
+    assert skinny_config(1, 16384, 2048, 132, torch.float32, fusion="norm").block_n != 16  # 16-bit only
     # float32 at batch 1 keeps the general rule, with a split when programs are few.
     assert skinny_config(1, 4096, 4096, 132, torch.float32).split_k > 1
     for M in (1, 3, 8, 17, 32):

@@ -51,9 +51,14 @@ def _check_weight(weight: torch.Tensor, x: torch.Tensor, k: int) -> tuple[int, i
     return weight.shape
 
 
-def partials(n: int, k: int, device: torch.device, dtype: torch.dtype) -> int:
+def _residual_config(n: int, k: int, device: torch.device, dtype: torch.dtype, silu_mul: bool):
+    fusion = "silu_residual" if silu_mul else "residual"
+    return dataclasses.replace(skinny_config(1, n, k, sm_count(device), dtype, fusion=fusion), split_k=1)
+
+
+def partials(n: int, k: int, device: torch.device, dtype: torch.dtype, silu_mul: bool = False) -> int:
     """How many sums of squares ``gemv_add_residual`` writes for an (n, k) weight: its grid."""
-    return triton.cdiv(n, skinny_config(1, n, k, sm_count(device), dtype).block_n)
+    return triton.cdiv(n, _residual_config(n, k, device, dtype, silu_mul).block_n)
 
 
 @torch.library.custom_op("onetrip::gemv_add_residual", mutates_args=("h", "ss"))
@@ -66,8 +71,8 @@ def _residual_op(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, 
         ss.zero_()
         ss[0] = hv.float().square().sum()
         return
-    cfg = dataclasses.replace(skinny_config(1, n, k, sm_count(x.device), x.dtype), split_k=1)
-    _launch(x, weight, None, h, cfg, silu_mul, residual=residual, ss_out=ss)
+    _launch(x, weight, None, h, _residual_config(n, k, x.device, x.dtype, silu_mul), silu_mul, residual=residual,
+            ss_out=ss)
 
 
 @_residual_op.register_fake
@@ -83,7 +88,7 @@ def _norm_op(h: torch.Tensor, ss: torch.Tensor, norm_weight: torch.Tensor, eps: 
         rstd = torch.rsqrt(ss.sum() / k + eps)
         out.copy_(F.linear((h.float() * rstd * norm_weight.float()).to(h.dtype), weight, bias))
         return
-    cfg = dataclasses.replace(skinny_config(1, n, k, sm_count(h.device), h.dtype, norm_in=True), split_k=1)
+    cfg = dataclasses.replace(skinny_config(1, n, k, sm_count(h.device), h.dtype, fusion="norm"), split_k=1)
     _launch(h, weight, bias, out, cfg, ss_in=ss, norm_weight=norm_weight, eps=eps, norm_late=rstd_late)
 
 
@@ -103,7 +108,7 @@ def gemv_add_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Ten
         silu_mul: SwiGLU in the prologue (the MLP's down projection).
 
     Returns:
-        (h (1, N) of x's dtype, ss (P,) float32): P = ``partials(N, K)`` per-program sums of
+        (h (1, N) of x's dtype, ss (P,) float32): P = ``partials(N, K, silu_mul=silu_mul)`` sums of
         h^2, which only ``gemv_rms_norm`` reads. One launch; capturable.
     """
     check_tensor("x", x)
@@ -115,7 +120,7 @@ def gemv_add_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Ten
     r2 = _one_row("residual", residual, n)
     check_same_device("x", x, weight=weight, residual=residual)
     h = torch.empty((1, n), dtype=x.dtype, device=x.device)
-    ss = torch.empty((partials(n, k, x.device, x.dtype),), dtype=torch.float32, device=x.device)
+    ss = torch.empty((partials(n, k, x.device, x.dtype, silu_mul),), dtype=torch.float32, device=x.device)
     _residual_op(x2, weight, r2, h, ss, silu_mul)
     return h, ss
 

@@ -207,7 +207,7 @@ class SkinnyConfig:
 
 
 def skinny_config(M: int, N: int, K: int, sms: int, dtype: torch.dtype = torch.bfloat16, *,
-                  norm_in: bool = False) -> SkinnyConfig:
+                  fusion: str = "plain") -> SkinnyConfig:
     """A config from the shape and the SM count (a first guess, to be tuned on a GPU).
 
     - M <= 8, or float32: multiply + sum with a (block_m, block_n, block_k) product of at
@@ -219,7 +219,7 @@ def skinny_config(M: int, N: int, K: int, sms: int, dtype: torch.dtype = torch.b
       K chunks per split.
     """
     if M == 1 and dtype != torch.float32:
-        return _gemv_config(N, K, norm_in)
+        return _gemv_config(N, K, fusion)
     block_m = triton.next_power_of_2(max(M, 1))
     use_dot = M > 8 and dtype != torch.float32 and not (is_interpreting() and dtype == torch.bfloat16)
     if use_dot:
@@ -237,18 +237,23 @@ def skinny_config(M: int, N: int, K: int, sms: int, dtype: torch.dtype = torch.b
     return SkinnyConfig(block_m, block_n, block_k, split_k, 4, use_dot)
 
 
+# What a batch-1 GEMV carries besides the product (gemv_norm): an RMSNorm in the prologue,
+# a residual add + sum of squares in the epilogue, or SwiGLU in the prologue as well.
+GEMV_FUSIONS = ("plain", "norm", "residual", "silu_residual")
 # Batch-1 shapes where an H200 sweep's best launch beat the rule below by more than 3%
-# (benchmarks/ab_next.py, 2026-11-21, benchmarks/results/ab-round2-h200-20261121.json):
-# (N, K, RMSNorm in the prologue) -> (block_n, block_k, num_warps), time in us (rule's).
+# (benchmarks/ab_next.py, 2026-11-21, benchmarks/results/ab-round{2,3}-h200-20261121.json):
+# (N, K, fusion) -> (block_n, block_k, num_warps), time in us (the rule's).
 _TUNED_GEMV = {
-    (16384, 2048, False): (32, 256, 4),  # Llama-3.2-1B gate_up        18.4 (20.9)
-    (16384, 2048, True): (16, 256, 8),   # 1B gate_up + RMSNorm        19.9 (22.0)
-    (6144, 4096, False): (8, 512, 4),    # Llama-3.1-8B qkv            14.7 (16.2)
-    (6144, 4096, True): (8, 512, 4),     # 8B qkv + RMSNorm            15.2 (18.6)
+    (16384, 2048, "plain"): (32, 256, 4),           # Llama-3.2-1B gate_up            18.4 (20.9)
+    (16384, 2048, "norm"): (16, 256, 8),            # 1B gate_up + RMSNorm            19.9 (22.0)
+    (6144, 4096, "plain"): (8, 512, 4),             # Llama-3.1-8B qkv                14.7 (16.2)
+    (6144, 4096, "norm"): (8, 512, 4),              # 8B qkv + RMSNorm                15.2 (18.6)
+    (4096, 4096, "residual"): (16, 1024, 8),        # 8B o + residual                 11.4 (12.4)
+    (4096, 14336, "silu_residual"): (8, 1024, 4),   # 8B down + SwiGLU + residual     30.3 (38.3)
 }
 
 
-def _gemv_config(N: int, K: int, norm_in: bool = False) -> SkinnyConfig:
+def _gemv_config(N: int, K: int, fusion: str = "plain") -> SkinnyConfig:
     """Batch 1 (16-bit): the rule read off ``benchmarks/sweep_gemv.py`` on an H200
     (2026-11-21, benchmarks/NOTES.md), where it beat cuBLAS on all ten 1B/8B projections:
 
@@ -258,10 +263,13 @@ def _gemv_config(N: int, K: int, norm_in: bool = False) -> SkinnyConfig:
     - wider (gate_up, lm_head): 16 x 256 tiles at 4 warps, already thousands of programs.
     No split-K: it never won there (its float32 partials and second launch cost more than
     the parallelism buys at these sizes). ``_TUNED_GEMV`` overrides the rule for the
-    shapes a later sweep found >3% faster, with and without the RMSNorm prologue
-    (``norm_in``, which adds a load and a multiply per K chunk)."""
-    if (N, K, norm_in) in _TUNED_GEMV:
-        bn, bk, warps = _TUNED_GEMV[N, K, norm_in]
+    shapes later sweeps found >3% faster with the fusion each carries in the engine
+    (one of ``GEMV_FUSIONS``): a prologue or epilogue changes the best launch (8B qkv with
+    its norm: 15.2 us at 8 x 512, 4 warps; 18.6 at the plain rule's 16 x 1024, 8 warps)."""
+    if fusion not in GEMV_FUSIONS:
+        raise ValueError(f"fusion must be one of {GEMV_FUSIONS}, got {fusion!r}")
+    if (N, K, fusion) in _TUNED_GEMV:
+        bn, bk, warps = _TUNED_GEMV[N, K, fusion]
         return SkinnyConfig(1, bn, bk, 1, warps, False, 1)
     def chunk(limit: int) -> int:  # the largest power of two <= limit dividing K (EVEN_K)
         c = limit
