@@ -249,10 +249,19 @@ def decode_config(batch: int, kv_heads: int, max_seq: int, head_dim: int, device
 
 
 def _default_config(q, k_cache, block_table, num_splits: int = 0) -> DecodeConfig:
-    """decode_config for these tensors; ``num_splits`` > 0 overrides its split count."""
+    """decode_config for these tensors; ``num_splits`` > 0 overrides its split count.
+
+    Paged caches take two waves of splits: each tile's K/V address waits on its block-table
+    load, and with one 8-warp CTA per SM nothing else runs meanwhile. On an H200
+    (benchmarks/results/ab-round4-h200-20261121.json) batch 16 x 8K paged-64 read 65% of
+    copy with one wave and 93% with two; batch 4 x 32K 61% -> 91%; batch 1 x 32K 49% ->
+    64%; batch 64 keeps one split (512 programs, 101%). Contiguous caches lose with a
+    second wave (batch 16 x 8K 101% -> 96%)."""
     B, Q, H, D = q.shape
-    max_seq = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
-    cfg = decode_config(B, k_cache.shape[2], max_seq, D, q.device, rows=Q * H // k_cache.shape[2])
+    paged = block_table is not None
+    max_seq = k_cache.shape[1] * (block_table.shape[1] if paged else 1)
+    cfg = decode_config(B, k_cache.shape[2], max_seq, D, q.device, rows=Q * H // k_cache.shape[2],
+                        waves=2 if paged else 1)
     return cfg if num_splits <= 0 else DecodeConfig(cfg.block_n, cfg.num_warps, num_splits)
 
 
