@@ -39,6 +39,12 @@ VARIANTS = {  # (constexprs, num_warps): the engine's configs at batch 1 (_gemv_
     "o + residual epilogue, 4 x 1024": ({"RES_OUT": True, "BLOCK_N": 4}, 8),
     "down + SwiGLU prologue + residual, 4 x 1024": ({"RES_OUT": True, "SILU_MUL": True, "BLOCK_N": 4}, 8),
     "gate_up / lm_head + RMSNorm, 16 x 256": ({"NORM_IN": True, "BLOCK_N": 16, "BLOCK_K": 256}, 4),
+    # the launch table (skinny_matmul._TUNED_GEMV)
+    "table: 1B gate_up + RMSNorm, 16 x 256": ({"NORM_IN": True, "BLOCK_N": 16, "BLOCK_K": 256}, 8),
+    "table: 1B gate_up plain, 32 x 256": ({"BLOCK_N": 32, "BLOCK_K": 256}, 4),
+    "table: 8B qkv (+ RMSNorm), 8 x 512": ({"NORM_IN": True, "BLOCK_K": 512}, 4),
+    "table: 8B o + residual, 16 x 1024": ({"RES_OUT": True, "BLOCK_N": 16}, 8),
+    "table: 8B down + SwiGLU + residual, 8 x 1024": ({"RES_OUT": True, "SILU_MUL": True}, 4),
 }
 
 
