@@ -1,28 +1,31 @@
-"""The next device session's A/B runs, prepared and checked on the CPU: one call, ~1 min.
+"""The next device session's A/B runs, prepared and checked on the CPU: one call, ~1-2 min.
 
     python benchmarks/ab_next.py --out DIR
 
-Rounds 2-3 (benchmarks/results/ab-round{2,3}-h200-20261121.json) gave the batch-1 GEMV
-table (``skinny_matmul._TUNED_GEMV``), the decode split rule and append_kv's launch.
+Rounds 1-4 (benchmarks/results/ab-round{1..4}-h200-20261121.json, NOTES.md) set the batch-1
+GEMV launch table, the decode split rule and append_kv's launch.
 
-Round 4: paged decode attention. With 128-key tiles, 8 warps (one CTA per SM) and one
-wave of programs, contiguous caches reach 97-110% of copy from batch 4 x 32K up, but
-paged-64/256 fell where the wave is one program per SM (batch 16 x 8K: 95% -> 65%,
-batch 4 x 32K: 78% -> 62%) while batch 64 (four waves) kept 102-105%. Suspect: each
-tile's K/V address waits on its block-table load, and one CTA per SM has nothing else to
-run meanwhile. Sweep, per cell, tiles of 128 / 64 / 32 keys at 4 and 8 warps and 1x, 2x
-and 4x the heuristic's split count. Prediction: paged wants two or more CTAs per SM (64
-keys at 4 warps: 218 registers, 2 CTAs) or two waves of splits; contiguous does not care.
+Round 5:
+1. Programmatic dependent launch (``ONETRIP_PDL``, skinny_matmul): the batch-1 GEMV chain
+   of a decoder without its attention (per layer qkv + RMSNorm, o + residual, gate_up +
+   RMSNorm, down + SwiGLU + residual; 16 layers of 1B shapes, 32 of 8B, distinct weights,
+   so every call reads HBM), one CUDA graph per step, PDL off / wait first / prefetch the
+   first weight chunk to L2 then wait. Outputs must match bit for bit. Prediction: the
+   1B step's GEMVs (64 launches, ~0.68 ms) lose ~1 us per launch with PDL (~-10%), more
+   with the prefetch; 8B (128 launches, ~3.6 ms) ~-3%.
+2. Decode attention at batch 64 x 1K (86% of copy, contiguous and paged; SDPA 92%): one
+   program per (sequence, kv head) holds only 8 key tiles. Sweep 1-4 splits and the tile
+   shapes. Prediction: 2 splits (two waves) reach ~90%.
 
-Every variant is timed as one CUDA graph over enough input copies to pass 256 MiB (each
-call reads HBM), median of 15, per call; writes ab-next.json. ``gemv_ab`` (round 3) and
-``append_ab`` (round 2) stay callable for re-checks.
+Every variant is timed as one CUDA graph (median of 15 replays); writes ab-next.json.
+``gemv_ab`` (round 3) and ``append_ab`` (round 2) stay callable for re-checks.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import importlib
 import itertools
 import json
@@ -118,8 +121,7 @@ def _decode_calls(sets, lens, cfg, D):
             for (q, k, v), o in zip(sets, outs)], outs
 
 
-PAGED_CELLS = ((16, 8192, "paged-64"), (4, 32768, "paged-64"), (1, 32768, "paged-64"), (64, 8192, "paged-64"),
-               (16, 8192, "contiguous"), (4, 32768, "contiguous"))
+PAGED_CELLS = ((64, 1024, "contiguous"), (64, 1024, "paged-64"))  # round 4 swept paged 16 x 8K ... 64 x 8K
 
 
 def paged_ab(flush, copy, dev="cuda"):
@@ -215,6 +217,58 @@ def append_ab(flush, copy, dev="cuda"):
     return rows
 
 
+# hidden, qkv rows, intermediate, layers
+CHAIN_SHAPES = {"1B": (2048, 3072, 8192, 16), "8B": (4096, 6144, 14336, 32)}
+
+
+def _chain_step(layers, x0, res0, g, eps=1e-5):
+    """The batch-1 GEMV chain of ``layers`` (Wqkv, Wo, Wgu, Wd) as the engine runs it, with
+    qkv's first H columns standing in for attention's output. Returns the last h."""
+    hidden = x0.shape[-1]
+    h, ss = gn.gemv_add_residual(x0, layers[0][1], res0)
+    for wqkv, wo, wgu, wd in layers:
+        qkv = gn.gemv_rms_norm(h, ss, g, eps, wqkv)
+        h, ss = gn.gemv_add_residual(qkv[:, :hidden], wo, h)
+        gu = gn.gemv_rms_norm(h, ss, g, eps, wgu)
+        h, ss = gn.gemv_add_residual(gu, wd, h, silu_mul=True)
+    return h
+
+
+def chain_ab(flush, copy, dev="cuda"):
+    rows = []
+    for name, (hidden, nqkv, inter, n_layers) in CHAIN_SHAPES.items():
+        gen = torch.Generator(device=dev).manual_seed(0)
+        rnd = lambda *shape: torch.randn(shape, generator=gen, device=dev, dtype=torch.bfloat16) * 0.02  # noqa: E731
+        layers = [(rnd(nqkv, hidden), rnd(hidden, hidden), rnd(2 * inter, hidden), rnd(hidden, inter))
+                  for _ in range(n_layers)]
+        nbytes = sum(w.numel() * 2 for layer in layers for w in layer)
+        x0, res0 = rnd(1, hidden) * 50, rnd(1, hidden) * 50
+        g = (1 + 0.1 * torch.randn(hidden, generator=gen, device=dev)).to(torch.bfloat16)
+        row = {"model": name, "layers": n_layers, "launches": 1 + 4 * n_layers, "weight_bytes": nbytes,
+               "floor_us": nbytes / (copy * 1e3)}
+        ref = None
+        for mode in (0, 1, 2):
+            os.environ["ONETRIP_PDL"] = str(mode)
+            try:
+                out = {}
+                us = 1e3 * time_per_call([lambda: out.__setitem__("h", _chain_step(layers, x0, res0, g))], flush)
+                h = out["h"].clone()
+                same = ref is None or torch.equal(h, ref)
+                ref = h if ref is None else ref
+                row[f"pdl{mode}"] = {"us": us, "pct_of_copy": 100 * nbytes / (us * 1e3) / copy, "same_as_off": same}
+            except Exception as exc:  # noqa: BLE001 - recorded (a driver without PDL in capture)
+                row[f"pdl{mode}"] = {"error": str(exc)[:300]}
+        os.environ["ONETRIP_PDL"] = "0"
+        rows.append(row)
+        print(f"GEMV chain {name} ({row['launches']} launches, floor {row['floor_us']:.0f} us): " + ", ".join(
+            f"PDL {m}: " + (f"{row[f'pdl{m}']['us']:.0f} us ({row[f'pdl{m}']['pct_of_copy']:.0f}%, same "
+                            f"{row[f'pdl{m}']['same_as_off']})" if "us" in row[f"pdl{m}"] else row[f"pdl{m}"]["error"])
+            for m in (0, 1, 2)), flush=True)
+        del layers
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("gpu-out"))
@@ -225,7 +279,7 @@ def main() -> int:
     t0 = time.time()
     result = {"meta": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_gbs": copy,
                        "triton": __import__("triton").__version__, "date": time.strftime("%Y-%m-%d")}}
-    for name, fn in (("paged", paged_ab),):
+    for name, fn in (("chain", chain_ab), ("decode_b64_1k", paged_ab)):
         try:
             result[name] = fn(flush, copy)
         except Exception as exc:  # noqa: BLE001 - the other parts still report

@@ -29,16 +29,17 @@ POINTERS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "y_ptr": "*bf1
             "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "o_ptr": "*bf16", "seqlens_ptr": "*i32",
             "table_ptr": "*i32", "ws_o_ptr": "*fp32", "ws_lse_ptr": "*fp32"}  # decode attention
 FLOATS = ("eps", "qk_scale", "softcap_log2")
-BASE = dict(HAS_BIAS=False, RES_OUT=False, NORM_IN=False, NORM_LATE=False, NORM_GAIN=True, BLOCK_SS=512, SPLIT=False,
-            USE_DOT=False, EVEN_K=True, SILU_MUL=False, BLOCK_M=1, BLOCK_N=8, BLOCK_K=1024)
+BASE = dict(HAS_BIAS=False, RES_OUT=False, NORM_IN=False, NORM_LATE=False, BLOCK_SS=512, SPLIT=False,
+            USE_DOT=False, EVEN_K=True, SILU_MUL=False, BLOCK_M=1, BLOCK_N=8, BLOCK_K=1024, PDL=0)
 VARIANTS = {  # (constexprs, num_warps): the engine's configs at batch 1 (_gemv_config)
     "qkv/o/down plain, 8 x 1024": ({}, 8),
     "qkv + RMSNorm prologue": ({"NORM_IN": True}, 8),
     "qkv + RMSNorm, rsqrt late": ({"NORM_IN": True, "NORM_LATE": True}, 8),
-    "qkv + RMSNorm, rsqrt late, gain upstream": ({"NORM_IN": True, "NORM_LATE": True, "NORM_GAIN": False}, 8),
     "o + residual epilogue, 4 x 1024": ({"RES_OUT": True, "BLOCK_N": 4}, 8),
     "down + SwiGLU prologue + residual, 4 x 1024": ({"RES_OUT": True, "SILU_MUL": True, "BLOCK_N": 4}, 8),
     "gate_up / lm_head + RMSNorm, 16 x 256": ({"NORM_IN": True, "BLOCK_N": 16, "BLOCK_K": 256}, 4),
+    "qkv + RMSNorm, PDL wait": ({"NORM_IN": True, "PDL": 1}, 8),
+    "qkv + RMSNorm, PDL prefetch + wait": ({"NORM_IN": True, "PDL": 2}, 8),
     # the launch table (skinny_matmul._TUNED_GEMV)
     "table: 1B gate_up + RMSNorm, 16 x 256": ({"NORM_IN": True, "BLOCK_N": 16, "BLOCK_K": 256}, 8),
     "table: 1B gate_up plain, 32 x 256": ({"BLOCK_N": 32, "BLOCK_K": 256}, 4),

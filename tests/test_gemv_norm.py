@@ -4,7 +4,7 @@ chain (linear, add, HF RMSNorm, linear) in float64, by the 2 x PyTorch-error rul
 import pytest
 import torch
 
-from conftest import DEVICE
+from conftest import DEVICE, ON_GPU, capture
 from onetrip.ops.gemv_norm import (gemv_add_residual, gemv_add_residual_ref, gemv_rms_norm, gemv_rms_norm_ref,
                                    partials)
 from onetrip.testing import assert_close, upcast
@@ -53,3 +53,42 @@ def test_partials_follow_the_tuned_launch():
     assert partials(4096, 4096, cpu, torch.bfloat16) == 256
     assert partials(4096, 14336, cpu, torch.bfloat16, silu_mul=True) == 512
 
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU (programmatic dependent launch: Hopper)")
+@pytest.mark.parametrize("mode", [1, 2])
+def test_pdl_chain_in_a_graph_matches(monkeypatch, mode):
+    """Programmatic dependent launch (ONETRIP_PDL) lets each GEMV start while the previous
+    one drains; every read of its outputs waits. A chain of 3 layers (residual, norm,
+    SwiGLU, each reading the last kernel's output) captured in a CUDA graph and replayed
+    with new inputs gives bit for bit what ordinary launches give."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs sm_90 or later")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    H, F = 256, 704
+    rn = lambda *s: torch.randn(*s, generator=gen, device="cuda").to(torch.bfloat16)  # noqa: E731
+    layers = [(rn(H, H) * 0.05, rn(2 * F, H) * 0.05, rn(H, F) * 0.05) for _ in range(3)]
+    g = 1 + 0.1 * rn(H)
+    x, res = rn(1, H), rn(1, H)
+
+    def step():
+        h, ss = gemv_add_residual(x, layers[0][0], res)
+        for wo, wgu, wd in layers:
+            h, ss = gemv_add_residual(gemv_rms_norm(h, ss, g, 1e-5, wgu), wd, h, silu_mul=True)
+            h, ss = gemv_add_residual(h, wo, h)
+        return h
+
+    x_new, res_new = rn(1, H), rn(1, H)
+    monkeypatch.setenv("ONETRIP_PDL", "0")
+    x.copy_(x_new)
+    res.copy_(res_new)
+    expected = step().clone()
+    x.copy_(rn(1, H))  # captured on other inputs, replayed on x_new, res_new
+    res.copy_(rn(1, H))
+    monkeypatch.setenv("ONETRIP_PDL", str(mode))
+    graph, h = capture(step)
+    x.copy_(x_new)
+    res.copy_(res_new)
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(h, expected, rtol=0, atol=0)

@@ -21,6 +21,7 @@ longer bandwidth-bound by a wide margin and tensor-core GEMMs are the right tool
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -28,6 +29,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ._common import (
     as_rows,
@@ -58,7 +60,6 @@ def _skinny_matmul_kernel(
     RES_OUT: tl.constexpr,  # y = x @ w^T + residual, and this program's sum of y^2 (one row)
     NORM_IN: tl.constexpr,  # x -> x * rsqrt(sum(ss_in) / K + eps) * nw: RMSNorm in the prologue
     NORM_LATE: tl.constexpr,  # apply NORM_IN's rsqrt (one scalar per row) after the K loop
-    NORM_GAIN: tl.constexpr,  # NORM_IN multiplies by nw (False: x arrives with the gain applied)
     BLOCK_SS: tl.constexpr,
     SPLIT: tl.constexpr,  # write float32 partials of this program's K range to the workspace
     USE_DOT: tl.constexpr,  # tl.dot on the tile (M padded to 16) instead of multiply + sum
@@ -67,6 +68,7 @@ def _skinny_matmul_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = 0,  # programmatic dependent launch: 0 off, 1 wait first, 2 prefetch W to L2, then wait
 ):
     # HAS_BIAS / SPLIT / USE_DOT are constexpr so each variant compiles to straight-line code
     # without the others' loads and stores: one kernel body instead of four copies.
@@ -82,6 +84,19 @@ def _skinny_matmul_kernel(
     # 64-bit column offsets: N * stride_wn exceeds 2**31 for an LM head of 152K x 16K.
     w_rows = w_ptr + cols.to(tl.int64)[:, None] * stride_wn  # (BLOCK_N, 1)
     x_rows = x_ptr + rows[:, None] * stride_xm  # (BLOCK_M, 1)
+    if PDL == 2:
+        # The weight does not depend on the previous kernel: ask L2 for this program's first
+        # chunk (one prefetch per 128-byte line) while that kernel drains, then wait.
+        lines = k_lo + tl.arange(0, BLOCK_K // 64) * 64
+        pf = w_rows + lines[None, :] * stride_wk  # (BLOCK_N, BLOCK_K / 64) pointers
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // dummy $0", "=r,l", [pf], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+    if PDL > 0:
+        # Launched before the previous kernel finished: nothing it wrote (x, the residual,
+        # the norm's partials) is read, and nothing is written, before this wait. Then let
+        # the next kernel's programs start as this grid's last wave frees the SMs.
+        gdc_wait()
+        gdc_launch_dependents()
     if BLOCK_M == 1 and not USE_DOT:
         # One row (batch 1): a (BLOCK_N, BLOCK_K) float32 accumulator of products, summed
         # over K once after the loop, so the loop is loads and FMAs only; a sum per chunk
@@ -112,7 +127,7 @@ def _skinny_matmul_kernel(
                 # K chunk (BLOCK_K exps against BLOCK_N * BLOCK_K weights), which costs less
                 # than the launch and the HBM round trip of a separate silu_mul.
                 x = x / (1.0 + tl.exp(-x)) * up
-            if NORM_IN and NORM_GAIN:  # Llama's RMSNorm (weight after the normalisation), in float32
+            if NORM_IN:  # Llama's RMSNorm (weight after the normalisation), in float32
                 if EVEN_K:
                     nw = tl.load(nw_ptr + k).to(tl.float32)
                 else:
@@ -281,6 +296,19 @@ def _gemv_config(N: int, K: int, fusion: str = "plain") -> SkinnyConfig:
     return SkinnyConfig(1, 16, chunk(256), 1, 4, False, 1)
 
 
+def pdl_mode() -> int:
+    """ONETRIP_PDL: 0 (default) ordinary launches; 1 programmatic dependent launch (the
+    GEMV may start while the previous kernel drains and waits for it before touching its
+    outputs); 2 the same, prefetching its first weight chunk to L2 before the wait.
+    Hopper and later; an experiment until measured (benchmarks/NOTES.md)."""
+    return int(os.environ.get("ONETRIP_PDL", "0") or 0)
+
+
+def _pdl_args(x: torch.Tensor) -> dict:
+    mode = pdl_mode() if x.is_cuda and torch.cuda.get_device_capability(x.device)[0] >= 9 else 0
+    return {"PDL": mode, "launch_pdl": True} if mode else {}
+
+
 def _launch(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], y: torch.Tensor,
             cfg: SkinnyConfig, silu_mul: bool = False, residual: Optional[torch.Tensor] = None,
             ss_out: Optional[torch.Tensor] = None, ss_in: Optional[torch.Tensor] = None,
@@ -308,12 +336,12 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
         ss_in if ss_in is not None else x, ss_in.numel() if ss_in is not None else 0,
         norm_weight if norm_weight is not None else x, eps,
         HAS_BIAS=bias is not None and not split, RES_OUT=residual is not None, NORM_IN=ss_in is not None,
-        NORM_LATE=norm_late, NORM_GAIN=norm_weight is not None,
+        NORM_LATE=norm_late,
         BLOCK_SS=max(16, triton.next_power_of_2(ss_in.numel())) if ss_in is not None else 16,
         SPLIT=split, USE_DOT=cfg.use_dot,
         EVEN_K=k_per_split % cfg.block_k == 0 and K % k_per_split == 0, SILU_MUL=silu_mul,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_pdl_args(x),
     )
     if split:
         block = 1024
