@@ -1,6 +1,6 @@
 """The decode engine on tiny configs: greedy tokens match transformers' greedy generate and
-the model's own greedy loop, for both backends; ragged batches, EOS, streaming, errors;
-on a GPU, graphs on and off give identical tokens."""
+the model's own greedy loop, for both backends; ragged batches, on a paged cache too; EOS,
+streaming, errors; on a GPU, graphs on and off give identical tokens."""
 
 import pytest
 import torch
@@ -54,6 +54,56 @@ def test_ragged_batch_matches_one_by_one(backend, gen):
         assert toks == want
 
 
+@pytest.mark.parametrize("backend", ["eager", "fused"])
+def test_paged_ragged_batch_matches_contiguous(backend, gen):
+    """Prompts of 5, 1 and 19 tokens (bucket 4: the padding row writes into the sink page)
+    prefilled in chunks of 17 (flash_attention over gathered pages, then a 2-token chunk),
+    on a pool of exactly the pages they need: ceil((prompt + 4) / 8) = 2, 1 and 3, where
+    the contiguous cache holds 4 x 48 slots (24 pages). The same greedy tokens."""
+    model = _model("qwen2", backend, seed=4)
+    prompts = _prompts(gen, [5, 1, 19])
+    kw = dict(max_seq=48, max_batch=4, graphs=False, prefill_chunk=17)
+    want = Engine(model, **kw).generate(prompts, 4)
+    engine = Engine(model, **kw, paged=True, page_size=8, num_pages=2 + 1 + 3 + 1)
+    got = engine.generate(prompts, 4)
+    assert got.tokens == want.tokens
+    assert [len(p) for p in engine.plan.pages] == [2, 1, 3] and engine.plan.pages_used == 6
+
+
+def test_paged_new_plan_each_batch(gen):
+    """One pool, batches of other sizes and lengths in turn: each run gets a new plan
+    written into the same table over the previous run's stale pages, and gives the tokens
+    of a fresh contiguous engine (eager: fast; the fused kernels never read a slot before
+    it is written, which test_paged.py checks with pools full of NaN)."""
+    model = _model("llama", "eager", seed=7)
+    engine = Engine(model, max_seq=40, max_batch=4, paged=True, page_size=4, num_pages=24)
+    for lens, new in (([9, 30], 6), ([3, 1, 12], 9), ([17], 5)):
+        prompts = _prompts(gen, lens)
+        want = Engine(model, max_seq=40, max_batch=4).generate(prompts, new).tokens
+        assert engine.generate(prompts, new).tokens == want
+        assert [len(p) for p in engine.plan.pages] == [-(-(n + new) // 4) for n in lens]
+
+
+def test_paged_errors():
+    model = _model()
+    with pytest.raises(TypeError, match="paged must be a bool .*, got 'yes'"):
+        Engine(model, paged="yes")
+    with pytest.raises(ValueError, match="page_size=16 applies to a paged KV cache; pass paged=True with it"):
+        Engine(model, page_size=16)
+    with pytest.raises(ValueError, match="num_pages=4 applies to a paged KV cache"):
+        Engine(model, num_pages=4)
+    with pytest.raises(ValueError, match=r"page_size must be an int >= 1 \(tokens per page\), got 0"):
+        Engine(model, paged=True, page_size=0)
+    with pytest.raises(ValueError, match=r"num_pages must be an int >= 2 \(one page is the sink\), got 1"):
+        Engine(model, paged=True, num_pages=1)
+    assert Engine(model, max_seq=30, max_batch=3, paged=True, page_size=8).num_pages == 4 * 4 + 1
+    engine = Engine(model, max_seq=32, max_batch=2, graphs=False, paged=True, page_size=8, num_pages=4)
+    with pytest.raises(ValueError, match=r"the batch needs 4 pages of 8 tokens \(\[2, 2\] per sequence\) but "
+                                         r"the pool has 3"):
+        engine.generate([[1] * 10, [2] * 3], 6)
+    assert engine.plan is None and engine._full is None  # refused before allocating anything
+
+
 def test_eos_stops_and_streams(gen):
     model = _model("llama", "eager", seed=5)
     prompt = _prompts(gen, [4])
@@ -101,15 +151,18 @@ def test_errors():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("paged", [False, True])
 @pytest.mark.parametrize("backend", ["eager", "fused"])
-def test_graphs_give_identical_tokens(backend):
+def test_graphs_give_identical_tokens(backend, paged):
     """bf16 on the GPU: one graph replay per token gives exactly the tokens of the same
-    steps run eagerly, greedy and sampled, for a ragged batch of 3 (bucket 4)."""
+    steps run eagerly, greedy and sampled, for a ragged batch of 3 (bucket 4), with a
+    contiguous and a paged cache (16-token pages)."""
     model = _model("qwen3", backend, seed=8, dtype=torch.bfloat16)
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     prompts = _prompts(gen, [9, 2, 30])
     for sampling in (SamplingParams(), SamplingParams(temperature=0.8, top_k=50, top_p=0.95, seed=3)):
-        runs = [Engine(model, max_seq=96, max_batch=4, graphs=g).generate(prompts, 40, sampling=sampling)
+        paging = dict(paged=True, page_size=16) if paged else {}
+        runs = [Engine(model, max_seq=96, max_batch=4, graphs=g, **paging).generate(prompts, 40, sampling=sampling)
                 for g in (False, True)]
         assert runs[1].graphs and not runs[0].graphs
         assert runs[0].tokens == runs[1].tokens

@@ -19,9 +19,19 @@ def test_generate_writes_a_summary(tmp_path, capsys):
     assert main(["generate", "--model", "tiny", "--max-new-tokens", "5", "--batch", "3", "--quiet",
                  "--json", str(out)]) == 0
     s = json.loads(out.read_text())
-    assert (s["batch"], s["new_tokens"], s["prompt_tokens"], s["backend"]) == (3, 5, 32, "fused")
+    assert (s["batch"], s["new_tokens"], s["prompt_tokens"], s["backend"], s["page_size"]) == (3, 5, 32, "fused", None)
     assert s["decode_tok_s"] > 0 and s["pct_of_limit"] is None  # no bandwidth on a CPU
     assert "Timings need a GPU" in capsys.readouterr().out
+
+
+@cpu_only
+def test_generate_paged(tmp_path, capsys):
+    out = tmp_path / "g.json"
+    assert main(["generate", "--model", "tiny", "--backend", "eager", "--max-new-tokens", "4", "--batch", "2",
+                 "--paged", "--page-size", "16", "--quiet", "--json", str(out)]) == 0
+    s = json.loads(out.read_text())
+    assert (s["batch"], s["new_tokens"], s["page_size"]) == (2, 4, 16)
+    assert "paged KV (16-token pages)" in capsys.readouterr().out
 
 
 def test_generate_errors(capsys):
@@ -29,6 +39,8 @@ def test_generate_errors(capsys):
     assert "neither a directory nor a preset" in capsys.readouterr().err
     assert main(["generate", "--model", "tiny", "--prompt", "hello"]) == 2
     assert "--prompt needs a tokenizer" in capsys.readouterr().err
+    assert main(["generate", "--model", "tiny", "--page-size", "16"]) == 2
+    assert "--page-size 16 applies to a paged KV cache; add --paged" in capsys.readouterr().err
 
 
 @cpu_only

@@ -10,7 +10,8 @@
     onetrip demo [--out DIR] [--preset NAME] [--new-tokens N]
     onetrip profile --model PATH|PRESET [--backend eager|fused|transformers] [--no-graphs] [--steps N] [--png OUT.png]
     onetrip generate --model PATH|PRESET [--prompt TEXT | --prompt-tokens N] [--max-new-tokens N]
-                     [--batch N] [--backend eager|fused] [--no-graphs] [--chat] [--json OUT]
+                     [--batch N] [--backend eager|fused] [--no-graphs] [--paged [--page-size N]]
+                     [--chat] [--json OUT]
     onetrip env
 
 ``bench ops`` times each fused op against eager PyTorch, torch.compile and Liger-Kernel
@@ -168,6 +169,9 @@ def _build_parser(op_names: tuple[str, ...], dtype_names: tuple[str, ...]) -> ar
     gen.add_argument("--batch", type=_positive, default=1, metavar="N", help="sequences at once (default 1)")
     gen.add_argument("--backend", choices=("eager", "fused"), default="fused", help="default fused")
     gen.add_argument("--no-graphs", action="store_true", help="launch every kernel of a decode step from the host")
+    gen.add_argument("--paged", action="store_true",
+                     help="a paged KV cache: each sequence holds only the pages its prompt and new tokens need")
+    gen.add_argument("--page-size", type=_positive, metavar="N", help="tokens per page with --paged (default 64)")
     gen.add_argument("--chat", action="store_true", help="wrap --prompt in the model's chat template")
     gen.add_argument("--dtype", choices=("bf16", "fp16", "fp32"),
                      help="default: the checkpoint's, or bf16 on a GPU / fp32 on a CPU for presets")

@@ -63,6 +63,7 @@ class GenerateSummary:
     model: str
     backend: str
     graphs: bool
+    page_size: Optional[int]  # None: a contiguous KV cache
     dtype: str
     batch: int
     prompt_tokens: int
@@ -88,12 +89,13 @@ def decode_kernels(engine: Engine, prompts: list[list[int]], steps: int = 4) -> 
 
 
 def summarize(result: GenerationResult, model: Model, label: str, backend: str, kernels: Optional[float],
-              bandwidth: Optional[float]) -> GenerateSummary:
+              bandwidth: Optional[float], page_size: Optional[int] = None) -> GenerateSummary:
     b = len(result.tokens)
     budget = decode_budget(model.config, model.dtype, b, result.prompt_lens, result.decode_steps, bandwidth)
     ms = result.ms_per_step
     return GenerateSummary(
-        model=label, backend=backend, graphs=result.graphs, dtype=str(model.dtype).removeprefix("torch."), batch=b,
+        model=label, backend=backend, graphs=result.graphs, page_size=page_size,
+        dtype=str(model.dtype).removeprefix("torch."), batch=b,
         prompt_tokens=max(result.prompt_lens), new_tokens=result.decode_steps + 1, prefill_ms=result.prefill_ms,
         decode_tok_s=result.decode_tok_per_s, ms_per_token=ms, kernels_per_step=kernels,
         achieved_gbs=budget.achieved_gbs(ms) if result.decode_steps else 0.0, bandwidth_gbs=bandwidth,
@@ -114,8 +116,10 @@ def run_generate(args, console) -> int:
     prompts = build_prompts(tok, args.prompt, args.prompt_tokens, args.batch, args.chat, model.config.vocab_size,
                             seed=args.seed)
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+    if args.page_size is not None and not args.paged:
+        raise ValueError(f"--page-size {args.page_size} applies to a paged KV cache; add --paged")
     engine = Engine(model, max_seq=max(map(len, prompts)) + args.max_new_tokens + 8, max_batch=args.batch,
-                    graphs=not args.no_graphs)
+                    graphs=not args.no_graphs, paged=args.paged, page_size=args.page_size)
     if device == "cpu":
         console.print("[yellow]No CUDA GPU: running on the CPU"
                       + (" with the fused kernels through Triton's interpreter" if args.backend == "fused" else "")
@@ -147,9 +151,11 @@ def run_generate(args, console) -> int:
         from ..bench.harness import copy_bandwidth_gbs
         bandwidth = copy_bandwidth_gbs(device)
     kernels = decode_kernels(engine, prompts)
-    s = summarize(result, model, label, args.backend, kernels, bandwidth)
+    s = summarize(result, model, label, args.backend, kernels, bandwidth, engine.page_size)
 
-    table = Table(title=f"{label} · {s.backend}{' + CUDA graphs' if s.graphs else ''} · {s.dtype} · {s.device}")
+    paging = f" · paged KV ({s.page_size}-token pages)" if s.page_size else ""
+    table = Table(title=f"{label} · {s.backend}{' + CUDA graphs' if s.graphs else ''}{paging} · {s.dtype} · "
+                  f"{s.device}")
     for col in ("batch", "prompt", "new tokens", "prefill ms", "decode tok/s", "ms / token", "kernels / step",
                 "GB/s", "% of limit"):
         table.add_column(col, justify="right")

@@ -22,6 +22,12 @@ the longest: causal attention keeps real tokens from seeing the padding, each se
 first token is sampled from its own last prompt position, and decoding continues from
 its own length, overwriting the padding's cache slots.
 
+With ``paged=True`` the cache is a pool of ``num_pages`` pages of ``page_size`` tokens per
+layer (``models.paged``) instead of max_batch x max_seq slots: before each prefill the host
+gives every sequence ceil((prompt + max_new_tokens) / page_size) pages and writes the block
+table in place, so the captured step (which only reads the table) serves every batch,
+and a ragged batch holds the pages its lengths need, not the longest one's for each.
+
 The host reads the device only to stop early: every ``check_every`` steps it looks at
 whether every sequence has produced an EOS (each step when a streaming callback wants
 the tokens as they come).
@@ -37,6 +43,7 @@ import torch
 
 from ..graphs import capture
 from ..models.llama import KVCache, Model
+from ..models.paged import SINK, PagedKVCache, PagePlan, pages_for, plan_pages
 from .sampling import SamplingParams, sample
 
 
@@ -89,7 +96,7 @@ def bucket_for(batch: int) -> int:
 class _Slot:
     """Static buffers (and the captured graph) of one batch bucket and sampling setting."""
 
-    caches: list[KVCache]
+    caches: list             # KVCache or PagedKVCache per layer: views for this bucket
     tok: torch.Tensor        # (bucket, 1) int64: the token each sequence feeds next
     lens: torch.Tensor       # (bucket,) int32: tokens in the cache per sequence
     step: torch.Tensor       # () int64: decode step counter (the sampler's RNG counter)
@@ -108,10 +115,19 @@ class Engine:
     prefill_chunk: prompts longer than this are prefilled in chunks of this many tokens,
         bounding the activations of one forward.
     check_every: decode steps between two host reads of the "all done" flag.
+    paged: a paged KV cache (module docstring) instead of a contiguous one (the default).
+    page_size: tokens per page when paged (default 64).
+    num_pages: pages in each layer's pool when paged, one of them the sink that unowned
+        table entries point at. Default: max_batch x ceil(max_seq / page_size) + 1, room
+        for any batch the contiguous cache takes; less bounds the cache's memory, and a
+        batch whose pages do not fit is refused with a ValueError.
+
+    After a paged ``generate``, ``plan`` is the ``PagePlan`` its sequences ran on.
     """
 
     def __init__(self, model: Model, *, max_seq: int = 2048, max_batch: int = 1, graphs: bool = True,
-                 prefill_chunk: int = 2048, check_every: int = 16):
+                 prefill_chunk: int = 2048, check_every: int = 16, paged: bool = False,
+                 page_size: Optional[int] = None, num_pages: Optional[int] = None):
         for name, value in (("max_seq", max_seq), ("max_batch", max_batch), ("prefill_chunk", prefill_chunk),
                             ("check_every", check_every)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -122,8 +138,29 @@ class Engine:
         self.graphs = bool(graphs) and model.device.type == "cuda"
         self.prefill_chunk = prefill_chunk
         self.check_every = check_every
-        self._full: Optional[list[KVCache]] = None
+        self.paged, self.page_size, self.num_pages = self._paging(paged, page_size, num_pages)
+        self.plan: Optional[PagePlan] = None
+        self._full: Optional[list] = None             # KVCache or PagedKVCache per layer
+        self._table: Optional[torch.Tensor] = None    # paged: (max_batch, max_blocks) int32
         self._slots: dict[int, _Slot] = {}
+
+    def _paging(self, paged: bool, page_size: Optional[int], num_pages: Optional[int]):
+        """Checked (paged, page_size, num_pages); the sizes are None for a contiguous cache."""
+        if not isinstance(paged, bool):
+            raise TypeError(f"paged must be a bool (True for a paged KV cache), got {paged!r}")
+        if not paged:
+            for name, value in (("page_size", page_size), ("num_pages", num_pages)):
+                if value is not None:
+                    raise ValueError(f"{name}={value!r} applies to a paged KV cache; pass paged=True with it")
+            return False, None, None
+        page_size = 64 if page_size is None else page_size
+        if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+            raise ValueError(f"page_size must be an int >= 1 (tokens per page), got {page_size!r}")
+        if num_pages is None:
+            num_pages = self.max_batch * pages_for(self.max_seq, page_size) + 1
+        if isinstance(num_pages, bool) or not isinstance(num_pages, int) or num_pages < 2:
+            raise ValueError(f"num_pages must be an int >= 2 (one page is the sink), got {num_pages!r}")
+        return True, page_size, num_pages
 
     # -- buffers -------------------------------------------------------------------------------
 
@@ -131,9 +168,18 @@ class Engine:
         model, dev = self.model, self.model.device
         if self._full is None:  # one cache for the largest bucket; smaller ones are views
             c = model.config
-            self._full = [KVCache(self.max_batch, self.max_seq, c.num_kv_heads, c.head_dim, model.dtype, dev)
-                          for _ in model.layers]
-            model._rope_for(self.max_seq)
+            heads = (c.num_kv_heads, c.head_dim)
+            positions = self.max_seq
+            if self.paged:
+                # One table for every layer and bucket: the engine runs one batch at a time.
+                max_blocks = pages_for(self.max_seq, self.page_size)
+                positions = max_blocks * self.page_size  # the rotary tables cover what the table addresses
+                self._table = torch.full((self.max_batch, max_blocks), SINK, dtype=torch.int32, device=dev)
+                self._full = [PagedKVCache(self.num_pages, self.page_size, *heads, self._table, model.dtype, dev)
+                              for _ in model.layers]
+            else:
+                self._full = [KVCache(self.max_batch, self.max_seq, *heads, model.dtype, dev) for _ in model.layers]
+            model._rope_for(positions)
         slot = self._slots.get(bucket)
         if slot is None:
             slot = _Slot(caches=[kv.narrow(bucket) for kv in self._full],
@@ -220,8 +266,15 @@ class Engine:
         if any(t < 0 or t >= vocab for p in rows for t in p):
             raise ValueError(f"prompt token ids must lie in [0, {vocab}) (the model's vocab_size)")
         bucket = bucket_for(len(rows))
+        if self.paged:  # before anything is allocated or written: a pool too small refuses here
+            plan = plan_pages([n + max_new_tokens for n in lens], self.page_size, self.num_pages)
         slot = self._slot(bucket, eos_ids)
         dev = self.model.device
+        if self.paged:
+            # In place: a captured step reads this tensor. Rows of the bucket's padding stay
+            # on the sink (their writes land there; nothing real reads them).
+            self._table[:bucket].copy_(plan.table(bucket, self._table.shape[1]))
+            self.plan = plan
 
         # Prefill: right-padded prompts (padding rows for the bucket repeat the first prompt).
         padded = rows + [rows[0]] * (bucket - len(rows))

@@ -20,6 +20,10 @@ The eager form takes ~25 (norm statistics, casts, rotary halves, cache index_put
 of K/V for GQA, SDPA with its mask, residual adds, SiLU and multiply). The residual stream never
 makes its own pass: each add happens inside the next norm, whose ``h`` output is the new
 residual. Prefill (more than ``MAX_Q_LEN`` new tokens) attends with ``flash_attention``.
+
+A paged cache (``paged.PagedKVCache``) passes its block table to append_kv and
+decode_attention, which follow it in the kernel; prefill's flash_attention reads each
+sequence's pages gathered into a contiguous copy first.
 """
 
 from __future__ import annotations
@@ -99,29 +103,43 @@ def _attend(attn: "Attention", qkv: torch.Tensor, cos: torch.Tensor, sin: torch.
         q, k = apply_rotary(q, k, cos, sin, positions)
         out = flash_attention(q, k, v, causal=True)
     else:
-        q = append_kv(q, k, v, cache.k, cache.v, lens, cos, sin)  # q rotated in place
+        table = cache.block_table  # (batch, max_blocks) int32 for a paged cache, else None
+        q = append_kv(q, k, v, cache.k, cache.v, lens, cos, sin, block_table=table)  # q rotated in place
         if s <= MAX_Q_LEN:
-            out = decode_attention(q, cache.k, cache.v, lens_after)
+            out = decode_attention(q, cache.k, cache.v, lens_after, block_table=table)
         else:
-            out = _prefill_attention(q, cache.k, cache.v, lens)
+            out = _prefill_attention(q, cache.k, cache.v, lens, table)
     return out.reshape(b, s, q_size)
 
 
-def _prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                       lens: torch.Tensor) -> torch.Tensor:
+def _prefix(cache: torch.Tensor, table: Optional[torch.Tensor], rows: slice, n: int) -> torch.Tensor:
+    """Positions 0..n-1 of sequences ``rows`` of one cache tensor: (rows, n, kv_heads,
+    head_dim), a view of a contiguous cache, or a gather of a paged one's pages through
+    ``table`` (flash_attention reads strided keys but not a page indirection)."""
+    if table is None:
+        return cache[rows, :n]
+    blocks = table[rows, : -(-n // cache.shape[1])].long()  # (rows, pages holding n positions)
+    return cache[blocks].flatten(1, 2)[:, :n]
+
+
+def _prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lens: torch.Tensor,
+                       table: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Causal attention of q (batch, seq, heads, head_dim), already in the cache, over each
     sequence's cached prefix plus itself. Prefill is not graph-captured, so the lengths are
     read on the host here (one synchronisation per prefill call): one ``flash_attention``
-    over the common prefix when every sequence has the same length, else one per sequence."""
+    over the common prefix when every sequence has the same length, else one per sequence.
+    A paged cache (``table``) is gathered into contiguous keys first, per call of
+    flash_attention: a transient copy of just the prefix that call attends over."""
     s = q.shape[1]
     starts = lens.tolist()
     if len(set(starts)) == 1:
-        n = starts[0] + s
-        return flash_attention(q, k_cache[:, :n], v_cache[:, :n], causal=True)
+        n, rows = starts[0] + s, slice(None)
+        return flash_attention(q, _prefix(k_cache, table, rows, n), _prefix(v_cache, table, rows, n), causal=True)
     out = torch.empty_like(q)
     for i, start in enumerate(starts):
-        n = start + s
-        flash_attention(q[i:i + 1], k_cache[i:i + 1, :n], v_cache[i:i + 1, :n], causal=True, out=out[i:i + 1])
+        n, rows = start + s, slice(i, i + 1)
+        flash_attention(q[rows], _prefix(k_cache, table, rows, n), _prefix(v_cache, table, rows, n), causal=True,
+                        out=out[rows])
     return out
 
 

@@ -8,6 +8,9 @@
     logits = model(prompt, seqlens); seqlens += prompt.shape[1]
     logits = model(next_tok[:, None], seqlens); seqlens += 1 # one decode step
 
+A layer's ``attn.cache`` may instead be a ``paged.PagedKVCache`` (pages shared through a
+block table; the engine sets it up with ``Engine(..., paged=True)``): both backends read it.
+
 One layer (pre-norm):
 
     h   = x + o_proj(attention(rope(q), rope(k), v))     q, k, v = split(wqkv(rms_norm(x)) [+ bqkv])
@@ -29,6 +32,7 @@ import torch.nn.functional as F
 
 from .config import ModelConfig, rope_tables
 from .fused import forward_fused, take_positions
+from .paged import PagedKVCache
 
 BACKENDS = ("eager", "fused")
 
@@ -52,13 +56,34 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 class KVCache(nn.Module):
     """A static cache of one layer: k and v, each (batch, max_seq, num_kv_heads, head_dim)
-    in the model dtype; slot (b, p) holds the key/value of sequence b at position p."""
+    in the model dtype; slot (b, p) holds the key/value of sequence b at position p.
+    ``paged.PagedKVCache`` is the paged form, with the same methods."""
+
+    block_table = None  # contiguous: the kernels take no table
 
     def __init__(self, batch: int, max_seq: int, kv_heads: int, head_dim: int, dtype, device):
         super().__init__()
         shape = (batch, max_seq, kv_heads, head_dim)
         self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+    @property
+    def batch(self) -> int:
+        return self.k.shape[0]
+
+    @property
+    def max_seq(self) -> int:
+        return self.k.shape[1]
+
+    def store(self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write k, v (batch, seq, kv_heads, head_dim) at ``positions`` (batch, seq) int64."""
+        rows = torch.arange(k.shape[0], device=k.device)[:, None]  # (batch, 1)
+        self.k[rows, positions] = k
+        self.v[rows, positions] = v
+
+    def contiguous(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v (batch, max_seq, kv_heads, head_dim): the buffers themselves."""
+        return self.k, self.v
 
     def narrow(self, batch: int) -> "KVCache":
         """A cache of the first ``batch`` sequences sharing this one's memory (the engine
@@ -78,7 +103,7 @@ class Attention(nn.Module):
         if c.qk_norm:
             self.q_norm = nn.Parameter(torch.ones(c.head_dim, dtype=dtype, device=device))
             self.k_norm = nn.Parameter(torch.ones(c.head_dim, dtype=dtype, device=device))
-        self.cache: Optional[KVCache] = None
+        self.cache: Optional[KVCache | PagedKVCache] = None
 
     def forward(self, x, cos, sin, positions):
         """x (batch, seq, hidden); cos, sin (batch, seq, head_dim/2) in x's dtype; positions
@@ -95,12 +120,11 @@ class Attention(nn.Module):
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
 
         if self.cache is not None:
-            # Write this step's k, v into their slots, then attend over the whole cache; the
-            # mask hides slots past each query's position (so no host read of the lengths).
-            rows = torch.arange(b, device=x.device)[:, None]  # (batch, 1)
-            self.cache.k[rows, positions] = k
-            self.cache.v[rows, positions] = v
-            k, v = self.cache.k, self.cache.v  # (batch, max_seq, kv_heads, head_dim)
+            # Write this step's k, v into their slots, then attend over the whole cache (a
+            # paged one gathered through its block table); the mask hides slots past each
+            # query's position (so no host read of the lengths).
+            self.cache.store(positions, k, v)
+            k, v = self.cache.contiguous()  # (batch, max_seq, kv_heads, head_dim)
             key_pos = torch.arange(k.shape[1], device=x.device)[None, :].expand(b, -1)
         else:
             key_pos = positions
@@ -252,19 +276,19 @@ class Model(nn.Module):
         if cached and cache_seqlens is None:
             raise ValueError("the model has a KV cache (setup_cache was called): pass cache_seqlens, "
                              "the (batch,) count of tokens already cached per sequence")
-        if cached and (b != cache.k.shape[0] or s > cache.k.shape[1]):
-            raise ValueError(f"tokens {tuple(tokens.shape)} do not fit the KV cache of batch {cache.k.shape[0]} "
-                             f"and max_seq {cache.k.shape[1]}; call setup_cache(batch, max_seq) again")
+        if cached and (b != cache.batch or s > cache.max_seq):
+            raise ValueError(f"tokens {tuple(tokens.shape)} do not fit the KV cache of batch {cache.batch} "
+                             f"and max_seq {cache.max_seq}; call setup_cache(batch, max_seq) again")
         if cached and self.backend == "fused":
             # append_kv derives the positions from cache_seqlens on the device: computing them
             # here would cost three kernels per decode step.
-            cos, sin = self._rope_for(cache.k.shape[1])
+            cos, sin = self._rope_for(cache.max_seq)
             return forward_fused(self, tokens, cache_seqlens, None, cos, sin, logits_index)
         offsets = torch.arange(s, device=tokens.device)[None, :]
         positions = offsets if cache_seqlens is None else cache_seqlens.long()[:, None] + offsets
         positions = positions.expand(b, s)  # (batch, seq) int64
         if cached:
-            cos, sin = self._rope_for(cache.k.shape[1])
+            cos, sin = self._rope_for(cache.max_seq)
         else:
             # Host-side bound, fine here: without a cache this is not the graph-captured path.
             cos, sin = self._rope_for(s if cache_seqlens is None else int(positions.max()) + 1)
