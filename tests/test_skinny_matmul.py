@@ -164,3 +164,16 @@ def test_silu_mul_matmul_rows_and_errors(gen):
         silu_mul_matmul(gu[:, :79], w)
     with pytest.raises(TypeError, match="weight has dtype torch.float32"):
         silu_mul_matmul(gu, w.float())
+
+
+def test_pdl_mode(monkeypatch):
+    """ONETRIP_PDL selects the experimental launch; anything but 0/1/2 is refused clearly."""
+    from onetrip.ops.skinny_matmul import pdl_mode
+
+    monkeypatch.delenv("ONETRIP_PDL", raising=False)
+    assert pdl_mode() == 0
+    monkeypatch.setenv("ONETRIP_PDL", "2")
+    assert pdl_mode() == 2
+    monkeypatch.setenv("ONETRIP_PDL", "yes")
+    with pytest.raises(ValueError, match="ONETRIP_PDL must be 0, 1 or 2"):
+        pdl_mode()

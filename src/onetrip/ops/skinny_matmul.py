@@ -301,12 +301,19 @@ def pdl_mode() -> int:
     GEMV may start while the previous kernel drains and waits for it before touching its
     outputs); 2 the same, prefetching its first weight chunk to L2 before the wait.
     Hopper and later; an experiment until measured (benchmarks/NOTES.md)."""
-    return int(os.environ.get("ONETRIP_PDL", "0") or 0)
+    value = os.environ.get("ONETRIP_PDL", "0") or "0"
+    if value not in ("0", "1", "2"):
+        raise ValueError(f"ONETRIP_PDL must be 0, 1 or 2, got {value!r}")
+    return int(value)
 
 
 def _pdl_args(x: torch.Tensor) -> dict:
-    mode = pdl_mode() if x.is_cuda and torch.cuda.get_device_capability(x.device)[0] >= 9 else 0
-    return {"PDL": mode, "launch_pdl": True} if mode else {}
+    """Launch arguments for ``pdl_mode()``: none when off (the default, checked first so an
+    ordinary launch asks nothing of the device), or on a GPU older than sm_90."""
+    mode = pdl_mode()
+    if not mode or not x.is_cuda or torch.cuda.get_device_capability(x.device)[0] < 9:
+        return {}
+    return {"PDL": mode, "launch_pdl": True}
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], y: torch.Tensor,
