@@ -344,7 +344,7 @@ def bench_cell(cell: DecodeCell, device, timer: Callable, copy_gbs: float | None
     if not append:
         cfg = importlib.import_module("onetrip.ops.decode_attention").decode_config(
             cell.batch, cell.kv_heads, cell.max_seq, cell.head_dim, device, rows=cell.q_len * cell.heads // cell.kv_heads,
-            waves=2 if cell.page else 1)  # as _default_config picks for a paged cache
+            paged=cell.page is not None)
         records[-1].update(num_splits=cfg.num_splits, block_n=cfg.block_n, num_warps=cfg.num_warps)
     add_diffs(records, outs, dtype, ("sdpa", "eager"))
     add_speedup(records)

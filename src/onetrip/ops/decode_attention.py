@@ -225,19 +225,27 @@ class DecodeConfig:
 
 
 def decode_config(batch: int, kv_heads: int, max_seq: int, head_dim: int, device: torch.device, *,
-                  rows: int = 1, waves: int = 1) -> DecodeConfig:
+                  rows: int = 1, paged: bool = False, waves: Optional[int] = None) -> DecodeConfig:
     """Tiles of 128 keys at 8 warps (32 keys for head_dim > 128, to bound the K/V tile's
     registers), and as many splits as fit batch * kv_heads * num_splits programs into
     ``waves`` waves of SMs without passing them, at most one split per MIN_TILES tiles of
     max_seq. ``rows`` = group * q_len query rows per program: with 32-key tiles, 8 warps
     once the float32 accumulator (rows x head_dim) passes 64 values per thread of 4 warps.
+    ``waves`` defaults to 1, or 2 for a ``paged`` cache: each tile's K/V address waits on
+    its block-table load, and with one 8-warp CTA per SM nothing else runs meanwhile.
 
     From H200 sweeps (2026-11-21, bf16, 32/8 heads, head dim 128, benchmarks/NOTES.md):
     128-key tiles at 8 warps (207 registers, no spills; 4 warps spill) and one wave won or
     tied every cell: batch 4 x 32K 148 -> 128 us (4 splits, not 9), batch 64 x 8K 551 ->
     479 us, batch 1 x 4K 20.6 -> 14.5 us (16 splits, not 33: fewer partials to merge).
     At 207 registers one CTA fits an SM, so a wave is exactly the SM count: rounding the
-    splits up (batch 4 x 32K: 5 splits, 160 programs on 132 SMs) fell to 71% of copy."""
+    splits up (batch 4 x 32K: 5 splits, 160 programs on 132 SMs) fell to 71% of copy.
+    Paged, two waves (benchmarks/results/ab-round4-h200-20261121.json): batch 16 x 8K
+    paged-64 read 65% of copy with one wave and 93% with two; batch 4 x 32K 61% -> 91%;
+    batch 1 x 32K 49% -> 64%; batch 64 keeps one split (512 programs, 101%). Contiguous
+    caches lose with a second wave (batch 16 x 8K 101% -> 96%)."""
+    if waves is None:
+        waves = 2 if paged else 1
     if head_dim <= 128:
         block_n, warps = 128, 8
     else:
@@ -249,19 +257,11 @@ def decode_config(batch: int, kv_heads: int, max_seq: int, head_dim: int, device
 
 
 def _default_config(q, k_cache, block_table, num_splits: int = 0) -> DecodeConfig:
-    """decode_config for these tensors; ``num_splits`` > 0 overrides its split count.
-
-    Paged caches take two waves of splits: each tile's K/V address waits on its block-table
-    load, and with one 8-warp CTA per SM nothing else runs meanwhile. On an H200
-    (benchmarks/results/ab-round4-h200-20261121.json) batch 16 x 8K paged-64 read 65% of
-    copy with one wave and 93% with two; batch 4 x 32K 61% -> 91%; batch 1 x 32K 49% ->
-    64%; batch 64 keeps one split (512 programs, 101%). Contiguous caches lose with a
-    second wave (batch 16 x 8K 101% -> 96%)."""
+    """decode_config for these tensors; ``num_splits`` > 0 overrides its split count."""
     B, Q, H, D = q.shape
     paged = block_table is not None
     max_seq = k_cache.shape[1] * (block_table.shape[1] if paged else 1)
-    cfg = decode_config(B, k_cache.shape[2], max_seq, D, q.device, rows=Q * H // k_cache.shape[2],
-                        waves=2 if paged else 1)
+    cfg = decode_config(B, k_cache.shape[2], max_seq, D, q.device, rows=Q * H // k_cache.shape[2], paged=paged)
     return cfg if num_splits <= 0 else DecodeConfig(cfg.block_n, cfg.num_warps, num_splits)
 
 
