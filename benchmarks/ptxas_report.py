@@ -65,7 +65,7 @@ def report(fn, constexprs: dict, num_warps: int) -> str:
 
 # decode_attention at 32 query / 8 kv heads, q_len 1 (16 score rows: tl.dot's minimum), split-KV
 DECODE = dict(GROUP=4, Q_LEN=1, PAGED=False, PAGE_SIZE=1, SOFTCAP=False, HAS_WINDOW=False, SPLIT=True,
-              PRECISION="tf32", BLOCK_M=16, BLOCK_D=128)
+              PRECISION="tf32", BLOCK_M=16, BLOCK_D=128, MIN_TILES=4, PDL=0)
 
 
 def main() -> int:
@@ -78,6 +78,8 @@ def main() -> int:
         for block_n in (32, 64, 128):
             print(f"decode_attention block_n {block_n:3d}{'':35s} {warps} warps: "
                   f"{report(fn, {**DECODE, 'BLOCK_N': block_n}, warps)}")
+    print(f"decode_attention block_n 128, PDL wait{'':25s} 8 warps: "
+          f"{report(fn, {**DECODE, 'BLOCK_N': 128, 'PDL': 1}, 8)}")
     return 0
 
 

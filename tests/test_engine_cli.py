@@ -78,3 +78,11 @@ def test_profile_transformers_decode(tmp_path, capsys):
     events = json.loads(trace.read_text())["traceEvents"]
     assert {e["name"] for e in events if e["name"].startswith("ProfilerStep#")} == {"ProfilerStep#0", "ProfilerStep#1"}
     assert any(e["name"] == "aten::linear" for e in events)
+
+
+def test_decode_provider_names_agree():
+    """The CLI spells the decode providers without importing torch; they must stay the bench's."""
+    from onetrip.bench.decode import PROVIDERS
+    from onetrip.cli import DECODE_PROVIDERS
+
+    assert DECODE_PROVIDERS == PROVIDERS

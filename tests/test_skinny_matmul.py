@@ -168,7 +168,7 @@ def test_silu_mul_matmul_rows_and_errors(gen):
 
 def test_pdl_mode(monkeypatch):
     """ONETRIP_PDL selects the experimental launch; anything but 0/1/2 is refused clearly."""
-    from onetrip.ops.skinny_matmul import pdl_mode
+    from onetrip.ops._common import pdl_mode
 
     monkeypatch.delenv("ONETRIP_PDL", raising=False)
     assert pdl_mode() == 0

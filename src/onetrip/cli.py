@@ -44,6 +44,9 @@ import os
 import sys
 from pathlib import Path
 
+# bench.decode.PROVIDERS, spelled here so that building the parser imports no torch
+DECODE_PROVIDERS = ("transformers", "gpt-fast", "onetrip-eager", "onetrip-fused", "onetrip-graphs", "onetrip-paged")
+
 
 def _build_parser(op_names: tuple[str, ...], dtype_names: tuple[str, ...]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="onetrip", description="Fused Triton kernels for transformer inference.")
@@ -106,8 +109,7 @@ def _build_parser(op_names: tuple[str, ...], dtype_names: tuple[str, ...]) -> ar
     model.add_argument("--batch", action="extend", nargs="+", type=_positive, metavar="N",
                        help="batch sizes (default: 1 8 32)")
     model.add_argument("--provider", action="extend", nargs="+", metavar="NAME",
-                       choices=("transformers", "gpt-fast", "onetrip-eager", "onetrip-fused", "onetrip-graphs"),
-                       help="providers (default: all five)")
+                       choices=DECODE_PROVIDERS, help="providers (default: all six)")
     model.add_argument("--new-tokens", type=_positive, default=256, metavar="N", help="default 256")
     model.add_argument("--prompt-tokens", type=_positive, default=32, metavar="N", help="default 32")
     model.add_argument("--ttft", action="extend", nargs="*", type=_positive, metavar="N",

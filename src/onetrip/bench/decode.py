@@ -10,6 +10,7 @@ Providers, all on the same weights (transformers' parameters are views of onetri
     onetrip-eager         the same decoder, uncompiled (the op-by-op reference)
     onetrip-fused         onetrip's kernels, each launched from the host
     onetrip-graphs        onetrip's kernels, the decode step replayed as one CUDA graph
+    onetrip-paged         onetrip-graphs over a paged KV cache (pages of 64 tokens)
 
 Metrics, per (preset, batch), prompt of ``prompt`` tokens and ``new_tokens`` new ones:
 
@@ -39,7 +40,7 @@ from ..engine.generate import common_prefix
 from ..models.hf import decode_stepper
 from ..profile.run import kernels_per_step
 
-PROVIDERS = ("transformers", "gpt-fast", "onetrip-eager", "onetrip-fused", "onetrip-graphs")
+PROVIDERS = ("transformers", "gpt-fast", "onetrip-eager", "onetrip-fused", "onetrip-graphs", "onetrip-paged")
 
 
 @dataclass(frozen=True)
@@ -143,10 +144,12 @@ def run_static(model: Model, prompts: torch.Tensor, new_tokens: int, compiled: b
     return tokens, prefill, decode, step
 
 
-def run_engine(model: Model, prompts: torch.Tensor, new_tokens: int, graphs: bool):
+def run_engine(model: Model, prompts: torch.Tensor, new_tokens: int, graphs: bool, paged: bool = False):
+    """onetrip-fused / -graphs, and -paged: graphs over a paged cache (pages of 64 tokens,
+    a pool of exactly what the batch needs), to show what the block table costs."""
     model.backend = "fused"
     b, p = prompts.shape
-    engine = Engine(model, max_seq=p + new_tokens + 16, max_batch=b, graphs=graphs)
+    engine = Engine(model, max_seq=p + new_tokens + 16, max_batch=b, graphs=graphs, paged=paged)
     rows = prompts.tolist()
     engine.generate(rows, min(new_tokens, 4))  # warm-up: compiles kernels, captures the graph
     r = engine.generate(rows, new_tokens)
@@ -169,7 +172,8 @@ def bench_case(case: DecodeCase, model: Model, hf, providers, bandwidth: Optiona
             elif name in ("gpt-fast", "onetrip-eager"):
                 toks, prefill, decode, step = run_static(model, prompts, case.new_tokens, name == "gpt-fast")
             else:
-                toks, prefill, decode, step = run_engine(model, prompts, case.new_tokens, name == "onetrip-graphs")
+                toks, prefill, decode, step = run_engine(model, prompts, case.new_tokens,
+                                                         graphs=name != "onetrip-fused", paged=name == "onetrip-paged")
         except Exception as exc:  # recorded, the run goes on
             rec["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
             records.append(rec)
@@ -304,7 +308,7 @@ def check_decode(con=None, new_tokens: int = 12) -> int:
     for col in ("provider", "tokens (sequence 0)", "same as transformers"):
         table.add_column(col)
     ref, bad = None, 0
-    for name in ("transformers", "onetrip-eager", "onetrip-fused"):
+    for name in ("transformers", "onetrip-eager", "onetrip-fused", "onetrip-fused paged"):
         if name == "transformers":
             if hf is None:
                 continue
@@ -312,7 +316,7 @@ def check_decode(con=None, new_tokens: int = 12) -> int:
         elif name == "onetrip-eager":
             toks = run_static(model, prompts, new_tokens, compiled=False)[0]
         else:
-            toks = run_engine(model, prompts, new_tokens, graphs=False)[0]
+            toks = run_engine(model, prompts, new_tokens, graphs=False, paged=name.endswith("paged"))[0]
         ref = ref or toks
         ok = toks == ref
         bad += not ok

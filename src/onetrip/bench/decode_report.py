@@ -10,6 +10,7 @@ DECODE_STYLE = {  # provider: colour
     "onetrip-eager": "#bcbd22",
     "onetrip-fused": "#ff7f0e",
     "onetrip-graphs": "#d62728",
+    "onetrip-paged": "#9467bd",
 }
 
 

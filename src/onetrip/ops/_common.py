@@ -118,6 +118,28 @@ def use_triton(t: torch.Tensor) -> bool:
     return t.is_cuda or (t.device.type == "cpu" and is_interpreting())
 
 
+def pdl_mode() -> int:
+    """ONETRIP_PDL: 0 (default) ordinary launches; 1 programmatic dependent launch: the
+    decode step's kernels (the GEMVs, append_kv, decode attention and its merge) may start
+    while the previous kernel drains, and wait for it (``gdc_wait``) before reading what
+    it wrote; 2 the same, and a GEMV first prefetches its first weight chunk to L2.
+    Hopper and later; an experiment until measured (benchmarks/NOTES.md)."""
+    value = os.environ.get("ONETRIP_PDL", "0") or "0"
+    if value not in ("0", "1", "2"):
+        raise ValueError(f"ONETRIP_PDL must be 0, 1 or 2, got {value!r}")
+    return int(value)
+
+
+def pdl_args(t: torch.Tensor) -> dict:
+    """Launch arguments for ``pdl_mode()``: none when off (the default, checked first so an
+    ordinary launch asks nothing of the device), on the CPU, or on a GPU older than sm_90;
+    else the kernel's ``PDL`` constexpr and Triton's ``launch_pdl``."""
+    mode = pdl_mode()
+    if not mode or not t.is_cuda or torch.cuda.get_device_capability(t.device)[0] < 9:
+        return {}
+    return {"PDL": mode, "launch_pdl": True}
+
+
 @functools.lru_cache(maxsize=None)
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count

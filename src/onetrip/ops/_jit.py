@@ -3,6 +3,7 @@ kernels' tensor-core product, and the final cast."""
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ._common import is_interpreting
 
@@ -22,6 +23,17 @@ def cast_out(y, DTYPE: tl.constexpr):
     else:
         return y.to(DTYPE)
 
+
+
+@triton.jit
+def pdl_start(PDL: tl.constexpr):
+    """With programmatic dependent launch (``PDL`` > 0, see ``_common.pdl_mode``) a kernel
+    may be scheduled while the previous one drains: wait for that kernel's writes before
+    the first dependent load, then let the next kernel's programs be scheduled as this
+    grid's last wave frees the SMs. A no-op at PDL = 0 (compiled out)."""
+    if PDL > 0:
+        gdc_wait()
+        gdc_launch_dependents()
 
 
 @triton.jit

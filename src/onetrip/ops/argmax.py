@@ -25,7 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import check_tensor, use_triton
+from ._common import check_tensor, pdl_args, use_triton
+from ._jit import pdl_start
 
 # 2048 values per program: a 128256-wide row is 63 programs, about half an H200's SMs at
 # batch 1, each reading 4 KB (bf16); more rows fill the rest.
@@ -43,7 +44,9 @@ def _argmax_tiles_kernel(
     x_ptr, ws_ptr,           # x (rows, V) with row stride; ws (rows, n_tiles) int64 keys
     V, stride_xr, n_tiles,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = 0,   # programmatic dependent launch (_common.pdl_mode)
 ):
+    pdl_start(PDL)
     r = tl.program_id(0)
     t = tl.program_id(1)
     i = t * BLOCK + tl.arange(0, BLOCK)
@@ -62,7 +65,9 @@ def _argmax_final_kernel(
     ws_ptr, out_ptr,         # ws (rows, n_tiles) int64 keys; out (rows,) int64
     n_tiles,
     BLOCK_T: tl.constexpr,
+    PDL: tl.constexpr = 0,
 ):
+    pdl_start(PDL)
     r = tl.program_id(0)
     t = tl.arange(0, BLOCK_T)
     key = tl.load(ws_ptr + r.to(tl.int64) * n_tiles + t, mask=t < n_tiles, other=0)
@@ -83,8 +88,9 @@ def _argmax_op(x: torch.Tensor) -> torch.Tensor:
     n_tiles = triton.cdiv(V, BLOCK)
     # The workspace depends on shapes alone: capturable in a CUDA graph.
     ws = torch.empty((rows, n_tiles), dtype=torch.int64, device=x.device)
-    _argmax_tiles_kernel[(rows, n_tiles)](x, ws, V, x.stride(0), n_tiles, BLOCK=BLOCK, num_warps=4)
-    _argmax_final_kernel[(rows,)](ws, out, n_tiles, BLOCK_T=max(16, triton.next_power_of_2(n_tiles)), num_warps=4)
+    _argmax_tiles_kernel[(rows, n_tiles)](x, ws, V, x.stride(0), n_tiles, BLOCK=BLOCK, num_warps=4, **pdl_args(x))
+    _argmax_final_kernel[(rows,)](ws, out, n_tiles, BLOCK_T=max(16, triton.next_power_of_2(n_tiles)),
+                                 num_warps=4, **pdl_args(x))
     return out
 
 

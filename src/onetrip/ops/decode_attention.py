@@ -40,8 +40,8 @@ import triton
 import triton.language as tl
 
 from ._common import (check_dtype_match, check_same_device, check_shape, check_tensor, output,
-                      sm_count, use_triton)
-from ._jit import cast_out, dot_f32, tanh
+                      pdl_args, sm_count, use_triton)
+from ._jit import cast_out, dot_f32, pdl_start, tanh
 
 LOG2E = 1.4426950408889634
 MAX_Q_LEN = 16
@@ -70,7 +70,9 @@ def _decode_kernel(
     PRECISION: tl.constexpr,                        # "ieee" for float32 (no TF32), else "tf32"
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     MIN_TILES: tl.constexpr,                        # the fewest key tiles a split takes
+    PDL: tl.constexpr = 0,                          # programmatic dependent launch (_common.pdl_mode)
 ):
+    pdl_start(PDL)
     pid = tl.program_id(0)
     split = tl.program_id(1)
     b = pid // kv_heads
@@ -196,7 +198,9 @@ def _merge_kernel(
     GROUP: tl.constexpr, Q_LEN: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
     CHUNK_S: tl.constexpr,             # splits whose partial outputs load as one tile
+    PDL: tl.constexpr = 0,
 ):
+    pdl_start(PDL)
     # One program per BLOCK_R output rows of one (b, kvh).
     GQ: tl.constexpr = GROUP * Q_LEN
     n_rblocks: tl.constexpr = (GQ + BLOCK_R - 1) // BLOCK_R
@@ -297,6 +301,7 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale:
         SOFTCAP=softcap > 0, HAS_WINDOW=window_left >= 0, SPLIT=S > 1,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, MIN_TILES=MIN_TILES, num_warps=cfg.num_warps,
+        **pdl_args(q),
     )
     if S > 1:
         block_r = min(triton.next_power_of_2(group * Q), 16)
@@ -305,7 +310,7 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale:
         _merge_kernel[(B * KVH * triton.cdiv(group * Q, block_r),)](
             ws_o, ws_lse, out, KVH, S, D, *out.stride()[:3],
             GROUP=group, Q_LEN=Q, BLOCK_R=block_r, BLOCK_S=triton.next_power_of_2(S), BLOCK_D=block_d,
-            CHUNK_S=chunk, num_warps=4,
+            CHUNK_S=chunk, num_warps=4, **pdl_args(q),
         )
     return kernel
 

@@ -21,7 +21,6 @@ longer bandwidth-bound by a wide margin and tensor-core GEMMs are the right tool
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -29,7 +28,6 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ._common import (
     as_rows,
@@ -39,11 +37,12 @@ from ._common import (
     check_tensor,
     is_interpreting,
     output,
+    pdl_args,
     rows_out,
     sm_count,
     use_triton,
 )
-from ._jit import cast_out
+from ._jit import cast_out, pdl_start
 from .glu import silu_mul as glu_silu_mul  # the unfused path of silu_mul_matmul
 
 MAX_ROWS = 32  # above this many rows, F.linear (cuBLAS) runs instead
@@ -91,12 +90,9 @@ def _skinny_matmul_kernel(
         pf = w_rows + lines[None, :] * stride_wk  # (BLOCK_N, BLOCK_K / 64) pointers
         tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // dummy $0", "=r,l", [pf], dtype=tl.int32,
                                   is_pure=False, pack=1)
-    if PDL > 0:
-        # Launched before the previous kernel finished: nothing it wrote (x, the residual,
-        # the norm's partials) is read, and nothing is written, before this wait. Then let
-        # the next kernel's programs start as this grid's last wave frees the SMs.
-        gdc_wait()
-        gdc_launch_dependents()
+    # Launched early under PDL: nothing the previous kernel wrote (x, the residual, the
+    # norm's partials) is read, and nothing is written, before this wait.
+    pdl_start(PDL)
     if BLOCK_M == 1 and not USE_DOT:
         # One row (batch 1): a (BLOCK_N, BLOCK_K) float32 accumulator of products, summed
         # over K once after the loop, so the loop is loads and FMAs only; a sum per chunk
@@ -180,7 +176,9 @@ def _split_reduce_kernel(
     stride_ym,
     HAS_BIAS: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = 0,
 ):
+    pdl_start(PDL)
     # The partials are SPLIT_K * M * N * 4 bytes: 192 KiB for o_proj of the 8B model at
     # M = 1 and SPLIT_K = 3, against the weight's 32 MiB, so this pass costs ~1%.
     idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -296,26 +294,6 @@ def _gemv_config(N: int, K: int, fusion: str = "plain") -> SkinnyConfig:
     return SkinnyConfig(1, 16, chunk(256), 1, 4, False, 1)
 
 
-def pdl_mode() -> int:
-    """ONETRIP_PDL: 0 (default) ordinary launches; 1 programmatic dependent launch (the
-    GEMV may start while the previous kernel drains and waits for it before touching its
-    outputs); 2 the same, prefetching its first weight chunk to L2 before the wait.
-    Hopper and later; an experiment until measured (benchmarks/NOTES.md)."""
-    value = os.environ.get("ONETRIP_PDL", "0") or "0"
-    if value not in ("0", "1", "2"):
-        raise ValueError(f"ONETRIP_PDL must be 0, 1 or 2, got {value!r}")
-    return int(value)
-
-
-def _pdl_args(x: torch.Tensor) -> dict:
-    """Launch arguments for ``pdl_mode()``: none when off (the default, checked first so an
-    ordinary launch asks nothing of the device), or on a GPU older than sm_90."""
-    mode = pdl_mode()
-    if not mode or not x.is_cuda or torch.cuda.get_device_capability(x.device)[0] < 9:
-        return {}
-    return {"PDL": mode, "launch_pdl": True}
-
-
 def _launch(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], y: torch.Tensor,
             cfg: SkinnyConfig, silu_mul: bool = False, residual: Optional[torch.Tensor] = None,
             ss_out: Optional[torch.Tensor] = None, ss_in: Optional[torch.Tensor] = None,
@@ -348,13 +326,13 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
         SPLIT=split, USE_DOT=cfg.use_dot,
         EVEN_K=k_per_split % cfg.block_k == 0 and K % k_per_split == 0, SILU_MUL=silu_mul,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_pdl_args(x),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(x),
     )
     if split:
         block = 1024
         _split_reduce_kernel[(triton.cdiv(M * N, block),)](
             target, b, y, M, N, split_k, y.stride(0),
-            HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
+            HAS_BIAS=bias is not None, BLOCK=block, num_warps=4, **pdl_args(x),
         )
 
 
