@@ -1,29 +1,26 @@
-"""The next device session's A/B runs, prepared and checked on the CPU: one call, ~1-2 min.
+"""The next device session's A/B runs, prepared and checked on the CPU: one call, ~2-3 min.
 
     python benchmarks/ab_next.py --out DIR
 
-Rounds 1-4 (benchmarks/results/ab-round{1..4}-h200-20261121.json, NOTES.md) set the batch-1
-GEMV launch table, the decode split rule and append_kv's launch.
+Rounds 1-5 (benchmarks/results/ab-round{1..5}-h200-20261121.json, NOTES.md) set the batch-1
+GEMV launch table, the decode split rule, append_kv's launch, and measured programmatic
+dependent launch (PDL) on the GEMV chain and over the whole engine step.
 
-Round 5:
-1. Programmatic dependent launch (``ONETRIP_PDL``, skinny_matmul): the batch-1 GEMV chain
-   of a decoder without its attention (per layer qkv + RMSNorm, o + residual, gate_up +
-   RMSNorm, down + SwiGLU + residual; 16 layers of 1B shapes, 32 of 8B, distinct weights,
-   so every call reads HBM), one CUDA graph per step, PDL off / wait first / prefetch the
-   first weight chunk to L2 then wait. Outputs must match bit for bit. Prediction: the
-   1B step's GEMVs (64 launches, ~0.68 ms) lose ~1 us per launch with PDL (~-10%), more
-   with the prefetch; 8B (128 launches, ~3.6 ms) ~-3%.
-2. The same switch over the whole engine step (onetrip-graphs, batch 1, 32-token prompt,
-   128 new tokens, 1B and 8B presets, random weights): every decode-step kernel (GEMVs,
-   append_kv, decode attention and its merge, argmax) launched with PDL. Greedy tokens
-   must equal PDL off. Prediction: 1B 0.91 -> ~0.80 ms a step (7 launches a layer, ~1 us
-   each), 8B 4.1 -> ~3.9 ms.
-3. Decode attention at batch 64 x 1K (86% of copy, contiguous and paged; SDPA 92%): one
-   program per (sequence, kv head) holds only 8 key tiles. Sweep 1-4 splits and the tile
-   shapes. Prediction: 2 splits (two waves) reach ~90%.
+Round 6:
+1. Which kernels PDL helps (round 5: all of them, 1B -4%, 8B +2.6%): the engine step
+   (onetrip-graphs, batch 1, 32-token prompt, 128 new tokens) with PDL off, on for every
+   kernel, on for the GEMVs only, and on for all but the attention kernels (append_kv,
+   decode attention, merge). Greedy tokens must equal PDL off. Prediction: GEMV-only keeps
+   the 1B gain and loses nothing on 8B.
+2. Decode attention tiles x splits x pipeline stages on the cells under 90% of copy (or
+   under SDPA): batch 64 x 1K (round 5: 32-key tiles at 4 warps 94% vs 87%), batch 16 x 1K,
+   4 x 8K, 1 x 32K, 1 x 4K contiguous, 64 x 1K and 1 x 128K paged. Prediction: small tiles
+   win only where every program has under ~16 tiles and the grid passes one wave.
+3. Where batch 1 x 4K's 14 us goes: the kernels of one graph of 16 calls, profiled.
 
-Every variant is timed as one CUDA graph (median of 15 replays); writes ab-next.json.
-Earlier rounds' sweeps are in git history beside their results files.
+Every variant is timed as one CUDA graph (median of 15 replays) over enough input copies
+to pass 256 MiB; writes ab-next.json. Earlier rounds' sweeps are in git history beside
+their results files.
 """
 
 from __future__ import annotations
@@ -48,101 +45,105 @@ from sweep_gemv import time_per_call  # noqa: E402
 from onetrip.bench import harness  # noqa: E402
 from onetrip.bench.decode_attn import DecodeCell, make_inputs  # noqa: E402
 
-gn = importlib.import_module("onetrip.ops.gemv_norm")
 da = importlib.import_module("onetrip.ops.decode_attention")
+# the modules whose kernels take the PDL switch (each imported _common.pdl_args by name)
+PDL_MODULES = {name: importlib.import_module(f"onetrip.ops.{name}")
+               for name in ("skinny_matmul", "append_kv", "decode_attention", "argmax")}
 
 HEADS = (32, 8, 128)  # query heads, kv heads, head dim
+# (batch, context, layout): the cells under 90% of copy or under SDPA in the final bench
+CELLS = ((64, 1024, "contiguous"), (16, 1024, "contiguous"), (4, 8192, "contiguous"), (1, 32768, "contiguous"),
+         (1, 4096, "contiguous"), (64, 1024, "paged-64"), (1, 131072, "paged-64"))
+TILES = ((128, 8), (64, 4), (64, 8), (32, 4))   # (block_n, num_warps)
+STAGED = ((128, 8), (32, 4))                   # also timed at 2 and 4 pipeline stages
 
 
-# round 4 swept paged 16 x 8K ... 64 x 8K; batch 1 x 128K paged reads 87% of copy (2 waves)
-PAGED_CELLS = ((64, 1024, "contiguous"), (64, 1024, "paged-64"), (1, 131072, "paged-64"))
-
-
-def paged_ab(flush, copy, dev="cuda"):
-    rows = []
-    gen = torch.Generator(device=dev).manual_seed(0)
+def _cell_calls(b, ctx, layout, dev):
+    """Input copies enough to pass 256 MiB (L2 never serves a call), their refs, bytes."""
     H, KVH, D = HEADS
-    for b, ctx, layout in PAGED_CELLS:
-        cell = DecodeCell("decode", layout, b, ctx, heads=H, kv_heads=KVH, head_dim=D)
-        t = make_inputs(cell, torch.bfloat16, dev, gen)
-        nbytes = 2 * b * ctx * KVH * D * 2
-        heur = da._default_config(t["q"], t["k_cache"], t["block_table"])
-        ref = da.decode_attention(t["q"], t["k_cache"], t["v_cache"], t["cache_seqlens"],
-                                  block_table=t["block_table"]).float()
-        row = {"cell": f"B={b} ctx={ctx} {layout}", "heuristic": dataclasses.astuple(heur), "configs": {}}
-        for (bn, warps), mult in itertools.product(((128, 8), (64, 4), (64, 8), (32, 4)), (1, 2, 4)):
-            splits = heur.num_splits * mult
-            out = torch.empty_like(t["q"])
-            call = lambda cfg=da.DecodeConfig(bn, warps, splits): da._launch(  # noqa: E731
-                t["q"], t["k_cache"], t["v_cache"], t["cache_seqlens"], t["block_table"], out, D ** -0.5, -1, 0.0, cfg)
-            call()
-            err = (out.float() - ref).abs().max().item()
-            us = 1e3 * time_per_call([call], flush)
-            row["configs"][str([bn, warps, splits])] = {"us": us, "pct_of_copy": 100 * nbytes / (us * 1e3) / copy,
+    cell = DecodeCell("decode", layout, b, ctx, heads=H, kv_heads=KVH, head_dim=D)
+    nbytes = 2 * b * ctx * KVH * D * 2
+    n = max(1, min(16, -(-(256 << 20) // nbytes)))
+    sets = [make_inputs(cell, torch.bfloat16, dev, torch.Generator(device=dev).manual_seed(i)) for i in range(n)]
+    return sets, nbytes
+
+
+def decode_sweep(flush, copy, dev="cuda"):
+    rows = []
+    D = HEADS[2]
+    for b, ctx, layout in CELLS:
+        sets, nbytes = _cell_calls(b, ctx, layout, dev)
+        t0 = sets[0]
+        heur = da._default_config(t0["q"], t0["k_cache"], t0["block_table"])
+        ref = da.decode_attention(t0["q"], t0["k_cache"], t0["v_cache"], t0["cache_seqlens"],
+                                  block_table=t0["block_table"]).float()
+        row = {"cell": f"B={b} ctx={ctx} {layout}", "input_sets": len(sets),
+               "heuristic": dataclasses.astuple(heur), "configs": {}}
+        variants = [(bn, w, heur.num_splits * m, 3) for (bn, w), m in itertools.product(TILES, (1, 2, 4))]
+        variants += [(bn, w, heur.num_splits * m, st) for (bn, w), m, st in itertools.product(STAGED, (1, 2, 4), (2, 4))]
+        for bn, w, splits, st in variants:
+            cfg = da.DecodeConfig(bn, w, splits, st)
+            outs = [torch.empty_like(t["q"]) for t in sets]
+            calls = [lambda t=t, o=o: da._launch(t["q"], t["k_cache"], t["v_cache"], t["cache_seqlens"],  # noqa: E731
+                                                 t["block_table"], o, D ** -0.5, -1, 0.0, cfg)
+                     for t, o in zip(sets, outs)]
+            try:
+                us = 1e3 * time_per_call(calls, flush) / len(calls)
+            except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory at 4 stages
+                row["configs"][str([bn, w, splits, st])] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+                continue
+            err = (outs[0].float() - ref).abs().max().item()
+            row["configs"][str([bn, w, splits, st])] = {"us": us, "pct_of_copy": 100 * nbytes / (us * 1e3) / copy,
                                                         "max_diff": err}
         rows.append(row)
-        top = sorted(row["configs"].items(), key=lambda kv: kv[1]["us"])
-        print(f"{row['cell']:28s} heuristic {row['heuristic']}: " + ", ".join(
+        top = sorted(((c, r) for c, r in row["configs"].items() if "us" in r), key=lambda kv: kv[1]["us"])
+        heur_key = str(list(dataclasses.astuple(heur)))
+        heur_pct = row["configs"].get(heur_key, {}).get("pct_of_copy", float("nan"))
+        print(f"{row['cell']:28s} heuristic {heur_key} {heur_pct:.0f}%: " + ", ".join(
             f"{c} {r['pct_of_copy']:.0f}%" for c, r in top[:4]) + f" ... worst {top[-1][0]} "
             f"{top[-1][1]['pct_of_copy']:.0f}%", flush=True)
-        del t
+        del sets
         torch.cuda.empty_cache()
     return rows
 
 
-# hidden, qkv rows, intermediate, layers
-CHAIN_SHAPES = {"1B": (2048, 3072, 8192, 16), "8B": (4096, 6144, 14336, 32)}
-
-
-def _chain_step(layers, x0, res0, g, eps=1e-5):
-    """The batch-1 GEMV chain of ``layers`` (Wqkv, Wo, Wgu, Wd) as the engine runs it, with
-    qkv's first H columns standing in for attention's output. Returns the last h."""
-    hidden = x0.shape[-1]
-    h, ss = gn.gemv_add_residual(x0, layers[0][1], res0)
-    for wqkv, wo, wgu, wd in layers:
-        qkv = gn.gemv_rms_norm(h, ss, g, eps, wqkv)
-        h, ss = gn.gemv_add_residual(qkv[:, :hidden], wo, h)
-        gu = gn.gemv_rms_norm(h, ss, g, eps, wgu)
-        h, ss = gn.gemv_add_residual(gu, wd, h, silu_mul=True)
-    return h
-
-
-def chain_ab(flush, copy, dev="cuda"):
-    rows = []
-    for name, (hidden, nqkv, inter, n_layers) in CHAIN_SHAPES.items():
-        gen = torch.Generator(device=dev).manual_seed(0)
-        rnd = lambda *shape: torch.randn(shape, generator=gen, device=dev, dtype=torch.bfloat16) * 0.02  # noqa: E731
-        layers = [(rnd(nqkv, hidden), rnd(hidden, hidden), rnd(2 * inter, hidden), rnd(hidden, inter))
-                  for _ in range(n_layers)]
-        nbytes = sum(w.numel() * 2 for layer in layers for w in layer)
-        x0, res0 = rnd(1, hidden) * 50, rnd(1, hidden) * 50
-        g = (1 + 0.1 * torch.randn(hidden, generator=gen, device=dev)).to(torch.bfloat16)
-        row = {"model": name, "layers": n_layers, "launches": 1 + 4 * n_layers, "weight_bytes": nbytes,
-               "floor_us": nbytes / (copy * 1e3)}
-        ref = None
-        for mode in (0, 1, 2):
-            os.environ["ONETRIP_PDL"] = str(mode)
-            try:
-                out = {}
-                us = 1e3 * time_per_call([lambda: out.__setitem__("h", _chain_step(layers, x0, res0, g))], flush)
-                h = out["h"].clone()
-                same = ref is None or torch.equal(h, ref)
-                ref = h if ref is None else ref
-                row[f"pdl{mode}"] = {"us": us, "pct_of_copy": 100 * nbytes / (us * 1e3) / copy, "same_as_off": same}
-            except Exception as exc:  # noqa: BLE001 - recorded (a driver without PDL in capture)
-                row[f"pdl{mode}"] = {"error": str(exc)[:300]}
-        os.environ["ONETRIP_PDL"] = "0"
-        rows.append(row)
-        print(f"GEMV chain {name} ({row['launches']} launches, floor {row['floor_us']:.0f} us): " + ", ".join(
-            f"PDL {m}: " + (f"{row[f'pdl{m}']['us']:.0f} us ({row[f'pdl{m}']['pct_of_copy']:.0f}%, same "
-                            f"{row[f'pdl{m}']['same_as_off']})" if "us" in row[f"pdl{m}"] else row[f"pdl{m}"]["error"])
-            for m in (0, 1, 2)), flush=True)
-        del layers
-        torch.cuda.empty_cache()
-    return rows
+def profile_small(flush, copy, dev="cuda"):
+    """The kernels of one graph replay of 16 batch-1 x 4K calls: durations and the gaps."""
+    sets, nbytes = _cell_calls(1, 4096, "contiguous", dev)
+    outs = [torch.empty_like(t["q"]) for t in sets]
+    g = torch.cuda.CUDAGraph()
+    for t, o in zip(sets, outs):
+        da.decode_attention(t["q"], t["k_cache"], t["v_cache"], t["cache_seqlens"], out=o)
+    torch.cuda.synchronize()
+    with torch.cuda.graph(g):
+        for t, o in zip(sets, outs):
+            da.decode_attention(t["q"], t["k_cache"], t["v_cache"], t["cache_seqlens"], out=o)
+    g.replay()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            flush.sum()
+            g.replay()
+        torch.cuda.synchronize()
+    events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+                     and ("decode" in e.name or "merge" in e.name)), key=lambda e: e.time_range.start)
+    kinds = {}
+    for e in events:
+        kinds.setdefault(e.name[:40], []).append(e.time_range.elapsed_us())
+    gaps = [b.time_range.start - a.time_range.end for a, b in zip(events, events[1:])]
+    gaps = [x for x in gaps if x < 50]  # within one replay
+    out = {"kernels": {k: {"n": len(v), "median_us": sorted(v)[len(v) // 2]} for k, v in kinds.items()},
+           "median_gap_us": sorted(gaps)[len(gaps) // 2] if gaps else None, "bytes_per_call": nbytes}
+    print("batch 1 x 4K, one graph of 16 calls: " + ", ".join(
+        f"{k} x{v['n']} median {v['median_us']:.1f} us" for k, v in out["kernels"].items())
+        + f"; median gap {out['median_gap_us']} us", flush=True)
+    return out
 
 
 ENGINE_PRESETS = ("llama-3.2-1b", "llama-3.1-8b")
+# PDL variants: the modules whose kernels launch without PDL (None: PDL off everywhere)
+PDL_VARIANTS = {"off": None, "all": (), "gemv only": ("append_kv", "decode_attention", "argmax"),
+                "all but attention": ("append_kv", "decode_attention")}
 
 
 def engine_ab(flush, copy, dev="cuda", new_tokens=128, prompt=32):
@@ -150,6 +151,7 @@ def engine_ab(flush, copy, dev="cuda", new_tokens=128, prompt=32):
     from onetrip.engine.budget import decode_budget
 
     rows = []
+    saved = {name: mod.pdl_args for name, mod in PDL_MODULES.items()}
     for preset in ENGINE_PRESETS:
         model, _ = build(preset, torch.bfloat16, dev, False)
         prompts = _prompts(1, prompt, model.config.vocab_size)
@@ -157,25 +159,30 @@ def engine_ab(flush, copy, dev="cuda", new_tokens=128, prompt=32):
         budget = decode_budget(model.config, model.dtype, 1, [prompt], steps, copy)
         row = {"preset": preset, "limit_tok_s": budget.limit_tok_s}
         ref = None
-        for mode in (0, 1, 2):
-            os.environ["ONETRIP_PDL"] = str(mode)
+        for label, plain in PDL_VARIANTS.items():
+            os.environ["ONETRIP_PDL"] = "0" if plain is None else "1"
+            for name in plain or ():
+                PDL_MODULES[name].pdl_args = lambda t: {}
             try:
                 best = None
-                for _ in range(2):  # two timed runs, the faster kept (the first may still warm clocks)
+                for _ in range(2):  # two timed runs, the faster kept
                     toks, _, decode, _ = run_engine(model, prompts, new_tokens, graphs=True)
                     best = decode if best is None else min(best, decode)
                 ms = best * 1e3 / steps
                 ref = toks if ref is None else ref
-                row[f"pdl{mode}"] = {"ms_per_step": ms, "tok_s": 1e3 / ms, "pct_of_limit": budget.pct_of_limit(ms),
-                                     "same_tokens_as_off": toks == ref}
+                row[label] = {"ms_per_step": ms, "tok_s": 1e3 / ms, "pct_of_limit": budget.pct_of_limit(ms),
+                              "same_tokens_as_off": toks == ref}
             except Exception as exc:  # noqa: BLE001 - recorded
-                row[f"pdl{mode}"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+                row[label] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            finally:
+                for name, fn in saved.items():
+                    PDL_MODULES[name].pdl_args = fn
         os.environ["ONETRIP_PDL"] = "0"
         rows.append(row)
         print(f"engine {preset}: " + ", ".join(
-            f"PDL {m}: " + (f"{row[f'pdl{m}']['ms_per_step']:.3f} ms ({row[f'pdl{m}']['pct_of_limit']:.0f}%, same "
-                            f"{row[f'pdl{m}']['same_tokens_as_off']})" if "ms_per_step" in row[f"pdl{m}"]
-                            else row[f"pdl{m}"]["error"]) for m in (0, 1, 2)), flush=True)
+            f"{v}: " + (f"{row[v]['ms_per_step']:.3f} ms ({row[v]['pct_of_limit']:.1f}%, same "
+                        f"{row[v]['same_tokens_as_off']})" if "ms_per_step" in row[v] else row[v]["error"])
+            for v in PDL_VARIANTS), flush=True)
         del model
         torch.cuda.empty_cache()
     return rows
@@ -191,7 +198,7 @@ def main() -> int:
     t0 = time.time()
     result = {"meta": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_gbs": copy,
                        "triton": __import__("triton").__version__, "date": time.strftime("%Y-%m-%d")}}
-    for name, fn in (("chain", chain_ab), ("engine", engine_ab), ("decode_splits", paged_ab)):
+    for name, fn in (("engine", engine_ab), ("decode_sweep", decode_sweep), ("profile_b1_4k", profile_small)):
         try:
             result[name] = fn(flush, copy)
         except Exception as exc:  # noqa: BLE001 - the other parts still report

@@ -21,14 +21,50 @@ The key tiles a query block visits are split in three ranges (see ``_key_ranges`
 Tiles outside [lo, hi) are masked for every row of the block and never loaded. The tile
 body is one @triton.jit function specialized by the constexpr MASKED, so the unmasked
 range compiles without the index comparisons and `where`s.
+
+With USE_TMA (Hopper, dense layout; the launcher decides, see ``_attention_tma.py``) Q, K
+and V arrive through 4-D tensor descriptors over (batch, seq, heads, head_dim) and O
+leaves through one. The copy engine clips each dimension on its own: rows past the
+sequence's end and head dims past HEAD_DIM read as zeros and are not written, exactly
+what the pointer path's masks give, so masking and the results do not change.
 """
 
 import triton
 import triton.language as tl
 
+from ._common import is_interpreting
 from ._jit import cast_out, dot_f32, tanh
 
 LOG2E = 1.4426950408889634  # folded into the scale on the host
+
+# Under the interpreter tl.dot must not see bfloat16 operands (see _jit.dot_f32).
+_INTERPRETED = tl.constexpr(is_interpreting())
+
+
+@triton.jit
+def _pv_acc(acc, p, v, PRECISION: tl.constexpr):
+    """acc + p @ v in float32. On a GPU the sum is the MMA's own accumulator (``tl.dot``'s
+    third operand); the interpreter takes dot_f32's widened product and adds it."""
+    if _INTERPRETED:
+        return acc + dot_f32(p, v, PRECISION)
+    else:
+        return tl.dot(p, v, acc, input_precision=PRECISION)
+
+
+@triton.jit
+def _load_rows(base, desc, b, n0, head, offs_n, offs_d, stride_s, k_len,
+               HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr):
+    """The (len(offs_n), BLOCK_D) tile of rows n0 + offs_n of one (batch, head): through the
+    descriptor (out-of-range rows and head dims are zeros) or masked pointer loads."""
+    if USE_TMA:
+        t = desc.load([b, n0, head, 0])  # (1, rows, 1, BLOCK_D)
+        return t.reshape(t.shape[1], t.shape[3])
+    else:
+        mask = (offs_d < HEAD_DIM)[None, :]  # head dims padded to a power of two read zeros
+        if MASKED:
+            mask = mask & (n0 + offs_n < k_len)[:, None]
+        rows = (n0 + offs_n).to(tl.int64)[:, None]
+        return tl.load(base + rows * stride_s + offs_d[None, :], mask=mask, other=0.0)
 
 
 @triton.jit
@@ -63,18 +99,14 @@ def _key_ranges(m0, q_len, k_len, window_left, window_right,
 
 
 @triton.jit
-def _attn_tile(acc, m_i, l_i, q, k_base, v_base, n0, offs_m, offs_n, offs_d,
+def _attn_tile(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, kh, n0, offs_m, offs_n, offs_d,
                k_len, diag, stride_ks, stride_vs, qk_scale, cap_in, cap_out, window_left, window_right,
                HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-               HAS_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr):
+               HAS_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr):
     """One (BLOCK_N keys) step of the online softmax; returns the updated (acc, m_i, l_i)."""
     n = n0 + offs_n  # (BLOCK_N,) key index within the sequence
-    kv_mask = (offs_d < HEAD_DIM)[None, :]  # head dims padded to a power of two read zeros
-    if MASKED:
-        kv_mask = kv_mask & (n < k_len)[:, None]
-    n64 = n.to(tl.int64)[:, None]
-    k = tl.load(k_base + n64 * stride_ks + offs_d[None, :], mask=kv_mask, other=0.0)  # (BLOCK_N, BLOCK_D)
-    v = tl.load(v_base + n64 * stride_vs + offs_d[None, :], mask=kv_mask, other=0.0)
+    k = _load_rows(k_base, k_desc, b, n0, kh, offs_n, offs_d, stride_ks, k_len, HEAD_DIM, MASKED, USE_TMA)
+    v = _load_rows(v_base, v_desc, b, n0, kh, offs_n, offs_d, stride_vs, k_len, HEAD_DIM, MASKED, USE_TMA)
     s = dot_f32(q, tl.trans(k), DOT_PRECISION)  # (BLOCK_M, BLOCK_N) float32
     if HAS_SOFTCAP:  # cap * tanh(scale * qk / cap), in log2 units: cap_in = scale / cap, cap_out = cap * log2(e)
         s = cap_out * tanh(s * cap_in)
@@ -96,13 +128,14 @@ def _attn_tile(acc, m_i, l_i, q, k_base, v_base, n0, offs_m, offs_n, offs_d,
     l_i = l_i * alpha + tl.sum(p, axis=1)
     # p is rounded to v's dtype for the tensor-core product (values in [0, 1]; the row sum
     # l above uses the unrounded p). cast_out: the interpreter's own bf16 cast truncates.
-    acc = acc * alpha[:, None] + dot_f32(cast_out(p, v.dtype), v, DOT_PRECISION)
+    acc = _pv_acc(acc * alpha[:, None], cast_out(p, v.dtype), v, DOT_PRECISION)
     return acc, m_new, l_i
 
 
 @triton.jit
 def _attn_fwd_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,  # q, o: (B, Sq, H, D) or (Tq, H, D); k, v: kv heads; lse: fp32
+    q_desc, k_desc, v_desc, o_desc,       # USE_TMA: descriptors of the same tensors (else None)
     cu_q_ptr, cu_k_ptr,                   # (B + 1,) int32 prefix sums of the lengths (varlen only)
     seqlen_q, seqlen_k, group,            # dense lengths; group = H // kv_heads
     stride_qb, stride_qs, stride_qh,      # batch strides are 0 for varlen (tokens are packed)
@@ -116,6 +149,9 @@ def _attn_fwd_kernel(
     # comparisons, and no softcap no tanh: each combination compiles to its own lean kernel.
     IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, STORE_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    # USE_TMA: Q, K, V and O through tensor descriptors (the launcher checks it may).
+    # WARP_SPEC: the compiler splits the interior loop into producer/consumer warps.
+    USE_TMA: tl.constexpr, WARP_SPEC: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     h = tl.program_id(1)
@@ -146,7 +182,9 @@ def _attn_fwd_kernel(
     row_ok = offs_m < q_len
     qo_mask = row_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
     m64 = offs_m.to(tl.int64)[:, None]
-    q = tl.load(q_base + m64 * stride_qs + offs_d[None, :], mask=qo_mask, other=0.0)  # (BLOCK_M, BLOCK_D)
+    kh32 = h // group  # the descriptors' coordinates are int32
+    q = _load_rows(q_base, q_desc, b, m0, h, tl.arange(0, BLOCK_M), offs_d, stride_qs, q_len,
+                   HEAD_DIM, True, USE_TMA)  # (BLOCK_M, BLOCK_D)
 
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -154,22 +192,28 @@ def _attn_fwd_kernel(
     lo, left_end, full_lo, full_hi, hi = _key_ranges(m0, q_len, k_len, window_left, window_right,
                                                      BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     for n0 in range(lo, left_end, BLOCK_N):  # left window edge
-        acc, m_i, l_i = _attn_tile(acc, m_i, l_i, q, k_base, v_base, n0, offs_m, offs_n, offs_d, k_len, diag,
-                                   stride_ks, stride_vs, qk_scale, cap_in, cap_out, window_left, window_right,
-                                   HEAD_DIM, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DOT_PRECISION)
-    for n0 in range(full_lo, full_hi, BLOCK_N):  # interior: no mask
-        acc, m_i, l_i = _attn_tile(acc, m_i, l_i, q, k_base, v_base, n0, offs_m, offs_n, offs_d, k_len, diag,
-                                   stride_ks, stride_vs, qk_scale, cap_in, cap_out, window_left, window_right,
-                                   HEAD_DIM, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DOT_PRECISION)
+        acc, m_i, l_i = _attn_tile(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, kh32, n0, offs_m, offs_n,
+                                   offs_d, k_len, diag, stride_ks, stride_vs, qk_scale, cap_in, cap_out,
+                                   window_left, window_right, HEAD_DIM, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+                                   DOT_PRECISION, USE_TMA)
+    for n0 in tl.range(full_lo, full_hi, BLOCK_N, warp_specialize=WARP_SPEC):  # interior: no mask
+        acc, m_i, l_i = _attn_tile(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, kh32, n0, offs_m, offs_n,
+                                   offs_d, k_len, diag, stride_ks, stride_vs, qk_scale, cap_in, cap_out,
+                                   window_left, window_right, HEAD_DIM, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+                                   DOT_PRECISION, USE_TMA)
     for n0 in range(full_hi, hi, BLOCK_N):  # diagonal, right window edge, ragged last tile
-        acc, m_i, l_i = _attn_tile(acc, m_i, l_i, q, k_base, v_base, n0, offs_m, offs_n, offs_d, k_len, diag,
-                                   stride_ks, stride_vs, qk_scale, cap_in, cap_out, window_left, window_right,
-                                   HEAD_DIM, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DOT_PRECISION)
+        acc, m_i, l_i = _attn_tile(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, kh32, n0, offs_m, offs_n,
+                                   offs_d, k_len, diag, stride_ks, stride_vs, qk_scale, cap_in, cap_out,
+                                   window_left, window_right, HEAD_DIM, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+                                   DOT_PRECISION, USE_TMA)
 
     # A row that saw no key has l = 0 and acc = 0: it stores zeros and lse = -inf, not NaN.
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
-    tl.store(o_base + m64 * stride_os + offs_d[None, :], cast_out(out, o_ptr.dtype.element_ty), mask=qo_mask)
+    if USE_TMA:  # rows past seq_q and head dims past HEAD_DIM are clipped by the copy engine
+        o_desc.store([b, m0, h, 0], cast_out(out, o_ptr.dtype.element_ty).reshape(1, BLOCK_M, 1, BLOCK_D))
+    else:
+        tl.store(o_base + m64 * stride_os + offs_d[None, :], cast_out(out, o_ptr.dtype.element_ty), mask=qo_mask)
     if STORE_LSE:
         lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
         lse_ptrs = lse_ptr + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start + offs_m

@@ -31,6 +31,7 @@ captured call serves any lengths: change cache_seqlens in place and replay.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -221,11 +222,13 @@ def _merge_kernel(
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Launch shape: keys in tiles of ``block_n``; the sequence cut into ``num_splits``."""
+    """Launch shape: keys in tiles of ``block_n``; the sequence cut into ``num_splits``;
+    ``num_stages`` tiles in flight in the software-pipelined key loop (Triton's default)."""
 
     block_n: int
     num_warps: int
     num_splits: int
+    num_stages: int = 3
 
 
 def decode_config(batch: int, kv_heads: int, max_seq: int, head_dim: int, device: torch.device, *,
@@ -266,7 +269,7 @@ def _default_config(q, k_cache, block_table, num_splits: int = 0) -> DecodeConfi
     paged = block_table is not None
     max_seq = k_cache.shape[1] * (block_table.shape[1] if paged else 1)
     cfg = decode_config(B, k_cache.shape[2], max_seq, D, q.device, rows=Q * H // k_cache.shape[2], paged=paged)
-    return cfg if num_splits <= 0 else DecodeConfig(cfg.block_n, cfg.num_warps, num_splits)
+    return cfg if num_splits <= 0 else dataclasses.replace(cfg, num_splits=num_splits)
 
 
 def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale: float, window_left: int,
@@ -301,7 +304,7 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale:
         SOFTCAP=softcap > 0, HAS_WINDOW=window_left >= 0, SPLIT=S > 1,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, MIN_TILES=MIN_TILES, num_warps=cfg.num_warps,
-        **pdl_args(q),
+        num_stages=cfg.num_stages, **pdl_args(q),
     )
     if S > 1:
         block_r = min(triton.next_power_of_2(group * Q), 16)
