@@ -191,6 +191,8 @@ def engine_ab(flush, copy, dev="cuda", new_tokens=128, prompt=32):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("gpu-out"))
+    ap.add_argument("--only", nargs="+", choices=("engine", "decode_sweep", "profile_b1_4k"),
+                    default=os.environ.get("AB_ONLY", "").split() or None, help="parts to run (env AB_ONLY)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     copy = harness.copy_bandwidth_gbs("cuda")
@@ -199,6 +201,8 @@ def main() -> int:
     result = {"meta": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_gbs": copy,
                        "triton": __import__("triton").__version__, "date": time.strftime("%Y-%m-%d")}}
     for name, fn in (("engine", engine_ab), ("decode_sweep", decode_sweep), ("profile_b1_4k", profile_small)):
+        if args.only and name not in args.only:
+            continue
         try:
             result[name] = fn(flush, copy)
         except Exception as exc:  # noqa: BLE001 - the other parts still report

@@ -138,6 +138,10 @@ def test_config_heuristic():
     assert decode_config(1, 3, 4096, 128, cpu).num_splits == 1  # 3 programs: a second split passes the wave
     assert decode_config(64, 8, 4096, 128, cpu).num_splits == 1
     assert decode_config(1, 2, 4096, 256, cpu).block_n == 32
+    # several waves of short contiguous caches: 32-key tiles at 4 warps; paged or long: 128
+    assert decode_config(64, 8, 1024, 128, cpu) == DecodeConfig(32, 4, 1)
+    assert decode_config(64, 8, 1024, 128, cpu, paged=True).block_n == 128
+    assert decode_config(64, 8, 4096, 128, cpu).block_n == 128
 
 
 def test_launch_config(device, gen):

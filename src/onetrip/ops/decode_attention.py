@@ -250,7 +250,13 @@ def decode_config(batch: int, kv_heads: int, max_seq: int, head_dim: int, device
     Paged, two waves (benchmarks/results/ab-round4-h200-20261121.json): batch 16 x 8K
     paged-64 read 65% of copy with one wave and 93% with two; batch 4 x 32K 61% -> 91%;
     batch 1 x 32K 49% -> 64%; batch 64 keeps one split (512 programs, 101%). Contiguous
-    caches lose with a second wave (batch 16 x 8K 101% -> 96%)."""
+    caches lose with a second wave (batch 16 x 8K 101% -> 96%).
+
+    Short contiguous caches over several waves take 32-key tiles at 4 warps (128 registers:
+    four CTAs an SM, so one program's wait for its tile hides behind another's): batch
+    64 x 1K, 512 programs of 8 tiles, 87% -> 94% of copy (ab-round6a-h200-20261121.json);
+    batch 16 x 1K (one wave) stays best with 128-key tiles (77% vs 75%), and so does the
+    paged 64 x 1K (87% vs 82%), whose per-tile table loads want the big tile."""
     if waves is None:
         waves = 2 if paged else 1
     if head_dim <= 128:
@@ -260,6 +266,8 @@ def decode_config(batch: int, kv_heads: int, max_seq: int, head_dim: int, device
         warps = 4 if max(16, triton.next_power_of_2(rows)) * triton.next_power_of_2(head_dim) <= 64 * 128 else 8
     programs = max(1, batch * kv_heads)
     splits = max(1, min(waves * sm_count(device) // programs, triton.cdiv(max(max_seq, 1), block_n * MIN_TILES)))
+    if not paged and block_n == 128 and rows <= 16 and programs >= 2 * sm_count(device) and max_seq <= 2048:
+        block_n, warps = 32, 4
     return DecodeConfig(block_n, warps, splits)
 
 
