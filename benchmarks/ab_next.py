@@ -82,7 +82,7 @@ def decode_sweep(flush, copy, dev="cuda"):
         variants = [(bn, w, heur.num_splits * m, 3) for (bn, w), m in itertools.product(TILES, (1, 2, 4))]
         variants += [(bn, w, heur.num_splits * m, st) for (bn, w), m, st in itertools.product(STAGED, (1, 2, 4), (2, 4))]
         for bn, w, splits, st in variants:
-            cfg = da.DecodeConfig(bn, w, splits, st)
+            cfg = da.DecodeConfig(bn, w, splits)  # round 6a; num_stages was a field then
             outs = [torch.empty_like(t["q"]) for t in sets]
             calls = [lambda t=t, o=o: da._launch(t["q"], t["k_cache"], t["v_cache"], t["cache_seqlens"],  # noqa: E731
                                                  t["block_table"], o, D ** -0.5, -1, 0.0, cfg)

@@ -90,7 +90,8 @@ for arg in "$@"; do
         gzip -9 "$out"/traces/*.json
         ;;
     engine)
-        py -m onetrip bench decode --out "$out/results" 2>&1 | tee "$out/logs/decode.txt"
+        # ENGINE_ARGS narrows it, e.g. ENGINE_ARGS="--preset llama-3.2-1b" (one preset a call)
+        py -m onetrip bench decode ${ENGINE_ARGS:-} --out "$out/results" 2>&1 | tee "$out/logs/decode${ENGINE_ARGS:+-$(echo $ENGINE_ARGS | tr -c 'a-z0-9.\n-' _)}.txt"
         ;;
     gemv)
         py -m onetrip bench gemv --out "$out/results" 2>&1 | tee "$out/logs/gemv.txt"

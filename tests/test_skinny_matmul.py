@@ -167,13 +167,15 @@ def test_silu_mul_matmul_rows_and_errors(gen):
 
 
 def test_pdl_mode(monkeypatch):
-    """ONETRIP_PDL selects the experimental launch; anything but 0/1/2 is refused clearly."""
-    from onetrip.ops._common import pdl_mode
+    """ONETRIP_PDL: on unless set to 0; anything but 0/1 is refused clearly. On the CPU no
+    launch asks for it."""
+    from onetrip.ops._common import pdl_args, pdl_mode
 
     monkeypatch.delenv("ONETRIP_PDL", raising=False)
+    assert pdl_mode() == 1
+    assert pdl_args(torch.zeros(1)) == {}  # a CPU tensor (the interpreter): plain launches
+    monkeypatch.setenv("ONETRIP_PDL", "0")
     assert pdl_mode() == 0
     monkeypatch.setenv("ONETRIP_PDL", "2")
-    assert pdl_mode() == 2
-    monkeypatch.setenv("ONETRIP_PDL", "yes")
-    with pytest.raises(ValueError, match="ONETRIP_PDL must be 0, 1 or 2"):
+    with pytest.raises(ValueError, match="ONETRIP_PDL must be 0 or 1, got '2'"):
         pdl_mode()

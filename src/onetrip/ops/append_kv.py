@@ -32,9 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (check_dtype_match, check_same_device, check_shape, check_tensor, pdl_args, sm_count,
-                      use_triton)
-from ._jit import pdl_start
+from ._common import check_dtype_match, check_same_device, check_shape, check_tensor, sm_count, use_triton
 from .decode_attention import _check_cache
 from .rotary import RotaryConfig, _cos_sin_rows, _rotate_heads, _work, apply_rotary_ref, rotary_config
 
@@ -52,10 +50,8 @@ def _append_kv_kernel(
     INTERLEAVED: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, COPY_TAIL: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    PDL: tl.constexpr = 0,  # programmatic dependent launch (_common.pdl_mode)
 ):
     # 64-bit token offsets: b * stride exceeds 2**31 elements for caches over 4 GiB.
-    pdl_start(PDL)
     tok = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     tok_ok = tok < n_tokens
     b = tok // q_len
@@ -118,7 +114,7 @@ def _launch(q, k, v, k_cache, v_cache, cache_seqlens, cos, sin, block_table, int
         INTERLEAVED=interleaved, PAGED=paged, PAGE_SIZE=k_cache.shape[1] if paged else 1, COPY_TAIL=tail > 0,
         BLOCK_T=cfg.block_t, BLOCK_H=cfg.block_h, BLOCK_HALF=triton.next_power_of_2(half),
         BLOCK_TAIL=triton.next_power_of_2(max(tail, 1)), BLOCK_D=triton.next_power_of_2(D),
-        num_warps=cfg.num_warps, **pdl_args(q),
+        num_warps=cfg.num_warps,
     )
 
 

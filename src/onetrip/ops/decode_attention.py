@@ -41,8 +41,8 @@ import triton
 import triton.language as tl
 
 from ._common import (check_dtype_match, check_same_device, check_shape, check_tensor, output,
-                      pdl_args, sm_count, use_triton)
-from ._jit import cast_out, dot_f32, pdl_start, tanh
+                      sm_count, use_triton)
+from ._jit import cast_out, dot_f32, tanh
 
 LOG2E = 1.4426950408889634
 MAX_Q_LEN = 16
@@ -71,9 +71,7 @@ def _decode_kernel(
     PRECISION: tl.constexpr,                        # "ieee" for float32 (no TF32), else "tf32"
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     MIN_TILES: tl.constexpr,                        # the fewest key tiles a split takes
-    PDL: tl.constexpr = 0,                          # programmatic dependent launch (_common.pdl_mode)
 ):
-    pdl_start(PDL)
     pid = tl.program_id(0)
     split = tl.program_id(1)
     b = pid // kv_heads
@@ -199,9 +197,7 @@ def _merge_kernel(
     GROUP: tl.constexpr, Q_LEN: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
     CHUNK_S: tl.constexpr,             # splits whose partial outputs load as one tile
-    PDL: tl.constexpr = 0,
 ):
-    pdl_start(PDL)
     # One program per BLOCK_R output rows of one (b, kvh).
     GQ: tl.constexpr = GROUP * Q_LEN
     n_rblocks: tl.constexpr = (GQ + BLOCK_R - 1) // BLOCK_R
@@ -222,13 +218,11 @@ def _merge_kernel(
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Launch shape: keys in tiles of ``block_n``; the sequence cut into ``num_splits``;
-    ``num_stages`` tiles in flight in the software-pipelined key loop (Triton's default)."""
+    """Launch shape: keys in tiles of ``block_n``; the sequence cut into ``num_splits``."""
 
     block_n: int
     num_warps: int
     num_splits: int
-    num_stages: int = 3
 
 
 def decode_config(batch: int, kv_heads: int, max_seq: int, head_dim: int, device: torch.device, *,
@@ -312,7 +306,6 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale:
         SOFTCAP=softcap > 0, HAS_WINDOW=window_left >= 0, SPLIT=S > 1,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, MIN_TILES=MIN_TILES, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **pdl_args(q),
     )
     if S > 1:
         block_r = min(triton.next_power_of_2(group * Q), 16)
@@ -321,7 +314,7 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale:
         _merge_kernel[(B * KVH * triton.cdiv(group * Q, block_r),)](
             ws_o, ws_lse, out, KVH, S, D, *out.stride()[:3],
             GROUP=group, Q_LEN=Q, BLOCK_R=block_r, BLOCK_S=triton.next_power_of_2(S), BLOCK_D=block_d,
-            CHUNK_S=chunk, num_warps=4, **pdl_args(q),
+            CHUNK_S=chunk, num_warps=4,
         )
     return kernel
 

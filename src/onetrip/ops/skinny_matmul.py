@@ -67,7 +67,7 @@ def _skinny_matmul_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr = 0,  # programmatic dependent launch: 0 off, 1 wait first, 2 prefetch W to L2, then wait
+    PDL: tl.constexpr = 0,  # programmatic dependent launch (_common.pdl_mode)
 ):
     # HAS_BIAS / SPLIT / USE_DOT are constexpr so each variant compiles to straight-line code
     # without the others' loads and stores: one kernel body instead of four copies.
@@ -83,13 +83,6 @@ def _skinny_matmul_kernel(
     # 64-bit column offsets: N * stride_wn exceeds 2**31 for an LM head of 152K x 16K.
     w_rows = w_ptr + cols.to(tl.int64)[:, None] * stride_wn  # (BLOCK_N, 1)
     x_rows = x_ptr + rows[:, None] * stride_xm  # (BLOCK_M, 1)
-    if PDL == 2:
-        # The weight does not depend on the previous kernel: ask L2 for this program's first
-        # chunk (one prefetch per 128-byte line) while that kernel drains, then wait.
-        lines = k_lo + tl.arange(0, BLOCK_K // 64) * 64
-        pf = w_rows + lines[None, :] * stride_wk  # (BLOCK_N, BLOCK_K / 64) pointers
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // dummy $0", "=r,l", [pf], dtype=tl.int32,
-                                  is_pure=False, pack=1)
     # Launched early under PDL: nothing the previous kernel wrote (x, the residual, the
     # norm's partials) is read, and nothing is written, before this wait.
     pdl_start(PDL)
