@@ -1,5 +1,6 @@
 """Registers and spills of the engine's decode-step kernels, compiled for sm_90a without a GPU:
-the batch-1 GEMV variants and decode_attention's launch configs.
+the batch-1 GEMV variants and decode_attention's launch configs; then flash_attention's TMA
+tiles beside their pointer twins.
 
     python benchmarks/ptxas_report.py      # needs triton (3.6 = the GPU image's) and CUDA's ptxas
 
@@ -68,6 +69,44 @@ DECODE = dict(GROUP=4, Q_LEN=1, PAGED=False, PAGE_SIZE=1, SOFTCAP=False, HAS_WIN
               PRECISION="tf32", BLOCK_M=16, BLOCK_D=128, MIN_TILES=4, PDL=0)
 
 
+# flash_attention as launched at seq 2048, 2048 / head_dim heads, no GQA, causal. Triton turns
+# an int equal to 1 into a constant and marks pointers and ints divisible by 16; without the
+# marks, 128 x 64 at head dim 64 compiled to 255 registers + 96 bytes of spills, not the 230
+# the H200 sweep reported.
+def attention_report(head_dim: int, tile: tuple, use_tma: bool) -> str:
+    fn = importlib.import_module("onetrip.ops._attention_jit")._attn_fwd_kernel
+    (bm, bn, warps, stages), bd, seq, heads = tile, triton.next_power_of_2(head_dim), 2048, 2048 // head_dim
+    const = dict(HEAD_DIM=head_dim, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, IS_VARLEN=False, HAS_LEFT=False,
+                 HAS_RIGHT=True, HAS_SOFTCAP=False, STORE_LSE=False, DOT_PRECISION="tf32", USE_TMA=use_tma, group=1)
+    ints = dict(seqlen_q=seq, seqlen_k=seq, window_left=-1, window_right=0, stride_lb=0, stride_lh=0)
+    for t in "qkvo":
+        ints.update({f"stride_{t}b": seq * heads * head_dim, f"stride_{t}s": heads * head_dim, f"stride_{t}h": head_dim})
+    sig, attrs = {}, {}
+    for i, n in enumerate(fn.arg_names):
+        if n.endswith("_desc") and use_tma:  # (1, rows, 1, head dims) blocks, see _attention_tma
+            sig[n] = f"tensordesc<bf16[1,{bm if n[0] in 'qo' else bn},1,{bd}]>"
+        elif n.endswith("_desc"):
+            sig[n], const[n] = "constexpr", None
+        elif n in const:
+            sig[n] = "constexpr"
+        elif n.endswith("_ptr"):
+            sig[n] = "*i32" if n.startswith("cu_") else "*fp32" if n == "lse_ptr" else "*bf16"
+        else:
+            sig[n] = "fp32" if n in ("qk_scale", "cap_in", "cap_out") else "i32"
+        if n.endswith("_ptr") or (sig[n] == "i32" and ints[n] % 16 == 0):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
+                    attrs=attrs)
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(k.asm["ptx"])
+    err = subprocess.run([PTXAS, "--gpu-name", "sm_90a", "-v", f.name, "-o", os.devnull],
+                         capture_output=True, text=True).stderr
+    regs = next((ln.split("Used ")[1].split(" registers")[0] for ln in err.splitlines() if "registers" in ln), "?")
+    spill = next((p.strip() for ln in err.splitlines() for p in ln.split(",") if "spill stores" in p), "?")
+    return f"{regs:>3s} registers, {spill}, {k.metadata.shared // 1024} KiB shared"
+
+
 def main() -> int:
     print(f"triton {triton.__version__}, sm_90a")
     fn = importlib.import_module("onetrip.ops.skinny_matmul")._skinny_matmul_kernel
@@ -80,6 +119,13 @@ def main() -> int:
                   f"{report(fn, {**DECODE, 'BLOCK_N': block_n}, warps)}")
     print(f"decode_attention block_n 128, PDL wait{'':25s} 8 warps: "
           f"{report(fn, {**DECODE, 'BLOCK_N': 128, 'PDL': 1}, 8)}")
+    tiles = importlib.import_module("onetrip.ops._attention_tma").TMA_TILES
+    for head_dim, configs in tiles.items():
+        for tile in configs:
+            label = f"flash_attention d{head_dim} {tile[0]}x{tile[1]} {tile[3]} stages"
+            for use_tma in (False, True):
+                print(f"{label:40s} {'TMA' if use_tma else 'pointer':7s} {tile[2]} warps: "
+                      f"{attention_report(head_dim, tile, use_tma)}")
     return 0
 
 

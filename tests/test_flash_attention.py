@@ -6,6 +6,7 @@ blocks and all three key ranges (left edge, unmasked interior, diagonal)."""
 
 import importlib
 import math
+from dataclasses import astuple
 
 import pytest
 import torch
@@ -93,6 +94,122 @@ def test_skips_masked_tiles(gen, mask):
     out = torch.empty_like(q)
     fa._launch(q, k, v, out, None, None, None, 64, 32 ** -0.5, window, 0.0, AttentionConfig(16, 16, 4, 1))
     assert torch.isfinite(out[:, clean]).all()
+
+
+# -- the TMA path: forced through _launch (on the CPU the interpreter emulates descriptors) ----
+
+# Hopper or the interpreter; an older GPU runs the pointer path for every config.
+TMA_HERE = not ON_GPU or torch.cuda.get_device_capability()[0] >= 9
+
+
+def _launch_forced(q, k, v, config, causal=False, window=(-1, -1), softcap=0.0):
+    """(out, lse) of one launch with ``config``, the window resolved as flash_attention does."""
+    right = (0 if window[1] < 0 else min(window[1], 0)) if causal else window[1]
+    out = poison_(torch.empty_like(q))
+    lse = poison_(torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device))
+    fa._launch(q, k, v, out, lse, None, None, q.shape[1], q.shape[-1] ** -0.5, (window[0], right), softcap, config)
+    return out, lse
+
+
+@pytest.fixture
+def tma_calls(monkeypatch):
+    """A list that grows by one each time a launch builds TMA descriptors."""
+    calls, build = [], fa.descriptors
+    monkeypatch.setattr(fa, "descriptors", lambda *a: calls.append(a[4:]) or build(*a))
+    return calls
+
+
+# case of CASES -> (block_m, block_n): small tiles, so each sequence spans several blocks
+TMA_CASES = {"seq1": (16, 16), "seq17_gqa_causal": (16, 16), "113x203_mqa_causal": (32, 64),
+             "203x113_causal": (64, 32), "window": (16, 32), "window_left_causal": (32, 16),
+             "window_q_gt_k": (16, 16), "softcap_causal": (16, 16)}
+
+
+@pytest.mark.skipif(not TMA_HERE, reason="TMA needs compute capability >= 9")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", list(TMA_CASES))
+def test_tma_matches_reference(gen, tma_calls, case, dtype):
+    b, sq, sk, h, hk, d, causal, window, cap = CASES[case]
+    q, k, v = _qkv(b, sq, sk, h, hk, d, dtype, gen, scale=1.8 if cap else 1.0)
+    out, lse = _launch_forced(q, k, v, AttentionConfig(*TMA_CASES[case], 4, 2, use_tma=True), causal, window, cap)
+    assert len(tma_calls) == 1
+    _check(f"tma {case}", q, k, v, out, lse, causal=causal, window=window, softcap=cap)
+
+
+@pytest.mark.skipif(not TMA_HERE, reason="TMA needs compute capability >= 9")
+@pytest.mark.parametrize("causal", [False, True])
+def test_tma_stays_inside_its_tensors(gen, tma_calls, causal):
+    """Views into NaN-filled buffers: head dim 80 of 128 columns, 40 of 50 key rows, 33 of
+    37 query rows. The ragged key tile and the padded head dims read zeros (the copy
+    engine's bounds), not the NaN beside them, and the store leaves the NaN it must not touch."""
+    def inside(shape, rows):
+        buf = torch.full((shape[0], rows, shape[2], 128), float("nan"), device=DEVICE, dtype=torch.bfloat16)
+        buf[:, :shape[1], :, :shape[3]] = torch.randn(shape, generator=gen, device=DEVICE).to(torch.bfloat16)
+        return buf, buf[:, :shape[1], :, :shape[3]]
+
+    _, q = inside((2, 33, 4, 80), 37)
+    _, k = inside((2, 40, 2, 80), 50)
+    _, v = inside((2, 40, 2, 80), 50)
+    obuf, out = inside((2, 33, 4, 80), 37)
+    out.fill_(float("nan"))
+    lse = torch.empty(2, 4, 33, device=DEVICE)
+    fa._launch(q, k, v, out, lse, None, None, 33, 80 ** -0.5, (-1, 0 if causal else -1), 0.0,
+               AttentionConfig(16, 32, 4, 2, use_tma=True))
+    assert len(tma_calls) == 1
+    _check(f"tma in NaN buffers causal={causal}", q, k, v, out, lse, causal=causal)
+    assert obuf[..., 80:].isnan().all() and obuf[:, 33:].isnan().all()
+
+
+def test_tma_only_where_allowed(gen, tma_calls):
+    """Float32, packed varlen tensors, misaligned bases or strides: the pointer path, same tile."""
+    q, k, v = _qkv(1, 24, 24, 2, 2, 64, torch.bfloat16, gen)
+    assert fa.tma_supported(q, k, v, q, False) == TMA_HERE
+    assert not fa.tma_supported(q.float(), k.float(), v.float(), q.float(), False)
+    assert not fa.tma_supported(q, k, v, q, True)
+    shifted = torch.empty(q.numel() + 1, dtype=q.dtype, device=DEVICE)[1:].view(q.shape).copy_(q)  # base + 2 bytes
+    assert not fa.tma_supported(shifted, k, v, q, False)
+    odd = torch.empty(1, 24, 2, 68, dtype=q.dtype, device=DEVICE)[..., :64]  # head stride 136 bytes
+    assert not fa.tma_supported(q, k, v, odd, False)
+    out, lse = _launch_forced(shifted, k, v, AttentionConfig(16, 16, 4, 2, use_tma=True), causal=True)
+    assert not tma_calls
+    _check("misaligned q, TMA config", shifted, k, v, out, lse, causal=True)
+
+
+def test_tma_candidates():
+    """TMA twins join the tuner's list for 16-bit queries over 512 at head dims 33-128,
+    each beside its pointer twin; a cached pick from before use_tma existed still loads."""
+    for head_dim, n in ((64, 3), (80, 3), (128, 3), (32, 0), (256, 0)):
+        cands = fa.attention_candidates(head_dim, torch.float16, 513)
+        tma = [c for c in cands if c.use_tma]
+        assert len(tma) == n and all(AttentionConfig(*astuple(c)[:4]) in cands for c in tma)
+        assert tma == [c for c in fa.attention_candidates(head_dim, torch.bfloat16) if c.use_tma]
+    assert not any(c.use_tma for c in fa.attention_candidates(128, torch.bfloat16, 512))
+    assert not any(c.use_tma for c in fa.attention_candidates(128, torch.float32))
+    assert AttentionConfig(**{"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3}).use_tma is False
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not TMA_HERE, reason="TMA needs compute capability >= 9")
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_tma_tiles_on_gpu(tma_calls, head_dim, causal):
+    """Every TMA tile the tuner may pick, at a length that is no multiple of any tile,
+    against the reference; then one captured in a CUDA graph and replayed."""
+    g = torch.Generator(device="cuda").manual_seed(head_dim + causal)
+    q, k, v = _qkv(2, 1000, 1011, 8, 2, head_dim, torch.bfloat16, g)
+    tiles = fa.TMA_TILES[max(16, 2 ** math.ceil(math.log2(head_dim)))]
+    for bm, bn, w, st in tiles:
+        out, lse = _launch_forced(q, k, v, AttentionConfig(bm, bn, w, st, use_tma=True), causal)
+        _check(f"tma {bm}x{bn} {w} warps {st} stages", q, k, v, out, lse, causal=causal)
+    assert len(tma_calls) == len(tiles)
+    eager = _launch_forced(q, k, v, AttentionConfig(*tiles[0], use_tma=True), causal)
+    graph, captured = capture(lambda: _launch_forced(q, k, v, AttentionConfig(*tiles[0], use_tma=True), causal))
+    for c in captured:
+        c.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    for got, want in zip(captured, eager):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("head_dim", [32, 64, 80, 96, 128, 192, 256])

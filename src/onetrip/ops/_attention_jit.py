@@ -32,37 +32,24 @@ what the pointer path's masks give, so masking and the results do not change.
 import triton
 import triton.language as tl
 
-from ._common import is_interpreting
 from ._jit import cast_out, dot_f32, tanh
 
 LOG2E = 1.4426950408889634  # folded into the scale on the host
 
-# Under the interpreter tl.dot must not see bfloat16 operands (see _jit.dot_f32).
-_INTERPRETED = tl.constexpr(is_interpreting())
-
 
 @triton.jit
-def _pv_acc(acc, p, v, PRECISION: tl.constexpr):
-    """acc + p @ v in float32. On a GPU the sum is the MMA's own accumulator (``tl.dot``'s
-    third operand); the interpreter takes dot_f32's widened product and adds it."""
-    if _INTERPRETED:
-        return acc + dot_f32(p, v, PRECISION)
-    else:
-        return tl.dot(p, v, acc, input_precision=PRECISION)
-
-
-@triton.jit
-def _load_rows(base, desc, b, n0, head, offs_n, offs_d, stride_s, k_len,
+def _load_rows(base, desc, b, n0, head, offs_n, offs_d, stride_s, n_rows,
                HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr):
-    """The (len(offs_n), BLOCK_D) tile of rows n0 + offs_n of one (batch, head): through the
-    descriptor (out-of-range rows and head dims are zeros) or masked pointer loads."""
+    """The (len(offs_n), BLOCK_D) tile of rows n0 + offs_n of one (batch, head) whose
+    sequence has n_rows rows: through the descriptor (out-of-range rows and head dims are
+    zeros) or masked pointer loads from ``base``, that sequence's row 0 of that head."""
     if USE_TMA:
         t = desc.load([b, n0, head, 0])  # (1, rows, 1, BLOCK_D)
         return t.reshape(t.shape[1], t.shape[3])
     else:
         mask = (offs_d < HEAD_DIM)[None, :]  # head dims padded to a power of two read zeros
         if MASKED:
-            mask = mask & (n0 + offs_n < k_len)[:, None]
+            mask = mask & (n0 + offs_n < n_rows)[:, None]
         rows = (n0 + offs_n).to(tl.int64)[:, None]
         return tl.load(base + rows * stride_s + offs_d[None, :], mask=mask, other=0.0)
 
@@ -128,7 +115,9 @@ def _attn_tile(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, kh, n0, offs
     l_i = l_i * alpha + tl.sum(p, axis=1)
     # p is rounded to v's dtype for the tensor-core product (values in [0, 1]; the row sum
     # l above uses the unrounded p). cast_out: the interpreter's own bf16 cast truncates.
-    acc = _pv_acc(acc * alpha[:, None], cast_out(p, v.dtype), v, DOT_PRECISION)
+    # Triton folds the add into the MMA's accumulator: the PTX is the same as that of
+    # tl.dot(p, v, acc * alpha) (Triton 3.6, sm_90a, both paths), which the interpreter lacks.
+    acc = acc * alpha[:, None] + dot_f32(cast_out(p, v.dtype), v, DOT_PRECISION)
     return acc, m_new, l_i
 
 
@@ -149,9 +138,7 @@ def _attn_fwd_kernel(
     # comparisons, and no softcap no tanh: each combination compiles to its own lean kernel.
     IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, STORE_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    # USE_TMA: Q, K, V and O through tensor descriptors (the launcher checks it may).
-    # WARP_SPEC: the compiler splits the interior loop into producer/consumer warps.
-    USE_TMA: tl.constexpr, WARP_SPEC: tl.constexpr,
+    USE_TMA: tl.constexpr,  # Q, K, V and O through tensor descriptors (the launcher checks it may)
 ):
     pid_m = tl.program_id(0)
     h = tl.program_id(1)
@@ -196,7 +183,7 @@ def _attn_fwd_kernel(
                                    offs_d, k_len, diag, stride_ks, stride_vs, qk_scale, cap_in, cap_out,
                                    window_left, window_right, HEAD_DIM, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
                                    DOT_PRECISION, USE_TMA)
-    for n0 in tl.range(full_lo, full_hi, BLOCK_N, warp_specialize=WARP_SPEC):  # interior: no mask
+    for n0 in range(full_lo, full_hi, BLOCK_N):  # interior: no mask
         acc, m_i, l_i = _attn_tile(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, b, kh32, n0, offs_m, offs_n,
                                    offs_d, k_len, diag, stride_ks, stride_vs, qk_scale, cap_in, cap_out,
                                    window_left, window_right, HEAD_DIM, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,

@@ -41,6 +41,7 @@ import triton
 
 from . import autotune
 from ._attention_jit import LOG2E, _attn_fwd_kernel
+from ._attention_tma import TMA_DTYPES, TMA_MIN_SEQ, TMA_TILES, descriptors, tma_supported
 from ._common import check_dtype_match, check_same_device, check_tensor, output, use_triton
 
 MAX_HEAD_DIM = 256
@@ -48,12 +49,18 @@ MAX_HEAD_DIM = 256
 
 @dataclass(frozen=True)
 class AttentionConfig:
-    """Launch shape: ``block_m`` query rows per program, K/V tiles of ``block_n`` keys."""
+    """Launch shape: ``block_m`` query rows per program, K/V tiles of ``block_n`` keys.
+
+    ``use_tma``: Q, K, V and O move through Hopper tensor descriptors where the call
+    allows it (``_attention_tma.tma_supported``), else the same tile takes the pointer
+    path. Defaults to False, so tuning-cache entries written before it existed still load.
+    """
 
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
+    use_tma: bool = False
 
 
 def attention_config(head_dim: int, max_seqlen_q: Optional[int] = None) -> AttentionConfig:
@@ -115,6 +122,9 @@ def attention_candidates(head_dim: int, dtype: torch.dtype = torch.bfloat16,
     would beat by more than timing noise). Deterministic, in a fixed order.
 
     E.g. bfloat16 keeps 27 of the 36 at head dim 64, 21 at 128 and 5 at 256 (float32: 24, 12, 1).
+    Then, for float16 / bfloat16 at head dims padded to 64 or 128 and buckets of seq_q >=
+    TMA_MIN_SEQ (or unknown), the TMA twins of three of those tiles (``TMA_TILES``), which
+    the launcher turns back into pointer tiles where TMA is not allowed.
     """
     elem = torch.empty((), dtype=dtype).element_size()
     cap = None if max_seqlen_q is None else max(16, triton.next_power_of_2(max(max_seqlen_q, 1)))
@@ -127,6 +137,12 @@ def attention_candidates(head_dim: int, dtype: torch.dtype = torch.bfloat16,
             cfg = AttentionConfig(cap, bn, w, st)
         if cfg not in out:
             out.append(cfg)
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    if dtype in TMA_DTYPES and (cap is None or cap >= TMA_MIN_SEQ):  # per bucket (seq_q rounded up)
+        for bm, bn, w, st in TMA_TILES.get(block_d, ()):
+            cfg = AttentionConfig(bm, bn, w, st, use_tma=True)
+            if _tile_fits(cfg, head_dim, elem):
+                out.append(cfg)
     return out
 
 
@@ -175,7 +191,8 @@ def _launch(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, so
             window: tuple[int, int], softcap: float, config: AttentionConfig | None = None):
     """Launch on validated tensors (unit stride along head_dim). Dense: q, out (B, Sq, H, D),
     k, v (B, Sk, Hkv, D), lse (B, H, Sq) or None. Varlen: the same without B, cu_seqlens
-    (B + 1,) int32, lse (H, Tq). ``window`` already holds causal (right = 0).
+    (B + 1,) int32, lse (H, Tq). ``window`` already holds causal (right = 0). A config with
+    ``use_tma`` runs its tile on the pointer path where ``tma_supported`` says no.
 
     Returns the compiled kernel (its ``n_regs``, ``n_spills``) or None when there is no work.
     """
@@ -191,21 +208,23 @@ def _launch(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, so
     if batch == 0 or heads == 0 or seqlen_q == 0 or q.numel() == 0:
         return None
     cfg = config or attention_config(head_dim, seqlen_q)
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    use_tma = cfg.use_tma and tma_supported(q, k, v, out, varlen)
+    descs = descriptors(q, k, v, out, cfg.block_m, cfg.block_n, block_d) if use_tma else (None,) * 4
     left, right = window
     cap = float(softcap)
     grid = (triton.cdiv(seqlen_q, cfg.block_m), heads, batch)
     s = lambda t: (t.stride(-3), t.stride(-2))  # (token, head) strides
     dummy = cu_seqlens_q if varlen else q
     return _attn_fwd_kernel[grid](
-        q, k, v, out, lse if lse is not None else out, dummy, cu_seqlens_k if varlen else dummy,
+        q, k, v, out, lse if lse is not None else out, *descs, dummy, cu_seqlens_k if varlen else dummy,
         seqlen_q, seqlen_k, heads // kv_heads,
         qb, *s(q), kb, *s(k), vb, *s(v), ob, *s(out),
         lb, lse.stride(-2) if lse is not None else 0,
         softmax_scale * LOG2E, softmax_scale / cap if cap > 0 else 0.0, cap * LOG2E, left, right,
-        HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d,
         IS_VARLEN=varlen, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, HAS_SOFTCAP=cap > 0,
-        STORE_LSE=lse is not None,
+        STORE_LSE=lse is not None, USE_TMA=use_tma,
         # float32 inputs: full-precision products (the GPU default would round them to tf32).
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
