@@ -26,11 +26,15 @@ def test_chain(gen, dtype, K, N, M2, silu):
     h_exact = gemv_add_residual_ref(*upcast(x, w1, res), silu_mul=silu)
     h_torch = gemv_add_residual_ref(x, w1, res, silu_mul=silu)
     assert_close("h", h, h_exact, h_torch)
+    # The second GEMV is judged on its own input: exact = float64 from onetrip's h, and
+    # PyTorch's error is float32/bf16 from that same h. (Judged from h_exact, h's own
+    # allowed error compounds: a float32 run failed at 2.5 x PyTorch's 0.6 ulp on the H200.)
     g64, w64, b64 = upcast(g, w2, b2)
-    y_exact = gemv_rms_norm_ref(h_exact, g64, 1e-5, w64, b64)
+    y_exact = gemv_rms_norm_ref(upcast(h), g64, 1e-5, w64, b64)
+    y_torch = gemv_rms_norm_ref(h, g, 1e-5, w2, b2)
     for late in (False, True):
         y = gemv_rms_norm(h, ss, g, 1e-5, w2, b2, rstd_late=late)
-        assert_close(f"y (rstd_late={late})", y, y_exact, gemv_rms_norm_ref(h_torch, g, 1e-5, w2, b2))
+        assert_close(f"y (rstd_late={late})", y, y_exact, y_torch)
 
 
 def test_bad_input(gen):
