@@ -32,7 +32,8 @@ from triton.testing import do_bench
 
 from onetrip.bench.harness import device_info
 from onetrip.ops import autotune
-from onetrip.ops.flash_attention import _launch, attention_bucket, attention_candidates, attention_config
+from onetrip.ops.flash_attention import (AttentionConfig, _launch, attention_bucket, attention_candidates,
+                                         attention_config)
 
 DT = torch.bfloat16
 TOKENS = 16384   # batch * seq per shape
@@ -74,10 +75,11 @@ def run_shape(head_dim, seq, causal, deadline, gen):
 
 
 def fmt(r):
+    cfg = f"{r['block_m']:4d} {r['block_n']:4d} {r['num_warps']:2d} {r['num_stages']:2d} {'tma' if r.get('use_tma') else '   '}"
     if "ms" not in r:
-        return f"{r['block_m']:4d} {r['block_n']:4d} {r['num_warps']:2d} {r['num_stages']:2d}   {r.get('error', '')[:60]}"
+        return f"{cfg}   {r.get('error', '')[:60]}"
     shared = r.get("shared")
-    return (f"{r['block_m']:4d} {r['block_n']:4d} {r['num_warps']:2d} {r['num_stages']:2d}  {r['tflops']:7.1f} "
+    return (f"{cfg}  {r['tflops']:7.1f} "
             f"{r['ms']:8.3f}  {r.get('n_regs')!s:>4} {r.get('n_spills')!s:>6} "
             f"{(shared or 0) / 1024:6.0f}{'  (default)' if r['is_default'] else ''}")
 
@@ -101,7 +103,7 @@ def main():
     gen = torch.Generator(device="cuda").manual_seed(0)
     results, picks = [], []
     cache = autotune.TuneCache("flash_attention") if args.write_cache else None
-    header = "  bm   bn  w st   TFLOP/s       ms  regs spills smemK"
+    header = "  bm   bn  w st tma   TFLOP/s       ms  regs spills smemK"
     for head_dim in (int(d) for d in args.head_dims.split(",")):
         for seq in (int(s) for s in args.seqs.split(",")):
             for causal in (False, True):
@@ -118,7 +120,9 @@ def main():
                 best = max(clean, key=lambda r: r["tflops"])
                 dflt = next((r for r in timed if r["is_default"]), None)
                 pick = {"head_dim": head_dim, "seq": seq, "causal": causal,
-                        "best": {k: best[k] for k in ("block_m", "block_n", "num_warps", "num_stages")},
+                        # every AttentionConfig field: a pick without use_tma would be stored
+                        # as its pointer twin (the H200 run of 2026-11-21 lost its TMA picks so)
+                        "best": {k: best[k] for k in AttentionConfig.__dataclass_fields__},
                         "best_tflops": best["tflops"], "default_tflops": dflt["tflops"] if dflt else None}
                 picks.append(pick)
                 if cache is not None:
