@@ -323,6 +323,10 @@ def test_config_heuristic():
         assert cfg.block_m * max(16, 2 ** math.ceil(math.log2(d))) <= 128 * 128  # accumulator registers
     assert attention_config(128, max_seqlen_q=1).block_m == 16
     assert attention_config(64, max_seqlen_q=100).block_m == 128
+    # where the launch can use TMA: 64 x 64 tiles at 4 warps from 1024 queries, head dim <= 128
+    assert attention_config(128, max_seqlen_q=2048, tma=True) == AttentionConfig(64, 64, 4, 3, use_tma=True)
+    assert not attention_config(128, max_seqlen_q=512, tma=True).use_tma
+    assert not attention_config(256, max_seqlen_q=4096, tma=True).use_tma
 
 
 def test_bad_input():
