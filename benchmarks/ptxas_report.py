@@ -40,7 +40,6 @@ VARIANTS = {  # (constexprs, num_warps): the engine's configs at batch 1 (_gemv_
     "down + SwiGLU prologue + residual, 4 x 1024": ({"RES_OUT": True, "SILU_MUL": True, "BLOCK_N": 4}, 8),
     "gate_up / lm_head + RMSNorm, 16 x 256": ({"NORM_IN": True, "BLOCK_N": 16, "BLOCK_K": 256}, 4),
     "qkv + RMSNorm, PDL wait": ({"NORM_IN": True, "PDL": 1}, 8),
-    "qkv + RMSNorm, PDL prefetch + wait": ({"NORM_IN": True, "PDL": 2}, 8),
     # the launch table (skinny_matmul._TUNED_GEMV)
     "table: 1B gate_up + RMSNorm, 16 x 256": ({"NORM_IN": True, "BLOCK_N": 16, "BLOCK_K": 256}, 8),
     "table: 1B gate_up plain, 32 x 256": ({"BLOCK_N": 32, "BLOCK_K": 256}, 4),
@@ -66,7 +65,7 @@ def report(fn, constexprs: dict, num_warps: int) -> str:
 
 # decode_attention at 32 query / 8 kv heads, q_len 1 (16 score rows: tl.dot's minimum), split-KV
 DECODE = dict(GROUP=4, Q_LEN=1, PAGED=False, PAGE_SIZE=1, SOFTCAP=False, HAS_WINDOW=False, SPLIT=True,
-              PRECISION="tf32", BLOCK_M=16, BLOCK_D=128, MIN_TILES=4, PDL=0)
+              PRECISION="tf32", BLOCK_M=16, BLOCK_D=128, MIN_TILES=4, PREFETCH=False)
 
 
 # flash_attention as launched at seq 2048, 2048 / head_dim heads, no GQA, causal. Triton turns
@@ -113,12 +112,13 @@ def main() -> int:
     for label, (const, warps) in VARIANTS.items():
         print(f"GEMV {label:50s} {warps} warps: {report(fn, {**BASE, **const}, warps)}")
     fn = importlib.import_module("onetrip.ops.decode_attention")._decode_kernel
-    for warps in (4, 8):
-        for block_n in (32, 64, 128):
-            print(f"decode_attention block_n {block_n:3d}{'':35s} {warps} warps: "
-                  f"{report(fn, {**DECODE, 'BLOCK_N': block_n}, warps)}")
-    print(f"decode_attention block_n 128, PDL wait{'':25s} 8 warps: "
-          f"{report(fn, {**DECODE, 'BLOCK_N': 128, 'PDL': 1}, 8)}")
+    for prefetch, paged in ((False, False), (True, False), (True, True)):
+        for warps in (4, 8):
+            for block_n in (32, 64, 128):
+                label = f"block_n {block_n:3d}{', prefetch' if prefetch else ''}{', paged-64' if paged else ''}"
+                const = {**DECODE, "BLOCK_N": block_n, "PREFETCH": prefetch, "PAGED": paged,
+                         "PAGE_SIZE": 64 if paged else 1}
+                print(f"decode_attention {label:42s} {warps} warps: {report(fn, const, warps)}")
     tiles = importlib.import_module("onetrip.ops._attention_tma").TMA_TILES
     for head_dim, configs in tiles.items():
         for tile in configs:

@@ -144,12 +144,15 @@ def test_config_heuristic():
     assert decode_config(64, 8, 4096, 128, cpu).block_n == 128
 
 
-def test_launch_config(device, gen):
-    """_launch with an explicit config: smaller tiles, splits, the kernel it returns."""
-    q = torch.randn((2, 1, 4, 32), device=device, generator=gen).to(torch.bfloat16)
-    k, v, table, L = make_cache([31, 97], 128, 4, 32, torch.bfloat16, device, gen, page=32)
+@pytest.mark.parametrize("prefetch", [False, True])
+@pytest.mark.parametrize("paged", [False, True])
+def test_launch_config(device, gen, prefetch, paged):
+    """_launch with an explicit config: smaller tiles, splits, the next tile's loads in
+    flight (prefetch), lengths that end mid-tile, on one tile, and at 0."""
+    q = torch.randn((3, 2, 4, 32), device=device, generator=gen).to(torch.bfloat16)
+    k, v, table, L = make_cache([31, 97, 0], 128, 2, 32, torch.bfloat16, device, gen, page=32 if paged else None)
     out = poison_(torch.empty_like(q))
-    da._launch(q, k, v, L, table, out, 32 ** -0.5, -1, 0.0, DecodeConfig(16, 2, 3))
+    da._launch(q, k, v, L, table, out, 32 ** -0.5, -1, 0.0, DecodeConfig(16, 2, 3, prefetch=prefetch))
     check(out, q, k, v, L, table)
 
 

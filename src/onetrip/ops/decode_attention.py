@@ -54,6 +54,30 @@ MIN_TILES = 4
 
 
 @triton.jit
+def _kv_tile(k_ptr, v_ptr, table_ptr, b, kvh, n0, end, d, d_ok, stride_kb, stride_ks, stride_kh,
+             stride_vb, stride_vs, stride_vh, stride_tb,
+             PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The (BLOCK_N, BLOCK_D) K and V tiles of keys [n0, n0 + BLOCK_N), zeros at and past
+    ``end`` (those slots may hold anything and are never read)."""
+    j = n0 + tl.arange(0, BLOCK_N)
+    j_ok = j < end
+    if PAGED:  # the page of each key: one table entry per key covers any page size
+        blk = tl.load(table_ptr + b.to(tl.int64) * stride_tb + j // PAGE_SIZE, mask=j_ok, other=0)
+        slot = j % PAGE_SIZE
+    else:
+        blk = b
+        slot = j
+    kv_mask = j_ok[:, None] & d_ok[None, :]
+    k_off = blk.to(tl.int64) * stride_kb + slot * stride_ks + kvh * stride_kh
+    k = tl.load(k_ptr + k_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    # V is issued with K, before the scores need K: both tiles' HBM latency (~1 us, cold)
+    # overlaps instead of following one another.
+    v_off = blk.to(tl.int64) * stride_vb + slot * stride_vs + kvh * stride_vh
+    v = tl.load(v_ptr + v_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    return k, v
+
+
+@triton.jit
 def _decode_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr,        # q, out (B, Q_LEN, H, D); caches (blocks, block_size, KVH, D)
     seqlens_ptr, table_ptr,            # (B,) int32; (B, max_blocks) int32 when PAGED
@@ -71,6 +95,7 @@ def _decode_kernel(
     PRECISION: tl.constexpr,                        # "ieee" for float32 (no TF32), else "tf32"
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     MIN_TILES: tl.constexpr,                        # the fewest key tiles a split takes
+    PREFETCH: tl.constexpr,                         # load tile t + 1 before computing tile t
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -105,23 +130,24 @@ def _decode_kernel(
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)  # running max, base-2 units
     l_i = tl.zeros((BLOCK_M,), tl.float32)                  # running sum of 2^(s - m)
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    # Triton does not software-pipeline this loop (H200: num_stages 2-4 timed alike), so
+    # each tile would wait for its own HBM round trip: at batch 1 x 4K, 4 tiles a program
+    # took 9.8 us for 4 us of bytes. PREFETCH holds the next tile's K and V in registers,
+    # their loads in flight while this tile is computed (the masked load past ``end``
+    # touches no memory).
+    if PREFETCH:
+        k_nx, v_nx = _kv_tile(k_ptr, v_ptr, table_ptr, b, kvh, start, end, d, d_ok, stride_kb, stride_ks, stride_kh,
+                              stride_vb, stride_vs, stride_vh, stride_tb, PAGED, PAGE_SIZE, BLOCK_N)
     for n0 in range(start, end, BLOCK_N):
         j = n0 + tl.arange(0, BLOCK_N)
         j_ok = j < end  # never read slots at or past L: they may hold anything
-        if PAGED:  # the page of each key: one table entry per key covers any page size
-            blk = tl.load(table_ptr + b.to(tl.int64) * stride_tb + j // PAGE_SIZE, mask=j_ok, other=0)
-            slot = j % PAGE_SIZE
+        if PREFETCH:
+            k, v = k_nx, v_nx
+            k_nx, v_nx = _kv_tile(k_ptr, v_ptr, table_ptr, b, kvh, n0 + BLOCK_N, end, d, d_ok, stride_kb, stride_ks,
+                                  stride_kh, stride_vb, stride_vs, stride_vh, stride_tb, PAGED, PAGE_SIZE, BLOCK_N)
         else:
-            blk = b
-            slot = j
-        kv_mask = j_ok[:, None] & d_ok[None, :]
-        k_off = blk.to(tl.int64) * stride_kb + slot * stride_ks + kvh * stride_kh
-        k = tl.load(k_ptr + k_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        # V is issued with K, before the scores need K: both tiles' HBM latency (~1 us,
-        # cold) overlaps instead of following one another. With 1-2 tiles a program
-        # (batch 1, 4K context, 33 splits) these round trips are most of the kernel.
-        v_off = blk.to(tl.int64) * stride_vb + slot * stride_vs + kvh * stride_vh
-        v = tl.load(v_ptr + v_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            k, v = _kv_tile(k_ptr, v_ptr, table_ptr, b, kvh, n0, end, d, d_ok, stride_kb, stride_ks, stride_kh,
+                            stride_vb, stride_vs, stride_vh, stride_tb, PAGED, PAGE_SIZE, BLOCK_N)
         s = dot_f32(q, tl.trans(k), PRECISION)  # (BLOCK_M, BLOCK_N) float32
         if SOFTCAP:  # qk_scale = scale / softcap, softcap_log2 = softcap * log2(e)
             s = softcap_log2 * tanh(s * qk_scale)
@@ -218,11 +244,14 @@ def _merge_kernel(
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Launch shape: keys in tiles of ``block_n``; the sequence cut into ``num_splits``."""
+    """Launch shape: keys in tiles of ``block_n``; the sequence cut into ``num_splits``;
+    ``prefetch``: the next tile's loads in flight while a tile is computed (an experiment
+    until measured: benchmarks/NOTES.md)."""
 
     block_n: int
     num_warps: int
     num_splits: int
+    prefetch: bool = False
 
 
 def decode_config(batch: int, kv_heads: int, max_seq: int, head_dim: int, device: torch.device, *,
@@ -305,7 +334,7 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale:
         GROUP=group, Q_LEN=Q, PAGED=paged, PAGE_SIZE=page if paged else 1,
         SOFTCAP=softcap > 0, HAS_WINDOW=window_left >= 0, SPLIT=S > 1,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, MIN_TILES=MIN_TILES, num_warps=cfg.num_warps,
+        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, MIN_TILES=MIN_TILES, PREFETCH=cfg.prefetch, num_warps=cfg.num_warps,
     )
     if S > 1:
         block_r = min(triton.next_power_of_2(group * Q), 16)
