@@ -9,17 +9,19 @@
 # $OUT/gpu.tgz at the end (the tool brings back at most 8 files).
 #
 # Stages, in order of what they unblock:
-#   tests      the whole suite on the GPU (TESTS="files" for a subset)             ~4 min
+#   tests      the whole suite on the GPU (TESTS="files" for a subset)   ~6 min (930 of 945 in 5)
 #   quick      bench attention/decode-attention --quick, demo, bench decode 1B batch 1  ~2 min
-#   attention  autotune sweep, then full bench attention (bf16)                    ~3 min
+#   attention  autotune sweep (with TMA tiles), then full bench attention (bf16)  ~5 min
 #   decode     full bench decode-attention                                         ~1 min
 #   engine1    bench decode at batch 1 (1B, 8B), then the demo                     ~3 min
-#   engine     full bench decode (1B and 8B, batch 1/8/32, TTFT)                   ~6 min
+#   engine     full bench decode (1B and 8B, batch 1/8/32, TTFT)   ~8 min: ENGINE_ARGS="--preset X"
+#              splits it (1B ~3 min, 8B ~5 min: its gpt-fast compile alone is ~2)
 #   traces     1B decode traces: transformers, eager, fused, fused + graphs (untimed yet)
 #   gemv       bench gemv (cuBLAS vs onetrip's skinny matmul)                      ~1 min
 #   ops        bench ops                                                           ~8 min
-#   sh=FILE    a script taking --out (benchmarks/sweep_gemv.py ~1 min, benchmarks/ab_next.py ~2 min)
-# Times measured on an H200, 2026-11-21.
+#   sh=FILE    a script taking --out (benchmarks/sweep_gemv.py ~1 min, benchmarks/ab_next.py ~1 min)
+# Times measured on an H200, 2026-11-21. While helpers edit the tree, run from a snapshot:
+#   git archive HEAD | gzip > .snap/head.tgz; carry .snap; command "tar -xzf .snap/head.tgz && ..."
 # Liger-Kernel comes from .whl (carry it): installed into /tmp/site first.
 set -uo pipefail
 [ $# -ge 1 ] || { echo "usage: benchmarks/gpu_session.sh tests|quick|attention|decode|engine|gemv[:SECONDS] ..." >&2; exit 2; }
