@@ -60,6 +60,21 @@ def rope_tables(max_pos, rot, device, dtype=torch.float32):
 from onetrip.graphs import capture  # noqa: E402,F401  (re-exported for the tests; after TRITON_INTERPRET)
 
 
+def assert_replay_matches(fn, flatten=lambda outs: outs):
+    """Capture ``fn`` (returning a sequence of tensors, or what ``flatten`` makes one) in a
+    CUDA graph, poison its captured outputs with NaN, replay, and require bit for bit what
+    an eager call gave: the graph must rewrite every output."""
+    eager = flatten(fn())
+    graph, captured = capture(fn)
+    captured = flatten(captured)
+    for c in captured:
+        c.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    for got, want in zip(captured, eager):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def pytest_runtest_logreport(report):
     """With ONETRIP_FAILLOG=path, append each failure as it happens (id and traceback), so
     a run stopped at a time limit still says what failed (the device tool keeps no tty)."""

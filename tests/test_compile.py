@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import onetrip
-from conftest import DEVICE, ON_GPU, capture
+from conftest import DEVICE, ON_GPU, assert_replay_matches
 
 
 def _cases(device):
@@ -70,13 +70,4 @@ def test_fullgraph_compile(name):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", CASES)
 def test_cuda_graph_capture(name):
-    fn = _cases("cuda")[name]
-    eager = _flat(fn())
-    graph, captured = capture(fn)
-    captured = _flat(captured)
-    for c in captured:
-        c.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    for a, e in zip(captured, eager):
-        torch.testing.assert_close(a, e, rtol=0, atol=0)
+    assert_replay_matches(_cases("cuda")[name], _flat)

@@ -14,7 +14,7 @@ import torch
 from onetrip.ops.flash_attention import AttentionConfig, attention_config, attention_ref, flash_attention
 from onetrip.testing import assert_close, poison_, upcast
 
-from conftest import DEVICE, ON_GPU, capture
+from conftest import DEVICE, ON_GPU, assert_replay_matches
 
 fa = importlib.import_module("onetrip.ops.flash_attention")  # onetrip.ops re-exports a function of that name
 
@@ -202,14 +202,7 @@ def test_tma_tiles_on_gpu(tma_calls, head_dim, causal):
         out, lse = _launch_forced(q, k, v, AttentionConfig(bm, bn, w, st, use_tma=True), causal)
         _check(f"tma {bm}x{bn} {w} warps {st} stages", q, k, v, out, lse, causal=causal)
     assert len(tma_calls) == len(tiles)
-    eager = _launch_forced(q, k, v, AttentionConfig(*tiles[0], use_tma=True), causal)
-    graph, captured = capture(lambda: _launch_forced(q, k, v, AttentionConfig(*tiles[0], use_tma=True), causal))
-    for c in captured:
-        c.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    for got, want in zip(captured, eager):
-        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert_replay_matches(lambda: _launch_forced(q, k, v, AttentionConfig(*tiles[0], use_tma=True), causal))
 
 
 @pytest.mark.parametrize("head_dim", [32, 64, 80, 96, 128, 192, 256])
@@ -307,14 +300,7 @@ def test_cuda_graph_capture():
         ov = flash_attention(q[0], k[0], v[0], cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=47)
         return o, lse, ov
 
-    eager = fn()
-    graph, captured = capture(fn)
-    for c in captured:
-        c.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    for got, want in zip(captured, eager):
-        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert_replay_matches(fn)
 
 
 def test_config_heuristic():
