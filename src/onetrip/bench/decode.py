@@ -34,9 +34,8 @@ from typing import Callable, Optional
 import torch
 
 from ..engine.budget import decode_budget
-from ..engine.generate import Engine
+from ..engine.generate import Engine, common_prefix
 from ..models import Model, get_config
-from ..engine.generate import common_prefix
 from ..models.hf import decode_stepper
 from ..profile.run import kernels_per_step
 

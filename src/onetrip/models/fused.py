@@ -173,8 +173,7 @@ def forward_fused(model: "Model", tokens: torch.Tensor, cache_seqlens: Optional[
     if logits_index is not None:
         x, residual = take_positions(x, logits_index), take_positions(residual, logits_index)
     x, _ = add_rms_norm(x, residual, model.norm, c.rms_norm_eps)
-    head = model.embed.weight if model.lm_head is None else model.lm_head.weight
-    return _linear(x, head)  # (batch, seq, vocab)
+    return _linear(x, model.head_weight)  # (batch, seq, vocab)
 
 
 def _decode_one_row(model: "Model", x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -204,7 +203,6 @@ def _decode_one_row(model: "Model", x: torch.Tensor, cos: torch.Tensor, sin: tor
         h, ss = gemv_add_residual(o, attn.wo.weight, h)
         gate_up = gemv_rms_norm(h, ss, layer.mlp_norm, eps, mlp.w_gate_up.weight)
         h, ss = gemv_add_residual(gate_up, mlp.w_down.weight, h, silu_mul=True)
-    head = model.embed.weight if model.lm_head is None else model.lm_head.weight
     if h is None:  # no layers
-        return _linear(rms_norm(x, model.norm, eps), head)
-    return gemv_rms_norm(h, ss, model.norm, eps, head).view(1, 1, -1)
+        return _linear(rms_norm(x, model.norm, eps), model.head_weight)
+    return gemv_rms_norm(h, ss, model.norm, eps, model.head_weight).view(1, 1, -1)

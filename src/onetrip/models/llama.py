@@ -241,6 +241,11 @@ class Model(nn.Module):
         for layer in self.layers:
             layer.attn.cache = None
 
+    @property
+    def head_weight(self) -> torch.Tensor:
+        """The LM head's weight (vocab, hidden): the embedding's when the two are tied."""
+        return self.embed.weight if self.lm_head is None else self.lm_head.weight
+
     def _rope_for(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self._rope is None or self._rope[0].shape[0] < n or self._rope[0].device != self.device:
             self._rope = rope_tables(self.config, max(n, 64), self.device)
@@ -302,8 +307,7 @@ class Model(nn.Module):
         if logits_index is not None:
             x = take_positions(x, logits_index)
         x = rms_norm(x, self.norm, self.config.rms_norm_eps)
-        head = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(x, head)  # (batch, seq, vocab)
+        return F.linear(x, self.head_weight)  # (batch, seq, vocab)
 
 
 @torch.no_grad()

@@ -31,12 +31,10 @@ compiles to the same PTX as the kernel's ``acc * alpha + dot``: Triton folds the
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._common import is_interpreting
+from ._common import hopper_or_newer, is_interpreting
 
 TMA_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -59,11 +57,6 @@ TMA_TILES = {
 TMA_MIN_SEQ = 1024
 
 
-@functools.lru_cache(maxsize=None)
-def _hopper_or_newer(index: int) -> bool:
-    return torch.cuda.get_device_capability(index)[0] >= 9
-
-
 def _aligned(t: torch.Tensor) -> bool:
     """Nonempty, 4-D, unit stride along head_dim, base and other strides 16-byte multiples."""
     elem = t.element_size()
@@ -79,7 +72,7 @@ def tma_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.
     if varlen or q.dtype not in TMA_DTYPES:
         return False
     if q.is_cuda:
-        if not _hopper_or_newer(q.device.index if q.device.index is not None else torch.cuda.current_device()):
+        if not hopper_or_newer(q):
             return False
     elif not (q.device.type == "cpu" and is_interpreting()):
         return False

@@ -133,13 +133,24 @@ def pdl_mode() -> int:
 
 
 def pdl_args(t: torch.Tensor) -> dict:
-    """Launch arguments for ``pdl_mode()``: none when off (the default, checked first so an
-    ordinary launch asks nothing of the device), on the CPU, or on a GPU older than sm_90;
-    else the kernel's ``PDL`` constexpr and Triton's ``launch_pdl``."""
+    """Launch arguments for ``pdl_mode()``: none when it is off, on the CPU, or on a GPU
+    older than sm_90; else the kernel's ``PDL`` constexpr and Triton's ``launch_pdl``."""
     mode = pdl_mode()
-    if not mode or not t.is_cuda or torch.cuda.get_device_capability(t.device)[0] < 9:
+    if not mode or not hopper_or_newer(t):
         return {}
     return {"PDL": mode, "launch_pdl": True}
+
+
+@functools.lru_cache(maxsize=None)
+def _capability_major(index: int) -> int:
+    return torch.cuda.get_device_capability(index)[0]
+
+
+def hopper_or_newer(t: torch.Tensor) -> bool:
+    """``t`` is on a CUDA GPU of compute capability 9 or more (TMA, programmatic dependent
+    launch); cached per device, so launches can ask every time."""
+    return t.is_cuda and _capability_major(t.device.index if t.device.index is not None
+                                           else torch.cuda.current_device()) >= 9
 
 
 @functools.lru_cache(maxsize=None)

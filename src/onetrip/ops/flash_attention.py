@@ -216,9 +216,10 @@ def _launch(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, so
     heads, head_dim, kv_heads = q.shape[-2], q.shape[-1], k.shape[-2]
     if batch == 0 or heads == 0 or seqlen_q == 0 or q.numel() == 0:
         return None
-    cfg = config or attention_config(head_dim, seqlen_q, tma=q.is_cuda and tma_supported(q, k, v, out, varlen))
+    tma_ok = tma_supported(q, k, v, out, varlen)
+    cfg = config or attention_config(head_dim, seqlen_q, tma=q.is_cuda and tma_ok)
     block_d = max(16, triton.next_power_of_2(head_dim))
-    use_tma = cfg.use_tma and tma_supported(q, k, v, out, varlen)
+    use_tma = cfg.use_tma and tma_ok
     descs = descriptors(q, k, v, out, cfg.block_m, cfg.block_n, block_d) if use_tma else (None,) * 4
     left, right = window
     cap = float(softcap)

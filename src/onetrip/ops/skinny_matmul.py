@@ -370,6 +370,21 @@ def _check_args(name: str, x: torch.Tensor, weight: torch.Tensor, bias: Optional
     return N, K, bias
 
 
+def _check_config(config: Optional[SkinnyConfig]) -> None:
+    if config is not None and not isinstance(config, SkinnyConfig):
+        raise TypeError(f"config must be a SkinnyConfig or None, got {type(config).__name__}")
+
+
+def _into_rows(out: torch.Tensor, n: int, run) -> torch.Tensor:
+    """``run(y2)`` writes the (M, n) rows of ``out``: into out itself when one row stride
+    describes it, else into a scratch copied back."""
+    y2, scratch = rows_out(out, n)
+    run(y2)
+    if scratch:
+        out.copy_(y2.view(out.shape))
+    return out
+
+
 def skinny_matmul(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -396,8 +411,7 @@ def skinny_matmul(
         M > 32 the call is ``torch.nn.functional.linear`` (cuBLAS), copied into ``out``.
     """
     N, K, bias = _check_args("x", x, weight, bias, 1)
-    if config is not None and not isinstance(config, SkinnyConfig):
-        raise TypeError(f"config must be a SkinnyConfig or None, got {type(config).__name__}")
+    _check_config(config)
     out = output("out", out, x.shape[:-1] + (N,), x.dtype, x.device)
     if out.numel() == 0:
         return out
@@ -405,11 +419,8 @@ def skinny_matmul(
     if x2.shape[0] > MAX_ROWS:
         out.copy_(F.linear(x, weight, bias))
         return out
-    y2, scratch = rows_out(out, N)
-    _skinny_op(x2, weight, bias, y2, config.as_list() if config is not None else None)
-    if scratch:
-        out.copy_(y2.view(out.shape))
-    return out
+    return _into_rows(out, N, lambda y2: _skinny_op(x2, weight, bias, y2,
+                                                    config.as_list() if config is not None else None))
 
 
 def silu_mul_matmul(
@@ -435,6 +446,7 @@ def silu_mul_matmul(
         With more rows: ``silu_mul`` then ``torch.nn.functional.linear``.
     """
     N, F_, bias = _check_args("gate_up", gate_up, weight, bias, 2)
+    _check_config(config)
     out = output("out", out, gate_up.shape[:-1] + (N,), gate_up.dtype, gate_up.device)
     if out.numel() == 0:
         return out
@@ -442,12 +454,9 @@ def silu_mul_matmul(
     if x2.shape[0] != 1 or F_ == 0:
         out.copy_(F.linear(glu_silu_mul(gate_up), weight, bias))
         return out
-    y2, scratch = rows_out(out, N)
     cfg = config or skinny_config(1, N, F_, sm_count(gate_up.device), gate_up.dtype)
-    _skinny_op(x2, weight, bias, y2, dataclasses.replace(cfg, split_k=1).as_list(), True)
-    if scratch:
-        out.copy_(y2.view(out.shape))
-    return out
+    return _into_rows(out, N, lambda y2: _skinny_op(x2, weight, bias, y2,
+                                                    dataclasses.replace(cfg, split_k=1).as_list(), True))
 
 
 def skinny_matmul_ref(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
