@@ -6,16 +6,16 @@ Rounds 1-6 (benchmarks/results/ab-round{1..6}*-h200-20261121.json, NOTES.md) set
 GEMV launch table, the decode split rule and tile shapes, append_kv's launch, and which
 kernels launch with programmatic dependent launch.
 
-Round 7: decode attention with the next tile's K and V loads in flight while a tile is
-computed (``DecodeConfig.prefetch``; the key loop is not software-pipelined by Triton, so
-each tile otherwise waits for its own HBM round trip). Spill-free prefetch configs
-(benchmarks/ptxas_report.py, sm_90a): 64-key tiles at 8 warps (201 registers; paged 202),
-32-key tiles at 8 warps (128; paged 180), 32-key at 4 warps (204, contiguous only). Each
-timed at the heuristic's split count and twice it, against the heuristic, on the cells
-short of the bars or of SDPA. Prediction: batch 1 x 4K 28% -> ~40% (the attention kernel
-9.8 -> ~6 us; the merge's 3.4 us stays), batch 1 x 32K 74% -> ~85%, paged batch 1 x 128K
-87% -> ~92%; no change where programs already stream many tiles (batch 16 x 8K).
-Then a profile of batch 1 x 4K's kernels under the heuristic and the best prefetch config.
+Round 8 (round 7, the register prefetch, lost in every cell and was removed): the split
+merge inside the attention kernel (``DecodeConfig.fused_merge``: the last split of each
+(sequence, kv head) to finish merges, an online merge whose partial loads go out together,
+no second launch) against the merge kernel; paged caches whose page holds a whole tile read
+one table entry per tile (64-key tiles on 64-slot pages: 188 registers, where 128-key tiles
+with an entry per key spill 228 bytes). Predictions: batch 1 x 4K 28% -> ~35% (the merge
+launch's 3.4 us + 0.4 us gap -> ~1 us in the last program); 1B engine step -0.04 ms (16
+merge launches); paged 64-key tiles >= the 128-key heuristic where it spills (B1 x 128K,
+B64 x 1K at 87%). Then a profile of batch 1 x 4K, fused vs kernel merge, and the engine step
+(1B, 8B, batch 1) with each.
 
 Every variant is timed as one CUDA graph (median of 15 replays) over enough input copies
 to pass 256 MiB; writes ab-next.json. Earlier rounds' code is in git history beside their
@@ -28,7 +28,6 @@ import argparse
 import dataclasses
 import importlib
 import os
-import itertools
 import json
 import sys
 import time
@@ -50,8 +49,7 @@ HEADS = (32, 8, 128)  # query heads, kv heads, head dim
 CELLS = ((1, 4096, "contiguous"), (1, 8192, "contiguous"), (1, 32768, "contiguous"), (4, 8192, "contiguous"),
          (16, 1024, "contiguous"), (1, 4096, "paged-64"), (1, 131072, "paged-64"), (4, 8192, "paged-64"),
          (64, 1024, "paged-64"))
-# (block_n, num_warps, contiguous only): the spill-free prefetch configs
-PREFETCH = ((64, 8, False), (32, 8, False), (32, 4, True))
+ENGINE_PRESETS = ("llama-3.2-1b", "llama-3.1-8b")
 
 
 def _cell_calls(b, ctx, layout, dev):
@@ -75,16 +73,15 @@ def decode_sweep(flush, copy, dev="cuda"):
                                   block_table=t0["block_table"]).float()
         row = {"cell": f"B={b} ctx={ctx} {layout}", "input_sets": len(sets),
                "heuristic": dataclasses.astuple(heur), "configs": {}}
-        variants = [dataclasses.astuple(heur)]
-        variants += [(bn, w, heur.num_splits * m, True) for (bn, w, contiguous_only), m in
-                     itertools.product(PREFETCH, (1, 2)) if not (contiguous_only and layout != "contiguous")]
-        for bn, w, splits, prefetch in variants:
-            cfg = da.DecodeConfig(bn, w, splits, prefetch)
+        S = heur.num_splits
+        variants = [heur, dataclasses.replace(heur, fused_merge=False), dataclasses.replace(heur, num_splits=2 * S)]
+        variants += [da.DecodeConfig(64, 8, S), da.DecodeConfig(64, 8, 2 * S), da.DecodeConfig(64, 8, S, False)]
+        for cfg in dict.fromkeys(variants):
+            key = str(list(dataclasses.astuple(cfg)))
             outs = [torch.empty_like(t["q"]) for t in sets]
             calls = [lambda t=t, o=o: da._launch(t["q"], t["k_cache"], t["v_cache"], t["cache_seqlens"],  # noqa: E731
                                                  t["block_table"], o, D ** -0.5, -1, 0.0, cfg)
                      for t, o in zip(sets, outs)]
-            key = str([bn, w, splits, prefetch])
             try:
                 us = 1e3 * time_per_call(calls, flush)  # already per call
             except Exception as exc:  # noqa: BLE001 - recorded, the sweep goes on
@@ -105,13 +102,13 @@ def decode_sweep(flush, copy, dev="cuda"):
 
 
 def profile_small(flush, copy, dev="cuda"):
-    """The kernels of one graph replay of 16 batch-1 x 4K calls, durations and gaps, under
-    the heuristic and under 64-key tiles with prefetch (twice the splits)."""
+    """The kernels of one graph replay of 16 batch-1 x 4K calls, durations and gaps, with
+    the merge in the attention kernel and as a kernel of its own."""
     sets, nbytes = _cell_calls(1, 4096, "contiguous", dev)
     t0 = sets[0]
     heur = da._default_config(t0["q"], t0["k_cache"], None)
     out = {"bytes_per_call": nbytes}
-    for label, cfg in (("heuristic", heur), ("prefetch 64x8", da.DecodeConfig(64, 8, 2 * heur.num_splits, True))):
+    for label, cfg in (("fused merge", heur), ("merge kernel", dataclasses.replace(heur, fused_merge=False))):
         outs = [torch.empty_like(t["q"]) for t in sets]
         calls = [lambda t=t, o=o: da._launch(t["q"], t["k_cache"], t["v_cache"], t["cache_seqlens"], None,  # noqa: E731
                                              o, 128 ** -0.5, -1, 0.0, cfg) for t, o in zip(sets, outs)]
@@ -145,10 +142,50 @@ def profile_small(flush, copy, dev="cuda"):
     return out
 
 
+def engine_ab(flush, copy, dev="cuda", new_tokens=128, prompt=32):
+    """The decode step at batch 1 (one graph), merge fused vs merge kernel, same tokens."""
+    from onetrip.bench.decode import _prompts, build, run_engine
+    from onetrip.engine.budget import decode_budget
+
+    rows = []
+    default = da._default_config
+    for preset in ENGINE_PRESETS:
+        model, _ = build(preset, torch.bfloat16, dev, False)
+        prompts = _prompts(1, prompt, model.config.vocab_size)
+        steps = new_tokens - 1
+        budget = decode_budget(model.config, model.dtype, 1, [prompt], steps, copy)
+        row = {"preset": preset, "limit_tok_s": budget.limit_tok_s}
+        ref = None
+        for label, fused in (("fused merge", True), ("merge kernel", False)):
+            da._default_config = lambda *a, fused=fused, **kw: dataclasses.replace(default(*a, **kw),  # noqa: E731
+                                                                                   fused_merge=fused)
+            try:
+                best = None
+                for _ in range(2):  # two timed runs, the faster kept
+                    toks, _, decode, _ = run_engine(model, prompts, new_tokens, graphs=True)
+                    best = decode if best is None else min(best, decode)
+                ms = best * 1e3 / steps
+                ref = toks if ref is None else ref
+                row[label] = {"ms_per_step": ms, "tok_s": 1e3 / ms, "pct_of_limit": budget.pct_of_limit(ms),
+                              "same_tokens": toks == ref}
+            except Exception as exc:  # noqa: BLE001 - recorded
+                row[label] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            finally:
+                da._default_config = default
+        rows.append(row)
+        print(f"engine {preset}: " + ", ".join(
+            f"{v}: " + (f"{row[v]['ms_per_step']:.3f} ms ({row[v]['pct_of_limit']:.1f}%, same "
+                        f"{row[v]['same_tokens']})" if "ms_per_step" in row[v] else row[v]["error"])
+            for v in ("fused merge", "merge kernel")), flush=True)
+        del model
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("gpu-out"))
-    ap.add_argument("--only", nargs="+", choices=("decode_sweep", "profile_b1_4k"),
+    ap.add_argument("--only", nargs="+", choices=("decode_sweep", "profile_b1_4k", "engine"),
                     default=os.environ.get("AB_ONLY", "").split() or None, help="parts to run (env AB_ONLY)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -157,7 +194,7 @@ def main() -> int:
     t0 = time.time()
     result = {"meta": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_gbs": copy,
                        "triton": __import__("triton").__version__, "date": time.strftime("%Y-%m-%d")}}
-    for name, fn in (("decode_sweep", decode_sweep), ("profile_b1_4k", profile_small)):
+    for name, fn in (("decode_sweep", decode_sweep), ("profile_b1_4k", profile_small), ("engine", engine_ab)):
         if args.only and name not in args.only:
             continue
         try:

@@ -28,7 +28,7 @@ PTXAS = os.environ.get("PTXAS", "/usr/local/cuda/bin/ptxas")
 POINTERS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "y_ptr": "*bf16", "res_ptr": "*bf16",
             "ss_out_ptr": "*fp32", "ss_in_ptr": "*fp32", "nw_ptr": "*bf16",  # the GEMV
             "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "o_ptr": "*bf16", "seqlens_ptr": "*i32",
-            "table_ptr": "*i32", "ws_o_ptr": "*fp32", "ws_lse_ptr": "*fp32"}  # decode attention
+            "table_ptr": "*i32", "ws_o_ptr": "*fp32", "ws_lse_ptr": "*fp32", "count_ptr": "*i32"}  # decode attention
 FLOATS = ("eps", "qk_scale", "softcap_log2")
 BASE = dict(HAS_BIAS=False, RES_OUT=False, NORM_IN=False, NORM_LATE=False, BLOCK_SS=512, SPLIT=False,
             USE_DOT=False, EVEN_K=True, SILU_MUL=False, BLOCK_M=1, BLOCK_N=8, BLOCK_K=1024, PDL=0)
@@ -65,7 +65,7 @@ def report(fn, constexprs: dict, num_warps: int) -> str:
 
 # decode_attention at 32 query / 8 kv heads, q_len 1 (16 score rows: tl.dot's minimum), split-KV
 DECODE = dict(GROUP=4, Q_LEN=1, PAGED=False, PAGE_SIZE=1, SOFTCAP=False, HAS_WINDOW=False, SPLIT=True,
-              PRECISION="tf32", BLOCK_M=16, BLOCK_D=128, MIN_TILES=4, PREFETCH=False)
+              PRECISION="tf32", BLOCK_M=16, BLOCK_D=128, MIN_TILES=4, FUSED_MERGE=True, CHUNK_S=4)
 
 
 # flash_attention as launched at seq 2048, 2048 / head_dim heads, no GQA, causal. Triton turns
@@ -106,18 +106,63 @@ def attention_report(head_dim: int, tile: tuple, use_tma: bool) -> str:
     return f"{regs:>3s} registers, {spill}, {k.metadata.shared // 1024} KiB shared"
 
 
+# Split-row norms as launched on rows of 65536 bf16 (2**26 elements: M = 1024, C = 8 chunks
+# of 8192): the ints Triton marks divisible by 16 get the mark here too; C = 8 does not.
+NORM_INTS = dict(M=1024, N=65536, C=8, stride_xm=65536, stride_rm=65536, stride_ym=65536, stride_hm=65536)
+
+
+def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: int = 8192) -> str:
+    fn = importlib.import_module("onetrip.ops.norm")._norm_kernel
+    const = dict(IS_RMS=is_rms, GEMMA=False, HAS_RESIDUAL=residual, HAS_WEIGHT=True, HAS_BIAS=not is_rms,
+                 PHASE=phase, BLOCK_M=1, BLOCK_N=block_n, BLOCK_C=max(2, NORM_INTS["N"] // block_n))
+    sig, attrs = {}, {}
+    for i, n in enumerate(fn.arg_names):
+        if n in const:
+            sig[n] = "constexpr"
+        elif n.endswith("_ptr"):
+            sig[n] = {"part_ptr": "*fp32", "sync_ptr": "*i32"}.get(n, "*bf16")
+        else:
+            sig[n] = "fp32" if n == "eps" else "i32"
+        if n.endswith("_ptr") or (sig[n] == "i32" and NORM_INTS[n] % 16 == 0):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
+                    attrs=attrs)
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(k.asm["ptx"])
+    err = subprocess.run([PTXAS, "--gpu-name", "sm_90a", "-v", f.name, "-o", os.devnull],
+                         capture_output=True, text=True).stderr
+    regs = next((ln.split("Used ")[1].split(" registers")[0] for ln in err.splitlines() if "registers" in ln), "?")
+    spill = next((p.strip() for ln in err.splitlines() for p in ln.split(",") if "spill stores" in p), "?")
+    return f"{regs:>3s} registers, {spill}"
+
+
+def norm_main() -> None:
+    """``python benchmarks/ptxas_report.py norm`` runs this part alone."""
+    for phase, mode in ((4, "persist"), (1, "coop")):
+        for is_rms, residual in ((True, False), (True, True), (False, False), (False, True)):
+            for warps in (4, 8):
+                label = f"{'add_' if residual else ''}{'rms' if is_rms else 'layer'}_norm {mode} 8192"
+                print(f"norm {label:36s} {warps} warps: {norm_report(phase, is_rms, residual, warps)}")
+
+
 def main() -> int:
     print(f"triton {triton.__version__}, sm_90a")
+    if sys.argv[1:] == ["norm"]:
+        norm_main()
+        return 0
+    norm_main()
     fn = importlib.import_module("onetrip.ops.skinny_matmul")._skinny_matmul_kernel
     for label, (const, warps) in VARIANTS.items():
         print(f"GEMV {label:50s} {warps} warps: {report(fn, {**BASE, **const}, warps)}")
     fn = importlib.import_module("onetrip.ops.decode_attention")._decode_kernel
-    for prefetch, paged in ((False, False), (True, False), (True, True)):
+    merge = importlib.import_module("onetrip.ops.decode_attention")._merge_chunk
+    for fused, paged in ((False, False), (True, False), (True, True)):
         for warps in (4, 8):
-            for block_n in (32, 64, 128):
-                label = f"block_n {block_n:3d}{', prefetch' if prefetch else ''}{', paged-64' if paged else ''}"
-                const = {**DECODE, "BLOCK_N": block_n, "PREFETCH": prefetch, "PAGED": paged,
-                         "PAGE_SIZE": 64 if paged else 1}
+            for block_n in (32, 128):
+                label = f"block_n {block_n:3d}{', fused merge' if fused else ''}{', paged-64' if paged else ''}"
+                const = {**DECODE, "BLOCK_N": block_n, "FUSED_MERGE": fused, "PAGED": paged,
+                         "PAGE_SIZE": 64 if paged else 1, "CHUNK_S": merge(8, 16, 128, warps)}
                 print(f"decode_attention {label:42s} {warps} warps: {report(fn, const, warps)}")
     tiles = importlib.import_module("onetrip.ops._attention_tma").TMA_TILES
     for head_dim, configs in tiles.items():

@@ -1,5 +1,6 @@
-"""The split-KV merge of decode attention (flash-decoding's second step), in its own file
-beside ``decode_attention.py``, which launches it.
+"""The split-KV merge of decode attention (flash-decoding's second step), beside
+``decode_attention.py``, which runs it inside its own kernel (the last split of each
+(sequence, kv head) to finish merges) or, where it has no counters, as a second launch.
 
 Each (sequence, kv head) was cut into ``num_splits`` runs of keys; split s left a partial
 output O_s (normalized over its own keys) and lse_s, the log2 of its sum of exponentials
@@ -7,7 +8,8 @@ output O_s (normalized over its own keys) and lse_s, the log2 of its sum of expo
 
     O = sum_s 2^(lse_s - m) O_s / sum_s 2^(lse_s - m),    m = max_s lse_s
 
-where a split that saw no key has lse_s = -inf and weighs 0 (its O_s is never read).
+where a split that saw no key has lse_s = -inf and weighs 0 (its O_s was never written and
+is never used).
 """
 
 import triton
@@ -18,36 +20,50 @@ from ._jit import cast_out
 
 @triton.jit
 def _merge_rows(ws_o_ptr, ws_lse_ptr, base, r, r_ok, num_splits, head_dim,
-                GQ: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-                CHUNK_S: tl.constexpr):
+                GQ: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK_S: tl.constexpr):
     """Rows r of one (b, kvh)'s split partials merged: (BLOCK_R, BLOCK_D) float32.
 
-    The splits' log-sum-exps load as one (BLOCK_S, BLOCK_R) tile, then their partial outputs
-    CHUNK_S splits at a time as a (CHUNK_S, BLOCK_R, D) tile. One split per iteration made
-    the loop a chain of dependent L2 round trips: 33 splits (batch 1, 4K context, 8 kv
-    heads) took ~15 us, for 70 KB.
+    CHUNK_S splits at a time, as an online softmax over splits: each chunk's lse_s
+    (CHUNK_S, BLOCK_R) and O_s (CHUNK_S, BLOCK_R, D) load together, so a merge of up to
+    CHUNK_S splits is one L2 round trip. Loading the lse first (for m) and the outputs
+    after made it two, and one split per iteration a chain of them: 33 splits (batch 1,
+    4K context, 8 kv heads) took ~15 us for 70 KB on an H200. The loads bypass L1
+    (``.cg``): the partials were written by other programs of the same launch.
     """
-    sp = tl.arange(0, BLOCK_S)
-    lse = tl.load(ws_lse_ptr + base + sp[:, None] * GQ + r[None, :], mask=(sp < num_splits)[:, None] & r_ok[None, :],
-                  other=float("-inf"))
-    m = tl.max(lse, axis=0)
-    m = tl.where(m == float("-inf"), 0.0, m)  # rows no split saw: weights all 0, output 0
-    den = tl.sum(tl.exp2(lse - m[None, :]), axis=0)
     d = tl.arange(0, BLOCK_D)
-    acc = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
     c = tl.arange(0, CHUNK_S)
+    m = tl.full((BLOCK_R,), float("-inf"), tl.float32)
+    den = tl.zeros((BLOCK_R,), tl.float32)
+    acc = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
     for s0 in range(0, num_splits, CHUNK_S):
-        sc_ok = (s0 + c) < num_splits
-        rows = base + (s0 + c)[:, None] * GQ + r[None, :]                      # (CHUNK_S, BLOCK_R)
-        ok = sc_ok[:, None] & r_ok[None, :]
-        lse_c = tl.load(ws_lse_ptr + rows, mask=ok, other=float("-inf"))
-        w = tl.exp2(lse_c - m[None, :])
-        # a row of a split that saw no key (lse = -inf) weighs 0, and its output is not read
-        seen = ok & (lse_c > float("-inf"))
+        rows = base + (s0 + c)[:, None] * GQ + r[None, :]                       # (CHUNK_S, BLOCK_R)
+        ok = ((s0 + c) < num_splits)[:, None] & r_ok[None, :]
+        lse = tl.load(ws_lse_ptr + rows, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        # Loaded whatever lse says (in bounds: the workspace holds every split's rows), so
+        # it need not wait for lse; an unwritten O_s may be anything, NaN included, and is
+        # dropped by the tl.where below, never multiplied.
         o = tl.load(ws_o_ptr + rows[:, :, None] * head_dim + d[None, None, :],
-                    mask=seen[:, :, None] & (d < head_dim)[None, None, :], other=0.0)  # (CHUNK_S, BLOCK_R, D)
-        acc += tl.sum(w[:, :, None] * o, axis=0)
-    return acc / tl.where(den > 0.0, den, 1.0)[:, None]
+                    mask=ok[:, :, None] & (d < head_dim)[None, None, :], other=0.0,
+                    cache_modifier=".cg")                                      # (CHUNK_S, BLOCK_R, D)
+        m_new = tl.maximum(m, tl.max(lse, axis=0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows no split saw yet
+        alpha = tl.exp2(m - m_safe)
+        w = tl.exp2(lse - m_safe[None, :])                     # 0 where lse = -inf
+        den = den * alpha + tl.sum(w, axis=0)
+        wo = tl.where((lse > float("-inf"))[:, :, None], w[:, :, None] * o, 0.0)
+        acc = acc * alpha[:, None] + tl.sum(wo, axis=0)
+        m = m_new
+    return acc / tl.where(den > 0.0, den, 1.0)[:, None]      # rows no split saw: 0
+
+
+@triton.jit
+def _store_rows(o_ptr, y, b, kvh, r, r_ok, head_dim, stride_ob, stride_os, stride_oh,
+                GROUP: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Merged rows r = (query i, head kvh * GROUP + g) of sequence b into out (B, Q_LEN, H, D)."""
+    d = tl.arange(0, BLOCK_D)
+    mask = r_ok[:, None] & (d < head_dim)[None, :]
+    o_off = b.to(tl.int64) * stride_ob + (r // GROUP) * stride_os + (kvh * GROUP + r % GROUP) * stride_oh
+    tl.store(o_ptr + o_off[:, None] + d[None, :], cast_out(y, o_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -56,7 +72,7 @@ def _merge_kernel(
     kv_heads, num_splits, head_dim,
     stride_ob, stride_os, stride_oh,
     GROUP: tl.constexpr, Q_LEN: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
     CHUNK_S: tl.constexpr,             # splits whose partial outputs load as one tile
 ):
     # One program per BLOCK_R output rows of one (b, kvh).
@@ -66,12 +82,7 @@ def _merge_kernel(
     bk = pid // n_rblocks
     r = (pid % n_rblocks) * BLOCK_R + tl.arange(0, BLOCK_R)
     r_ok = r < GQ
-    b = bk // kv_heads
-    kvh = bk % kv_heads
     base = bk.to(tl.int64) * num_splits * GQ
-    y = _merge_rows(ws_o_ptr, ws_lse_ptr, base, r, r_ok, num_splits, head_dim, GQ, BLOCK_S, BLOCK_R, BLOCK_D,
-                    CHUNK_S)
-    d = tl.arange(0, BLOCK_D)
-    mask = r_ok[:, None] & (d < head_dim)[None, :]
-    o_off = b.to(tl.int64) * stride_ob + (r // GROUP) * stride_os + (kvh * GROUP + r % GROUP) * stride_oh
-    tl.store(o_ptr + o_off[:, None] + d[None, :], cast_out(y, o_ptr.dtype.element_ty), mask=mask)
+    y = _merge_rows(ws_o_ptr, ws_lse_ptr, base, r, r_ok, num_splits, head_dim, GQ, BLOCK_R, BLOCK_D, CHUNK_S)
+    _store_rows(o_ptr, y, bk // kv_heads, bk % kv_heads, r, r_ok, head_dim, stride_ob, stride_os, stride_oh,
+                GROUP, BLOCK_D)

@@ -43,7 +43,7 @@ import triton.language as tl
 from ._common import (check_dtype_match, check_same_device, check_shape, check_tensor, output,
                       sm_count, use_triton)
 from ._jit import cast_out, dot_f32, tanh
-from ._split_merge import _merge_kernel
+from ._split_merge import _merge_kernel, _merge_rows, _store_rows
 
 LOG2E = 1.4426950408889634
 MAX_Q_LEN = 16
@@ -62,7 +62,13 @@ def _kv_tile(k_ptr, v_ptr, table_ptr, b, kvh, n0, end, d, d_ok, stride_kb, strid
     ``end`` (those slots may hold anything and are never read)."""
     j = n0 + tl.arange(0, BLOCK_N)
     j_ok = j < end
-    if PAGED:  # the page of each key: one table entry per key covers any page size
+    if PAGED and PAGE_SIZE >= BLOCK_N:
+        # The tile lies in one page (tiles start at multiples of BLOCK_N, both powers of
+        # two): one table entry, a scalar. Per-key entries cost a (BLOCK_N,) int64 offset
+        # vector for K and V: 128-key tiles at 8 warps spilled 228 bytes (sm_90a).
+        blk = tl.load(table_ptr + b.to(tl.int64) * stride_tb + n0 // PAGE_SIZE)
+        slot = j % PAGE_SIZE
+    elif PAGED:  # pages smaller than a tile: one table entry per key
         blk = tl.load(table_ptr + b.to(tl.int64) * stride_tb + j // PAGE_SIZE, mask=j_ok, other=0)
         slot = j % PAGE_SIZE
     else:
@@ -83,6 +89,7 @@ def _decode_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr,        # q, out (B, Q_LEN, H, D); caches (blocks, block_size, KVH, D)
     seqlens_ptr, table_ptr,            # (B,) int32; (B, max_blocks) int32 when PAGED
     ws_o_ptr, ws_lse_ptr,              # SPLIT: (B * KVH, S, GROUP * Q_LEN, D) and (B * KVH, S, GROUP * Q_LEN) fp32
+    count_ptr,                         # FUSED_MERGE: (>= B * KVH,) int32 counters, 0 between calls
     kv_heads, num_splits, head_dim,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
@@ -96,7 +103,8 @@ def _decode_kernel(
     PRECISION: tl.constexpr,                        # "ieee" for float32 (no TF32), else "tf32"
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     MIN_TILES: tl.constexpr,                        # the fewest key tiles a split takes
-    PREFETCH: tl.constexpr,                         # load tile t + 1 before computing tile t
+    FUSED_MERGE: tl.constexpr,                      # SPLIT: the last split to finish merges
+    CHUNK_S: tl.constexpr,                          # FUSED_MERGE: splits merged a tile at a time
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -132,23 +140,14 @@ def _decode_kernel(
     l_i = tl.zeros((BLOCK_M,), tl.float32)                  # running sum of 2^(s - m)
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     # Triton does not software-pipeline this loop (H200: num_stages 2-4 timed alike), so
-    # each tile would wait for its own HBM round trip: at batch 1 x 4K, 4 tiles a program
-    # took 9.8 us for 4 us of bytes. PREFETCH holds the next tile's K and V in registers,
-    # their loads in flight while this tile is computed (the masked load past ``end``
-    # touches no memory).
-    if PREFETCH:
-        k_nx, v_nx = _kv_tile(k_ptr, v_ptr, table_ptr, b, kvh, start, end, d, d_ok, stride_kb, stride_ks, stride_kh,
-                              stride_vb, stride_vs, stride_vh, stride_tb, PAGED, PAGE_SIZE, BLOCK_N)
+    # each tile waits for its own HBM round trip: at batch 1 x 4K, 4 tiles a program took
+    # 9.8 us for 4 us of bytes. Holding the next tile in registers to overlap them was
+    # slower in every cell measured (benchmarks/NOTES.md, round 7).
     for n0 in range(start, end, BLOCK_N):
         j = n0 + tl.arange(0, BLOCK_N)
         j_ok = j < end  # never read slots at or past L: they may hold anything
-        if PREFETCH:
-            k, v = k_nx, v_nx
-            k_nx, v_nx = _kv_tile(k_ptr, v_ptr, table_ptr, b, kvh, n0 + BLOCK_N, end, d, d_ok, stride_kb, stride_ks,
-                                  stride_kh, stride_vb, stride_vs, stride_vh, stride_tb, PAGED, PAGE_SIZE, BLOCK_N)
-        else:
-            k, v = _kv_tile(k_ptr, v_ptr, table_ptr, b, kvh, n0, end, d, d_ok, stride_kb, stride_ks, stride_kh,
-                            stride_vb, stride_vs, stride_vh, stride_tb, PAGED, PAGE_SIZE, BLOCK_N)
+        k, v = _kv_tile(k_ptr, v_ptr, table_ptr, b, kvh, n0, end, d, d_ok, stride_kb, stride_ks, stride_kh,
+                        stride_vb, stride_vs, stride_vh, stride_tb, PAGED, PAGE_SIZE, BLOCK_N)
         s = dot_f32(q, tl.trans(k), PRECISION)  # (BLOCK_M, BLOCK_N) float32
         if SOFTCAP:  # qk_scale = scale / softcap, softcap_log2 = softcap * log2(e)
             s = softcap_log2 * tanh(s * qk_scale)
@@ -176,6 +175,22 @@ def _decode_kernel(
         tl.store(ws_lse_ptr + rows, lse, mask=row_ok)
         o_ok = row_ok & (start + tl.zeros_like(r) < end)  # a vector compare: the interpreter refuses a scalar in a mask
         tl.store(ws_o_ptr + rows[:, None] * head_dim + d[None, :], o, mask=o_ok[:, None] & d_ok[None, :])
+        if FUSED_MERGE:
+            # The last of the S splits of (b, kvh) to get here merges all S partials, which
+            # saves the merge launch (3.4 us of a 13.5 us call at batch 1 x 4K on an H200).
+            # Every thread's partial stores are issued (barrier), then one counter update
+            # releases them, GPU scope; the program that brings the count to S acquires
+            # them, resets the counter for the next call (graph replays included), and
+            # reads the partials past L1. No program waits: the others just exit.
+            tl.debug_barrier()
+            arrived = tl.atomic_add(count_ptr + pid, 1, sem="acq_rel")
+            if arrived == num_splits - 1:
+                tl.debug_barrier()
+                tl.atomic_xchg(count_ptr + pid, 0)
+                base = pid.to(tl.int64) * num_splits * (GROUP * Q_LEN)
+                y = _merge_rows(ws_o_ptr, ws_lse_ptr, base, r, row_ok, num_splits, head_dim, GROUP * Q_LEN,
+                                BLOCK_M, BLOCK_D, CHUNK_S)
+                _store_rows(o_ptr, y, b, kvh, r, row_ok, head_dim, stride_ob, stride_os, stride_oh, GROUP, BLOCK_D)
     else:
         o_off = b.to(tl.int64) * stride_ob + i * stride_os + (kvh * GROUP + g) * stride_oh
         tl.store(o_ptr + o_off[:, None] + d[None, :], cast_out(o, o_ptr.dtype.element_ty),
@@ -185,13 +200,13 @@ def _decode_kernel(
 @dataclass(frozen=True)
 class DecodeConfig:
     """Launch shape: keys in tiles of ``block_n``; the sequence cut into ``num_splits``;
-    ``prefetch``: the next tile's loads in flight while a tile is computed (an experiment
-    until measured: benchmarks/NOTES.md)."""
+    ``fused_merge``: with splits, the last split of each (sequence, kv head) merges them
+    in the same launch (else a second kernel does; see ``_merge_counters``)."""
 
     block_n: int
     num_warps: int
     num_splits: int
-    prefetch: bool = False
+    fused_merge: bool = True
 
 
 def decode_config(batch: int, kv_heads: int, max_seq: int, head_dim: int, device: torch.device, *,
@@ -243,6 +258,42 @@ def _default_config(q, k_cache, block_table, num_splits: int = 0) -> DecodeConfi
     return cfg if num_splits <= 0 else dataclasses.replace(cfg, num_splits=num_splits)
 
 
+def _merge_chunk(splits: int, rows: int, block_d: int, num_warps: int) -> int:
+    """Splits merged per tile: (CHUNK_S, rows, D) float32 tiles of at most 32 values a
+    thread, so the merge stays spill-free beside the attention loop's registers."""
+    return max(1, min(triton.next_power_of_2(splits), 32 * 32 * num_warps // (rows * block_d)))
+
+
+# Per (device, stream): int32 counters of the fused merge, all 0 between calls (the last
+# split of each (sequence, kv head) resets its own). Kept, not allocated per call: zeroing
+# a fresh buffer would be a memset launch, the very launch the fused merge saves.
+_COUNTERS: dict[tuple, torch.Tensor] = {}
+_OUTGROWN: list[torch.Tensor] = []
+
+
+def _merge_counters(device: torch.device, n: int) -> Optional[torch.Tensor]:
+    """A zeroed buffer of >= n counters for launches on the current stream, or None (use
+    the merge kernel) where one cannot be made safely: under CUDA-graph capture, whose
+    allocations belong to the graph's pool, before any eager call made the buffer.
+
+    Two calls that may overlap on the GPU must not share counters; each stream has its
+    own, and a captured graph keeps the buffer its stream had, so two graphs captured on
+    one stream and replayed at once on two streams would share (not a pattern of the
+    engine, which replays one graph at a time)."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device.type, device.index, stream)
+    buf = _COUNTERS.get(key)
+    if buf is not None and buf.numel() >= n:
+        return buf
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None
+    if buf is not None:
+        _OUTGROWN.append(buf)  # a graph captured earlier may still use it: never freed
+    buf = torch.zeros(max(n, 2 * (buf.numel() if buf is not None else 0), 256), dtype=torch.int32, device=device)
+    _COUNTERS[key] = buf
+    return buf
+
+
 def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale: float, window_left: int,
             softcap: float, config: DecodeConfig | None = None):
     """Launch on validated tensors (last dims unit stride). Returns the compiled attention
@@ -259,6 +310,7 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale:
     # The workspace is sized from shapes alone, so the call is graph capturable.
     ws_o = torch.empty((B * KVH, S, group * Q, D) if S > 1 else (1,), dtype=torch.float32, device=q.device)
     ws_lse = torch.empty((B * KVH, S, group * Q) if S > 1 else (1,), dtype=torch.float32, device=q.device)
+    counters = _merge_counters(q.device, B * KVH) if S > 1 and cfg.fused_merge else None
     if softcap > 0:
         qk_scale, softcap_log2 = softmax_scale / softcap, softcap * LOG2E
     else:
@@ -267,6 +319,7 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale:
     block_d = max(16, triton.next_power_of_2(D))
     kernel = _decode_kernel[(B * KVH, S)](
         q, k_cache, v_cache, out, cache_seqlens, block_table if paged else cache_seqlens, ws_o, ws_lse,
+        counters if counters is not None else cache_seqlens,
         KVH, S, D,
         *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *out.stride()[:3],
         block_table.stride(0) if paged else 0,
@@ -274,16 +327,16 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale:
         GROUP=group, Q_LEN=Q, PAGED=paged, PAGE_SIZE=page if paged else 1,
         SOFTCAP=softcap > 0, HAS_WINDOW=window_left >= 0, SPLIT=S > 1,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, MIN_TILES=MIN_TILES, PREFETCH=cfg.prefetch, num_warps=cfg.num_warps,
+        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, MIN_TILES=MIN_TILES,
+        FUSED_MERGE=counters is not None, CHUNK_S=_merge_chunk(S, block_m, block_d, cfg.num_warps),
+        num_warps=cfg.num_warps,
     )
-    if S > 1:
+    if S > 1 and counters is None:
         block_r = min(triton.next_power_of_2(group * Q), 16)
-        # (CHUNK_S, BLOCK_R, D) float32 merge tiles of at most 4096 values: 32 a thread at 4 warps.
-        chunk = max(1, min(triton.next_power_of_2(S), 4096 // (block_r * block_d)))
         _merge_kernel[(B * KVH * triton.cdiv(group * Q, block_r),)](
             ws_o, ws_lse, out, KVH, S, D, *out.stride()[:3],
-            GROUP=group, Q_LEN=Q, BLOCK_R=block_r, BLOCK_S=triton.next_power_of_2(S), BLOCK_D=block_d,
-            CHUNK_S=chunk, num_warps=4,
+            GROUP=group, Q_LEN=Q, BLOCK_R=block_r, BLOCK_D=block_d,
+            CHUNK_S=_merge_chunk(S, block_r, block_d, 4), num_warps=4,
         )
     return kernel
 
