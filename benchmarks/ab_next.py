@@ -6,16 +6,11 @@ Rounds 1-6 (benchmarks/results/ab-round{1..6}*-h200-20261121.json, NOTES.md) set
 GEMV launch table, the decode split rule and tile shapes, append_kv's launch, and which
 kernels launch with programmatic dependent launch.
 
-Round 8 (round 7, the register prefetch, lost in every cell and was removed): the split
-merge inside the attention kernel (``DecodeConfig.fused_merge``: the last split of each
-(sequence, kv head) to finish merges, an online merge whose partial loads go out together,
-no second launch) against the merge kernel; paged caches whose page holds a whole tile read
-one table entry per tile (64-key tiles on 64-slot pages: 188 registers, where 128-key tiles
-with an entry per key spill 228 bytes). Predictions: batch 1 x 4K 28% -> ~35% (the merge
-launch's 3.4 us + 0.4 us gap -> ~1 us in the last program); 1B engine step -0.04 ms (16
-merge launches); paged 64-key tiles >= the 128-key heuristic where it spills (B1 x 128K,
-B64 x 1K at 87%). Then a profile of batch 1 x 4K, fused vs kernel merge, and the engine step
-(1B, 8B, batch 1) with each.
+Round 8 (ab-round8-h200-20261121.json; its script is in git history) timed the split
+merge inside the attention kernel against the merge kernel, and the merge kernel's online
+form. Round 9, prepared: the tile and split sweep again on the cells short of the bars
+with the one-round-trip merge kernel (a cheaper merge may move the best split count up),
+and a profile of batch 1 x 4K.
 
 Every variant is timed as one CUDA graph (median of 15 replays) over enough input copies
 to pass 256 MiB; writes ab-next.json. Earlier rounds' code is in git history beside their
@@ -49,9 +44,6 @@ HEADS = (32, 8, 128)  # query heads, kv heads, head dim
 CELLS = ((1, 4096, "contiguous"), (1, 8192, "contiguous"), (1, 32768, "contiguous"), (4, 8192, "contiguous"),
          (16, 1024, "contiguous"), (1, 4096, "paged-64"), (1, 131072, "paged-64"), (4, 8192, "paged-64"),
          (64, 1024, "paged-64"))
-ENGINE_PRESETS = ("llama-3.2-1b", "llama-3.1-8b")
-
-
 def _cell_calls(b, ctx, layout, dev):
     """Input copies enough to pass 256 MiB (L2 never serves a call), their refs, bytes."""
     H, KVH, D = HEADS
@@ -74,8 +66,8 @@ def decode_sweep(flush, copy, dev="cuda"):
         row = {"cell": f"B={b} ctx={ctx} {layout}", "input_sets": len(sets),
                "heuristic": dataclasses.astuple(heur), "configs": {}}
         S = heur.num_splits
-        variants = [heur, dataclasses.replace(heur, fused_merge=False), dataclasses.replace(heur, num_splits=2 * S)]
-        variants += [da.DecodeConfig(64, 8, S), da.DecodeConfig(64, 8, 2 * S), da.DecodeConfig(64, 8, S, False)]
+        variants = [heur, dataclasses.replace(heur, num_splits=2 * S), dataclasses.replace(heur, num_splits=4 * S)]
+        variants += [da.DecodeConfig(64, 8, S), da.DecodeConfig(64, 8, 2 * S)]
         for cfg in dict.fromkeys(variants):
             key = str(list(dataclasses.astuple(cfg)))
             outs = [torch.empty_like(t["q"]) for t in sets]
@@ -102,13 +94,13 @@ def decode_sweep(flush, copy, dev="cuda"):
 
 
 def profile_small(flush, copy, dev="cuda"):
-    """The kernels of one graph replay of 16 batch-1 x 4K calls, durations and gaps, with
-    the merge in the attention kernel and as a kernel of its own."""
+    """The kernels of one graph replay of 16 batch-1 x 4K calls, durations and gaps, at the
+    heuristic's split count and twice it."""
     sets, nbytes = _cell_calls(1, 4096, "contiguous", dev)
     t0 = sets[0]
     heur = da._default_config(t0["q"], t0["k_cache"], None)
     out = {"bytes_per_call": nbytes}
-    for label, cfg in (("fused merge", heur), ("merge kernel", dataclasses.replace(heur, fused_merge=False))):
+    for label, cfg in (("heuristic", heur), ("2x splits", dataclasses.replace(heur, num_splits=2 * heur.num_splits))):
         outs = [torch.empty_like(t["q"]) for t in sets]
         calls = [lambda t=t, o=o: da._launch(t["q"], t["k_cache"], t["v_cache"], t["cache_seqlens"], None,  # noqa: E731
                                              o, 128 ** -0.5, -1, 0.0, cfg) for t, o in zip(sets, outs)]
@@ -142,50 +134,10 @@ def profile_small(flush, copy, dev="cuda"):
     return out
 
 
-def engine_ab(flush, copy, dev="cuda", new_tokens=128, prompt=32):
-    """The decode step at batch 1 (one graph), merge fused vs merge kernel, same tokens."""
-    from onetrip.bench.decode import _prompts, build, run_engine
-    from onetrip.engine.budget import decode_budget
-
-    rows = []
-    default = da._default_config
-    for preset in ENGINE_PRESETS:
-        model, _ = build(preset, torch.bfloat16, dev, False)
-        prompts = _prompts(1, prompt, model.config.vocab_size)
-        steps = new_tokens - 1
-        budget = decode_budget(model.config, model.dtype, 1, [prompt], steps, copy)
-        row = {"preset": preset, "limit_tok_s": budget.limit_tok_s}
-        ref = None
-        for label, fused in (("fused merge", True), ("merge kernel", False)):
-            da._default_config = lambda *a, fused=fused, **kw: dataclasses.replace(default(*a, **kw),  # noqa: E731
-                                                                                   fused_merge=fused)
-            try:
-                best = None
-                for _ in range(2):  # two timed runs, the faster kept
-                    toks, _, decode, _ = run_engine(model, prompts, new_tokens, graphs=True)
-                    best = decode if best is None else min(best, decode)
-                ms = best * 1e3 / steps
-                ref = toks if ref is None else ref
-                row[label] = {"ms_per_step": ms, "tok_s": 1e3 / ms, "pct_of_limit": budget.pct_of_limit(ms),
-                              "same_tokens": toks == ref}
-            except Exception as exc:  # noqa: BLE001 - recorded
-                row[label] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-            finally:
-                da._default_config = default
-        rows.append(row)
-        print(f"engine {preset}: " + ", ".join(
-            f"{v}: " + (f"{row[v]['ms_per_step']:.3f} ms ({row[v]['pct_of_limit']:.1f}%, same "
-                        f"{row[v]['same_tokens']})" if "ms_per_step" in row[v] else row[v]["error"])
-            for v in ("fused merge", "merge kernel")), flush=True)
-        del model
-        torch.cuda.empty_cache()
-    return rows
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("gpu-out"))
-    ap.add_argument("--only", nargs="+", choices=("decode_sweep", "profile_b1_4k", "engine"),
+    ap.add_argument("--only", nargs="+", choices=("decode_sweep", "profile_b1_4k"),
                     default=os.environ.get("AB_ONLY", "").split() or None, help="parts to run (env AB_ONLY)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -194,7 +146,7 @@ def main() -> int:
     t0 = time.time()
     result = {"meta": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_gbs": copy,
                        "triton": __import__("triton").__version__, "date": time.strftime("%Y-%m-%d")}}
-    for name, fn in (("decode_sweep", decode_sweep), ("profile_b1_4k", profile_small), ("engine", engine_ab)):
+    for name, fn in (("decode_sweep", decode_sweep), ("profile_b1_4k", profile_small)):
         if args.only and name not in args.only:
             continue
         try:

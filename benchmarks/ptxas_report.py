@@ -28,7 +28,7 @@ PTXAS = os.environ.get("PTXAS", "/usr/local/cuda/bin/ptxas")
 POINTERS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "y_ptr": "*bf16", "res_ptr": "*bf16",
             "ss_out_ptr": "*fp32", "ss_in_ptr": "*fp32", "nw_ptr": "*bf16",  # the GEMV
             "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "o_ptr": "*bf16", "seqlens_ptr": "*i32",
-            "table_ptr": "*i32", "ws_o_ptr": "*fp32", "ws_lse_ptr": "*fp32", "count_ptr": "*i32"}  # decode attention
+            "table_ptr": "*i32", "ws_o_ptr": "*fp32", "ws_lse_ptr": "*fp32"}  # decode attention
 FLOATS = ("eps", "qk_scale", "softcap_log2")
 BASE = dict(HAS_BIAS=False, RES_OUT=False, NORM_IN=False, NORM_LATE=False, BLOCK_SS=512, SPLIT=False,
             USE_DOT=False, EVEN_K=True, SILU_MUL=False, BLOCK_M=1, BLOCK_N=8, BLOCK_K=1024, PDL=0)
@@ -65,7 +65,7 @@ def report(fn, constexprs: dict, num_warps: int) -> str:
 
 # decode_attention at 32 query / 8 kv heads, q_len 1 (16 score rows: tl.dot's minimum), split-KV
 DECODE = dict(GROUP=4, Q_LEN=1, PAGED=False, PAGE_SIZE=1, SOFTCAP=False, HAS_WINDOW=False, SPLIT=True,
-              PRECISION="tf32", BLOCK_M=16, BLOCK_D=128, MIN_TILES=4, FUSED_MERGE=True, CHUNK_S=4)
+              PRECISION="tf32", BLOCK_M=16, BLOCK_D=128, MIN_TILES=4)
 
 
 # flash_attention as launched at seq 2048, 2048 / head_dim heads, no GQA, causal. Triton turns
@@ -111,7 +111,8 @@ def attention_report(head_dim: int, tile: tuple, use_tma: bool) -> str:
 NORM_INTS = dict(M=1024, N=65536, C=8, stride_xm=65536, stride_rm=65536, stride_ym=65536, stride_hm=65536)
 
 
-def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: int = 8192) -> str:
+def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: int = 8192, pps: int = 1) -> str:
+    """pps: "persist" programs per SM, above 1 compiled with maxnreg as the launcher does."""
     fn = importlib.import_module("onetrip.ops.norm")._norm_kernel
     const = dict(IS_RMS=is_rms, GEMMA=False, HAS_RESIDUAL=residual, HAS_WEIGHT=True, HAS_BIAS=not is_rms,
                  PHASE=phase, BLOCK_M=1, BLOCK_N=block_n, BLOCK_C=max(2, NORM_INTS["N"] // block_n))
@@ -127,7 +128,10 @@ def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: i
             attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
                     attrs=attrs)
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    options = {"num_warps": warps}
+    if pps > 1:
+        options["maxnreg"] = min(255, 65536 // (pps * warps * 32) // 8 * 8)
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(k.asm["ptx"])
     err = subprocess.run([PTXAS, "--gpu-name", "sm_90a", "-v", f.name, "-o", os.devnull],
@@ -139,11 +143,17 @@ def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: i
 
 def norm_main() -> None:
     """``python benchmarks/ptxas_report.py norm`` runs this part alone."""
+    kinds = ((True, False), (True, True), (False, False), (False, True))
     for phase, mode in ((4, "persist"), (1, "coop")):
-        for is_rms, residual in ((True, False), (True, True), (False, False), (False, True)):
+        for is_rms, residual in kinds:
             for warps in (4, 8):
                 label = f"{'add_' if residual else ''}{'rms' if is_rms else 'layer'}_norm {mode} 8192"
-                print(f"norm {label:36s} {warps} warps: {norm_report(phase, is_rms, residual, warps)}")
+                print(f"norm {label:40s} {warps} warps: {norm_report(phase, is_rms, residual, warps)}")
+    # tune_ops' "persist" candidates above one program per SM whose register cap binds
+    for block_n, warps, pps in ((8192, 8, 2), (4096, 4, 4), (4096, 8, 2)):
+        for is_rms, residual in kinds:
+            label = f"{'add_' if residual else ''}{'rms' if is_rms else 'layer'}_norm persist {block_n} x{pps}/SM"
+            print(f"norm {label:40s} {warps} warps: {norm_report(4, is_rms, residual, warps, block_n, pps)}")
 
 
 def main() -> int:
@@ -156,13 +166,11 @@ def main() -> int:
     for label, (const, warps) in VARIANTS.items():
         print(f"GEMV {label:50s} {warps} warps: {report(fn, {**BASE, **const}, warps)}")
     fn = importlib.import_module("onetrip.ops.decode_attention")._decode_kernel
-    merge = importlib.import_module("onetrip.ops.decode_attention")._merge_chunk
-    for fused, paged in ((False, False), (True, False), (True, True)):
+    for page in (0, 64, 256):  # 0: contiguous; 128-key tiles on 64-slot pages: a table entry per key
         for warps in (4, 8):
-            for block_n in (32, 128):
-                label = f"block_n {block_n:3d}{', fused merge' if fused else ''}{', paged-64' if paged else ''}"
-                const = {**DECODE, "BLOCK_N": block_n, "FUSED_MERGE": fused, "PAGED": paged,
-                         "PAGE_SIZE": 64 if paged else 1, "CHUNK_S": merge(8, 16, 128, warps)}
+            for block_n in (32, 64, 128):
+                label = f"block_n {block_n:3d}{f', paged-{page}' if page else ''}"
+                const = {**DECODE, "BLOCK_N": block_n, "PAGED": page > 0, "PAGE_SIZE": max(page, 1)}
                 print(f"decode_attention {label:42s} {warps} warps: {report(fn, const, warps)}")
     tiles = importlib.import_module("onetrip.ops._attention_tma").TMA_TILES
     for head_dim, configs in tiles.items():

@@ -1,6 +1,7 @@
-"""The split-KV merge of decode attention (flash-decoding's second step), beside
-``decode_attention.py``, which runs it inside its own kernel (the last split of each
-(sequence, kv head) to finish merges) or, where it has no counters, as a second launch.
+"""The split-KV merge of decode attention (flash-decoding's second step), in its own file
+beside ``decode_attention.py``, which launches it. (Merging inside the attention kernel,
+by the last split of each (sequence, kv head) to finish, was measured twice on an H200 and
+lost both times: benchmarks/NOTES.md.)
 
 Each (sequence, kv head) was cut into ``num_splits`` runs of keys; split s left a partial
 output O_s (normalized over its own keys) and lse_s, the log2 of its sum of exponentials
@@ -27,8 +28,8 @@ def _merge_rows(ws_o_ptr, ws_lse_ptr, base, r, r_ok, num_splits, head_dim,
     (CHUNK_S, BLOCK_R) and O_s (CHUNK_S, BLOCK_R, D) load together, so a merge of up to
     CHUNK_S splits is one L2 round trip. Loading the lse first (for m) and the outputs
     after made it two, and one split per iteration a chain of them: 33 splits (batch 1,
-    4K context, 8 kv heads) took ~15 us for 70 KB on an H200. The loads bypass L1
-    (``.cg``): the partials were written by other programs of the same launch.
+    4K context, 8 kv heads) took ~15 us for 70 KB on an H200; two round trips 3.4 us
+    and one 2.8 us (batch 1 x 4K, 8 splits, ab-round8-h200-20261121.json).
     """
     d = tl.arange(0, BLOCK_D)
     c = tl.arange(0, CHUNK_S)
@@ -38,13 +39,12 @@ def _merge_rows(ws_o_ptr, ws_lse_ptr, base, r, r_ok, num_splits, head_dim,
     for s0 in range(0, num_splits, CHUNK_S):
         rows = base + (s0 + c)[:, None] * GQ + r[None, :]                       # (CHUNK_S, BLOCK_R)
         ok = ((s0 + c) < num_splits)[:, None] & r_ok[None, :]
-        lse = tl.load(ws_lse_ptr + rows, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        lse = tl.load(ws_lse_ptr + rows, mask=ok, other=float("-inf"))
         # Loaded whatever lse says (in bounds: the workspace holds every split's rows), so
         # it need not wait for lse; an unwritten O_s may be anything, NaN included, and is
         # dropped by the tl.where below, never multiplied.
         o = tl.load(ws_o_ptr + rows[:, :, None] * head_dim + d[None, None, :],
-                    mask=ok[:, :, None] & (d < head_dim)[None, None, :], other=0.0,
-                    cache_modifier=".cg")                                      # (CHUNK_S, BLOCK_R, D)
+                    mask=ok[:, :, None] & (d < head_dim)[None, None, :], other=0.0)  # (CHUNK_S, BLOCK_R, D)
         m_new = tl.maximum(m, tl.max(lse, axis=0))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows no split saw yet
         alpha = tl.exp2(m - m_safe)

@@ -43,7 +43,7 @@ import triton.language as tl
 from ._common import (check_dtype_match, check_same_device, check_shape, check_tensor, output,
                       sm_count, use_triton)
 from ._jit import cast_out, dot_f32, tanh
-from ._split_merge import _merge_kernel, _merge_rows, _store_rows
+from ._split_merge import _merge_kernel
 
 LOG2E = 1.4426950408889634
 MAX_Q_LEN = 16
@@ -89,7 +89,6 @@ def _decode_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr,        # q, out (B, Q_LEN, H, D); caches (blocks, block_size, KVH, D)
     seqlens_ptr, table_ptr,            # (B,) int32; (B, max_blocks) int32 when PAGED
     ws_o_ptr, ws_lse_ptr,              # SPLIT: (B * KVH, S, GROUP * Q_LEN, D) and (B * KVH, S, GROUP * Q_LEN) fp32
-    count_ptr,                         # FUSED_MERGE: (>= B * KVH,) int32 counters, 0 between calls
     kv_heads, num_splits, head_dim,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
@@ -103,8 +102,6 @@ def _decode_kernel(
     PRECISION: tl.constexpr,                        # "ieee" for float32 (no TF32), else "tf32"
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     MIN_TILES: tl.constexpr,                        # the fewest key tiles a split takes
-    FUSED_MERGE: tl.constexpr,                      # SPLIT: the last split to finish merges
-    CHUNK_S: tl.constexpr,                          # FUSED_MERGE: splits merged a tile at a time
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -175,22 +172,6 @@ def _decode_kernel(
         tl.store(ws_lse_ptr + rows, lse, mask=row_ok)
         o_ok = row_ok & (start + tl.zeros_like(r) < end)  # a vector compare: the interpreter refuses a scalar in a mask
         tl.store(ws_o_ptr + rows[:, None] * head_dim + d[None, :], o, mask=o_ok[:, None] & d_ok[None, :])
-        if FUSED_MERGE:
-            # The last of the S splits of (b, kvh) to get here merges all S partials, which
-            # saves the merge launch (3.4 us of a 13.5 us call at batch 1 x 4K on an H200).
-            # Every thread's partial stores are issued (barrier), then one counter update
-            # releases them, GPU scope; the program that brings the count to S acquires
-            # them, resets the counter for the next call (graph replays included), and
-            # reads the partials past L1. No program waits: the others just exit.
-            tl.debug_barrier()
-            arrived = tl.atomic_add(count_ptr + pid, 1, sem="acq_rel")
-            if arrived == num_splits - 1:
-                tl.debug_barrier()
-                tl.atomic_xchg(count_ptr + pid, 0)
-                base = pid.to(tl.int64) * num_splits * (GROUP * Q_LEN)
-                y = _merge_rows(ws_o_ptr, ws_lse_ptr, base, r, row_ok, num_splits, head_dim, GROUP * Q_LEN,
-                                BLOCK_M, BLOCK_D, CHUNK_S)
-                _store_rows(o_ptr, y, b, kvh, r, row_ok, head_dim, stride_ob, stride_os, stride_oh, GROUP, BLOCK_D)
     else:
         o_off = b.to(tl.int64) * stride_ob + i * stride_os + (kvh * GROUP + g) * stride_oh
         tl.store(o_ptr + o_off[:, None] + d[None, :], cast_out(o, o_ptr.dtype.element_ty),
@@ -199,14 +180,12 @@ def _decode_kernel(
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Launch shape: keys in tiles of ``block_n``; the sequence cut into ``num_splits``;
-    ``fused_merge``: with splits, the last split of each (sequence, kv head) merges them
-    in the same launch (else a second kernel does; see ``_merge_counters``)."""
+    """Launch shape: keys in tiles of ``block_n``; the sequence cut into ``num_splits``
+    (merged by a second kernel, ``_split_merge._merge_kernel``)."""
 
     block_n: int
     num_warps: int
     num_splits: int
-    fused_merge: bool = True
 
 
 def decode_config(batch: int, kv_heads: int, max_seq: int, head_dim: int, device: torch.device, *,
@@ -259,39 +238,8 @@ def _default_config(q, k_cache, block_table, num_splits: int = 0) -> DecodeConfi
 
 
 def _merge_chunk(splits: int, rows: int, block_d: int, num_warps: int) -> int:
-    """Splits merged per tile: (CHUNK_S, rows, D) float32 tiles of at most 32 values a
-    thread, so the merge stays spill-free beside the attention loop's registers."""
+    """Splits merged per tile: (CHUNK_S, rows, D) float32 tiles of at most 32 values a thread."""
     return max(1, min(triton.next_power_of_2(splits), 32 * 32 * num_warps // (rows * block_d)))
-
-
-# Per (device, stream): int32 counters of the fused merge, all 0 between calls (the last
-# split of each (sequence, kv head) resets its own). Kept, not allocated per call: zeroing
-# a fresh buffer would be a memset launch, the very launch the fused merge saves.
-_COUNTERS: dict[tuple, torch.Tensor] = {}
-_OUTGROWN: list[torch.Tensor] = []
-
-
-def _merge_counters(device: torch.device, n: int) -> Optional[torch.Tensor]:
-    """A zeroed buffer of >= n counters for launches on the current stream, or None (use
-    the merge kernel) where one cannot be made safely: under CUDA-graph capture, whose
-    allocations belong to the graph's pool, before any eager call made the buffer.
-
-    Two calls that may overlap on the GPU must not share counters; each stream has its
-    own, and a captured graph keeps the buffer its stream had, so two graphs captured on
-    one stream and replayed at once on two streams would share (not a pattern of the
-    engine, which replays one graph at a time)."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (device.type, device.index, stream)
-    buf = _COUNTERS.get(key)
-    if buf is not None and buf.numel() >= n:
-        return buf
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return None
-    if buf is not None:
-        _OUTGROWN.append(buf)  # a graph captured earlier may still use it: never freed
-    buf = torch.zeros(max(n, 2 * (buf.numel() if buf is not None else 0), 256), dtype=torch.int32, device=device)
-    _COUNTERS[key] = buf
-    return buf
 
 
 def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale: float, window_left: int,
@@ -310,7 +258,6 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale:
     # The workspace is sized from shapes alone, so the call is graph capturable.
     ws_o = torch.empty((B * KVH, S, group * Q, D) if S > 1 else (1,), dtype=torch.float32, device=q.device)
     ws_lse = torch.empty((B * KVH, S, group * Q) if S > 1 else (1,), dtype=torch.float32, device=q.device)
-    counters = _merge_counters(q.device, B * KVH) if S > 1 and cfg.fused_merge else None
     if softcap > 0:
         qk_scale, softcap_log2 = softmax_scale / softcap, softcap * LOG2E
     else:
@@ -319,7 +266,6 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale:
     block_d = max(16, triton.next_power_of_2(D))
     kernel = _decode_kernel[(B * KVH, S)](
         q, k_cache, v_cache, out, cache_seqlens, block_table if paged else cache_seqlens, ws_o, ws_lse,
-        counters if counters is not None else cache_seqlens,
         KVH, S, D,
         *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *out.stride()[:3],
         block_table.stride(0) if paged else 0,
@@ -327,11 +273,9 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale:
         GROUP=group, Q_LEN=Q, PAGED=paged, PAGE_SIZE=page if paged else 1,
         SOFTCAP=softcap > 0, HAS_WINDOW=window_left >= 0, SPLIT=S > 1,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, MIN_TILES=MIN_TILES,
-        FUSED_MERGE=counters is not None, CHUNK_S=_merge_chunk(S, block_m, block_d, cfg.num_warps),
-        num_warps=cfg.num_warps,
+        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, MIN_TILES=MIN_TILES, num_warps=cfg.num_warps,
     )
-    if S > 1 and counters is None:
+    if S > 1:
         block_r = min(triton.next_power_of_2(group * Q), 16)
         _merge_kernel[(B * KVH * triton.cdiv(group * Q, block_r),)](
             ws_o, ws_lse, out, KVH, S, D, *out.stride()[:3],
