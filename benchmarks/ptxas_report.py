@@ -112,7 +112,7 @@ NORM_INTS = dict(M=1024, N=65536, C=8, stride_xm=65536, stride_rm=65536, stride_
 
 
 def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: int = 8192, pps: int = 1) -> str:
-    """pps: "persist" programs per SM, above 1 compiled with maxnreg as the launcher does."""
+    """pps: "persist" programs per SM, which the launcher's maxnreg cap assumes (phase 4)."""
     fn = importlib.import_module("onetrip.ops.norm")._norm_kernel
     const = dict(IS_RMS=is_rms, GEMMA=False, HAS_RESIDUAL=residual, HAS_WEIGHT=True, HAS_BIAS=not is_rms,
                  PHASE=phase, BLOCK_M=1, BLOCK_N=block_n, BLOCK_C=max(2, NORM_INTS["N"] // block_n))
@@ -121,7 +121,7 @@ def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: i
         if n in const:
             sig[n] = "constexpr"
         elif n.endswith("_ptr"):
-            sig[n] = {"part_ptr": "*fp32", "sync_ptr": "*i32"}.get(n, "*bf16")
+            sig[n] = {"part_ptr": "*i64" if phase == 4 else "*fp32", "sync_ptr": "*i32"}.get(n, "*bf16")
         else:
             sig[n] = "fp32" if n == "eps" else "i32"
         if n.endswith("_ptr") or (sig[n] == "i32" and NORM_INTS[n] % 16 == 0):
@@ -129,7 +129,7 @@ def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: i
     src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
                     attrs=attrs)
     options = {"num_warps": warps}
-    if pps > 1:
+    if phase == 4:
         options["maxnreg"] = min(255, 65536 // (pps * warps * 32) // 8 * 8)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
@@ -166,7 +166,7 @@ def main() -> int:
     for label, (const, warps) in VARIANTS.items():
         print(f"GEMV {label:50s} {warps} warps: {report(fn, {**BASE, **const}, warps)}")
     fn = importlib.import_module("onetrip.ops.decode_attention")._decode_kernel
-    for page in (0, 64, 256):  # 0: contiguous; 128-key tiles on 64-slot pages: a table entry per key
+    for page in (0, 64, 256):  # 0: contiguous
         for warps in (4, 8):
             for block_n in (32, 64, 128):
                 label = f"block_n {block_n:3d}{f', paged-{page}' if page else ''}"

@@ -146,7 +146,7 @@ def test_config_heuristic():
 
 @pytest.mark.parametrize("paged", [False, True])
 def test_launch_config(device, gen, paged, monkeypatch):
-    """_launch with an explicit config: smaller tiles (within one page), splits, lengths
+    """_launch with an explicit config: smaller tiles, splits, lengths
     that end mid-tile, on one tile, and at 0. The workspace comes poisoned (NaN): splits
     that saw no key must not leak it into the merge."""
     q = torch.randn((3, 2, 4, 32), device=device, generator=gen).to(torch.bfloat16)

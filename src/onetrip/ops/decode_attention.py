@@ -62,13 +62,10 @@ def _kv_tile(k_ptr, v_ptr, table_ptr, b, kvh, n0, end, d, d_ok, stride_kb, strid
     ``end`` (those slots may hold anything and are never read)."""
     j = n0 + tl.arange(0, BLOCK_N)
     j_ok = j < end
-    if PAGED and PAGE_SIZE >= BLOCK_N:
-        # The tile lies in one page (tiles start at multiples of BLOCK_N, both powers of
-        # two): one table entry, a scalar. Per-key entries cost a (BLOCK_N,) int64 offset
-        # vector for K and V: 128-key tiles at 8 warps spilled 228 bytes (sm_90a).
-        blk = tl.load(table_ptr + b.to(tl.int64) * stride_tb + n0 // PAGE_SIZE)
-        slot = j % PAGE_SIZE
-    elif PAGED:  # pages smaller than a tile: one table entry per key
+    if PAGED:
+        # The page of each key: one table entry per key covers any page size. (One scalar
+        # entry per tile where a page holds the tile used fewer registers but read slower:
+        # paged-256, batch 64, 86-101% -> 77-89% of copy on an H200, benchmarks/NOTES.md.)
         blk = tl.load(table_ptr + b.to(tl.int64) * stride_tb + j // PAGE_SIZE, mask=j_ok, other=0)
         slot = j % PAGE_SIZE
     else:
