@@ -111,8 +111,8 @@ def attention_report(head_dim: int, tile: tuple, use_tma: bool) -> str:
 NORM_INTS = dict(M=1024, N=65536, C=8, stride_xm=65536, stride_rm=65536, stride_ym=65536, stride_hm=65536)
 
 
-def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: int = 8192, pps: int = 1) -> str:
-    """pps: "persist" programs per SM, which the launcher's maxnreg cap assumes (phase 4)."""
+def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: int = 8192) -> str:
+    """The split-row norm kernel at ``phase`` (norm._COOP, _STATS, _APPLY)."""
     fn = importlib.import_module("onetrip.ops.norm")._norm_kernel
     const = dict(IS_RMS=is_rms, GEMMA=False, HAS_RESIDUAL=residual, HAS_WEIGHT=True, HAS_BIAS=not is_rms,
                  PHASE=phase, BLOCK_M=1, BLOCK_N=block_n, BLOCK_C=max(2, NORM_INTS["N"] // block_n))
@@ -121,17 +121,14 @@ def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: i
         if n in const:
             sig[n] = "constexpr"
         elif n.endswith("_ptr"):
-            sig[n] = {"part_ptr": "*i64" if phase == 4 else "*fp32", "sync_ptr": "*i32"}.get(n, "*bf16")
+            sig[n] = {"part_ptr": "*fp32", "sync_ptr": "*i32"}.get(n, "*bf16")
         else:
             sig[n] = "fp32" if n == "eps" else "i32"
         if n.endswith("_ptr") or (sig[n] == "i32" and NORM_INTS[n] % 16 == 0):
             attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
                     attrs=attrs)
-    options = {"num_warps": warps}
-    if phase == 4:
-        options["maxnreg"] = min(255, 65536 // (pps * warps * 32) // 8 * 8)
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(k.asm["ptx"])
     err = subprocess.run([PTXAS, "--gpu-name", "sm_90a", "-v", f.name, "-o", os.devnull],
@@ -144,16 +141,11 @@ def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: i
 def norm_main() -> None:
     """``python benchmarks/ptxas_report.py norm`` runs this part alone."""
     kinds = ((True, False), (True, True), (False, False), (False, True))
-    for phase, mode in ((4, "persist"), (1, "coop")):
+    for phase, mode in ((1, "coop"), (2, "two_pass stats"), (3, "two_pass apply")):
         for is_rms, residual in kinds:
             for warps in (4, 8):
                 label = f"{'add_' if residual else ''}{'rms' if is_rms else 'layer'}_norm {mode} 8192"
                 print(f"norm {label:40s} {warps} warps: {norm_report(phase, is_rms, residual, warps)}")
-    # tune_ops' "persist" candidates above one program per SM whose register cap binds
-    for block_n, warps, pps in ((8192, 8, 2), (4096, 4, 4), (4096, 8, 2)):
-        for is_rms, residual in kinds:
-            label = f"{'add_' if residual else ''}{'rms' if is_rms else 'layer'}_norm persist {block_n} x{pps}/SM"
-            print(f"norm {label:40s} {warps} warps: {norm_report(4, is_rms, residual, warps, block_n, pps)}")
 
 
 def main() -> int:
