@@ -170,12 +170,8 @@ def _norm_kernel(
         row = t // C
         rows = row + tl.arange(0, 1)
         mask = col_ok[None, :]
-        # h is stored by the statistics pass of "two_pass" (its apply pass recomputes h), and
-        # by "coop" only after the row's wait: stored before it, the release that publishes
-        # the partials (a GPU-scope fence on sm_90a) would first wait for the 16 KB of h
-        # to be acknowledged.
         h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL,
-                    PHASE == 2)
+                    PHASE != 3)  # the apply pass of "two_pass" recomputes h; it was stored already
         part = part_ptr + (row.to(tl.int64) * C + chunk) * 2
         if PHASE != 3:
             if IS_RMS:
@@ -202,9 +198,6 @@ def _norm_kernel(
             while arrived < C:
                 arrived = tl.atomic_add(sync_ptr + 1 + row, 0, sem="acquire")
             tl.debug_barrier()
-            if HAS_RESIDUAL:
-                tl.store(h_ptr + rows.to(tl.int64)[:, None] * stride_hm + cols[None, :],
-                         cast_out(h, h_ptr.dtype.element_ty), mask=mask)
         cidx = tl.arange(0, BLOCK_C)
         c_ok = cidx < C
         pp = part_ptr + (row.to(tl.int64) * C + cidx) * 2  # (BLOCK_C,)
