@@ -8,9 +8,14 @@ kernels launch with programmatic dependent launch.
 
 Round 8 (ab-round8-h200-20261121.json; its script is in git history) timed the split
 merge inside the attention kernel against the merge kernel, and the merge kernel's online
-form. Round 9, prepared: the tile and split sweep again on the cells short of the bars
-with the one-round-trip merge kernel (a cheaper merge may move the best split count up),
-and a profile of batch 1 x 4K.
+form. Round 9, prepared:
+- the engine step at batch 1 (1B, 8B) with ``append_attention`` (rotary + cache write +
+  attention in one launch) against append_kv + decode_attention (``models.fused.
+  APPEND_IN_ATTENTION``). Prediction: one launch fewer a layer, ~2.2 us each (the session-3
+  trace's append_kv): 1B 0.872 -> ~0.84 ms a step (66% -> ~69% of the limit), 8B 3.98 ->
+  ~3.91 ms (89% -> ~90%); same greedy tokens.
+- the tile and split sweep on the cells short of the bars with the one-round-trip merge,
+  and a profile of batch 1 x 4K.
 
 Every variant is timed as one CUDA graph (median of 15 replays) over enough input copies
 to pass 256 MiB; writes ab-next.json. Earlier rounds' code is in git history beside their
@@ -44,6 +49,7 @@ HEADS = (32, 8, 128)  # query heads, kv heads, head dim
 CELLS = ((1, 4096, "contiguous"), (1, 8192, "contiguous"), (1, 32768, "contiguous"), (4, 8192, "contiguous"),
          (16, 1024, "contiguous"), (1, 4096, "paged-64"), (1, 131072, "paged-64"), (4, 8192, "paged-64"),
          (64, 1024, "paged-64"))
+ENGINE_PRESETS = ("llama-3.2-1b", "llama-3.1-8b")
 def _cell_calls(b, ctx, layout, dev):
     """Input copies enough to pass 256 MiB (L2 never serves a call), their refs, bytes."""
     H, KVH, D = HEADS
@@ -134,10 +140,49 @@ def profile_small(flush, copy, dev="cuda"):
     return out
 
 
+def engine_ab(flush, copy, dev="cuda", new_tokens=128, prompt=32):
+    """The decode step at batch 1 (one graph): append in the attention kernel or not."""
+    from onetrip.bench.decode import _prompts, build, run_engine
+    from onetrip.engine.budget import decode_budget
+    from onetrip.models import fused
+
+    rows = []
+    for preset in ENGINE_PRESETS:
+        model, _ = build(preset, torch.bfloat16, dev, False)
+        prompts = _prompts(1, prompt, model.config.vocab_size)
+        steps = new_tokens - 1
+        budget = decode_budget(model.config, model.dtype, 1, [prompt], steps, copy)
+        row = {"preset": preset, "limit_tok_s": budget.limit_tok_s}
+        ref = None
+        for label, on in (("append_kv + decode_attention", False), ("append_attention", True)):
+            fused.APPEND_IN_ATTENTION = on
+            try:
+                best = None
+                for _ in range(2):  # two timed runs, the faster kept
+                    toks, _, decode, _ = run_engine(model, prompts, new_tokens, graphs=True)
+                    best = decode if best is None else min(best, decode)
+                ms = best * 1e3 / steps
+                ref = toks if ref is None else ref
+                row[label] = {"ms_per_step": ms, "tok_s": 1e3 / ms, "pct_of_limit": budget.pct_of_limit(ms),
+                              "same_tokens": toks == ref}
+            except Exception as exc:  # noqa: BLE001 - recorded
+                row[label] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            finally:
+                fused.APPEND_IN_ATTENTION = True
+        rows.append(row)
+        print(f"engine {preset}: " + ", ".join(
+            f"{v}: " + (f"{r['ms_per_step']:.3f} ms ({r['pct_of_limit']:.1f}%, same {r['same_tokens']})"
+                        if "ms_per_step" in r else r["error"])
+            for v, r in row.items() if isinstance(r, dict)), flush=True)
+        del model
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("gpu-out"))
-    ap.add_argument("--only", nargs="+", choices=("decode_sweep", "profile_b1_4k"),
+    ap.add_argument("--only", nargs="+", choices=("engine", "decode_sweep", "profile_b1_4k"),
                     default=os.environ.get("AB_ONLY", "").split() or None, help="parts to run (env AB_ONLY)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -146,7 +191,7 @@ def main() -> int:
     t0 = time.time()
     result = {"meta": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_gbs": copy,
                        "triton": __import__("triton").__version__, "date": time.strftime("%Y-%m-%d")}}
-    for name, fn in (("decode_sweep", decode_sweep), ("profile_b1_4k", profile_small)):
+    for name, fn in (("engine", engine_ab), ("decode_sweep", decode_sweep), ("profile_b1_4k", profile_small)):
         if args.only and name not in args.only:
             continue
         try:

@@ -28,7 +28,8 @@ PTXAS = os.environ.get("PTXAS", "/usr/local/cuda/bin/ptxas")
 POINTERS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "y_ptr": "*bf16", "res_ptr": "*bf16",
             "ss_out_ptr": "*fp32", "ss_in_ptr": "*fp32", "nw_ptr": "*bf16",  # the GEMV
             "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "o_ptr": "*bf16", "seqlens_ptr": "*i32",
-            "table_ptr": "*i32", "ws_o_ptr": "*fp32", "ws_lse_ptr": "*fp32"}  # decode attention
+            "table_ptr": "*i32", "ws_o_ptr": "*fp32", "ws_lse_ptr": "*fp32",
+            "kn_ptr": "*bf16", "vn_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32"}  # decode attention
 FLOATS = ("eps", "qk_scale", "softcap_log2")
 BASE = dict(HAS_BIAS=False, RES_OUT=False, NORM_IN=False, NORM_LATE=False, BLOCK_SS=512, SPLIT=False,
             USE_DOT=False, EVEN_K=True, SILU_MUL=False, BLOCK_M=1, BLOCK_N=8, BLOCK_K=1024, PDL=0)
@@ -65,7 +66,8 @@ def report(fn, constexprs: dict, num_warps: int) -> str:
 
 # decode_attention at 32 query / 8 kv heads, q_len 1 (16 score rows: tl.dot's minimum), split-KV
 DECODE = dict(GROUP=4, Q_LEN=1, PAGED=False, PAGE_SIZE=1, SOFTCAP=False, HAS_WINDOW=False, SPLIT=True,
-              PRECISION="tf32", BLOCK_M=16, BLOCK_D=128, MIN_TILES=4)
+              PRECISION="tf32", BLOCK_M=16, BLOCK_D=128, MIN_TILES=4, APPEND=False, INTERLEAVED=False,
+              BLOCK_Q=16)
 
 
 # flash_attention as launched at seq 2048, 2048 / head_dim heads, no GQA, causal. Triton turns
@@ -158,11 +160,11 @@ def main() -> int:
     for label, (const, warps) in VARIANTS.items():
         print(f"GEMV {label:50s} {warps} warps: {report(fn, {**BASE, **const}, warps)}")
     fn = importlib.import_module("onetrip.ops.decode_attention")._decode_kernel
-    for page in (0, 64, 256):  # 0: contiguous
+    for append, page in ((False, 0), (False, 64), (False, 256), (True, 0), (True, 64)):  # page 0: contiguous
         for warps in (4, 8):
             for block_n in (32, 64, 128):
-                label = f"block_n {block_n:3d}{f', paged-{page}' if page else ''}"
-                const = {**DECODE, "BLOCK_N": block_n, "PAGED": page > 0, "PAGE_SIZE": max(page, 1)}
+                label = f"block_n {block_n:3d}{f', paged-{page}' if page else ''}{', append' if append else ''}"
+                const = {**DECODE, "BLOCK_N": block_n, "PAGED": page > 0, "PAGE_SIZE": max(page, 1), "APPEND": append}
                 print(f"decode_attention {label:42s} {warps} warps: {report(fn, const, warps)}")
     tiles = importlib.import_module("onetrip.ops._attention_tma").TMA_TILES
     for head_dim, configs in tiles.items():

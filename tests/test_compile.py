@@ -31,6 +31,10 @@ def _cases(device):
         onetrip.append_kv(qr, k1, v1, kcache, vcache, lens, cos, sin)
         return onetrip.decode_attention(qr, kcache, vcache, lens + 1)
 
+    def append_attention_step():  # the same step in one launch
+        kcache, vcache = kc.clone(), vc.clone()
+        return onetrip.append_attention(q1, k1, v1, kcache, vcache, lens, cos, sin), kcache, vcache
+
     return {
         "bias_gelu": (lambda: onetrip.bias_gelu(x, b)),
         "add_rms_norm": (lambda: onetrip.add_rms_norm(x, r, w, 1e-6)),
@@ -43,6 +47,7 @@ def _cases(device):
         "apply_rotary_inplace": (lambda: onetrip.apply_rotary(q.clone(), k.clone(), cos, sin, inplace=True)),
         "flash_attention": (lambda: onetrip.flash_attention(q, k, k, causal=True, return_lse=True)),
         "decode_step": decode_step,
+        "append_attention": append_attention_step,
     }
 
 

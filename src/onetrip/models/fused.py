@@ -7,22 +7,23 @@ QKV GEMM, Qwen3 two RMSNorms of the q and k heads):
 
     normed, res = add_rms_norm(x, res, attn_norm)     x: the previous layer's MLP output
     qkv  = normed @ wqkv^T                            one GEMM for q, k and v
-    append_kv(q, k, v, k_cache, v_cache, lens, cos, sin)   RoPE on q, k + k, v into the cache
-    o    = decode_attention(q, k_cache, v_cache, lens + 1)  split-KV over the cache
+    o    = append_attention(q, k, v, k_cache, v_cache, lens, cos, sin)   RoPE on q, k, the
+           new k, v into the cache, split-KV attention over it: one launch (prefill:
+           append_kv, then flash_attention)
     x    = o @ wo^T
     normed, res = add_rms_norm(x, res, mlp_norm)      the residual add rides in the norm
     y    = silu_mul(normed @ w_gate_up^T)             one GEMM for gate and up
     x    = y @ w_down^T
 
-8 kernels per layer plus the split-KV merge where the context is split (9); at batch 1 the
-projections are onetrip's GEMVs and silu_mul rides in the down projection's prologue (8).
+7 kernels per layer plus the split-KV merge where the context is split (8); at batch 1 the
+projections are onetrip's GEMVs, and the norms, residual adds and silu_mul ride in them (5).
 The eager form takes ~25 (norm statistics, casts, rotary halves, cache index_put, repeat
 of K/V for GQA, SDPA with its mask, residual adds, SiLU and multiply). The residual stream never
 makes its own pass: each add happens inside the next norm, whose ``h`` output is the new
 residual. Prefill (more than ``MAX_Q_LEN`` new tokens) attends with ``flash_attention``.
 
-A paged cache (``paged.PagedKVCache``) passes its block table to append_kv and
-decode_attention, which follow it in the kernel; prefill's flash_attention reads each
+A paged cache (``paged.PagedKVCache``) passes its block table to append_attention (or
+append_kv), which follows it in the kernel; prefill's flash_attention reads each
 sequence's pages gathered into a contiguous copy first.
 """
 
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Optional
 import torch
 import torch.nn.functional as F
 
+from ..ops.append_attention import append_attention
 from ..ops.append_kv import append_kv
 from ..ops.decode_attention import MAX_Q_LEN, decode_attention
 from ..ops.flash_attention import flash_attention
@@ -44,6 +46,12 @@ from ..ops.skinny_matmul import silu_mul_matmul, skinny_matmul
 
 if TYPE_CHECKING:  # llama.py imports this module
     from .llama import Attention, Model
+
+
+# Decode steps (q_len <= MAX_Q_LEN) append the new tokens inside the attention kernel
+# (``append_attention``: one launch) instead of append_kv + decode_attention. A switch for
+# the A/B that decides it (benchmarks/ab_next.py); prefill always appends, then attends.
+APPEND_IN_ATTENTION = True
 
 
 def _gemv(x: torch.Tensor) -> bool:
@@ -102,6 +110,8 @@ def _attend(attn: "Attention", qkv: torch.Tensor, cos: torch.Tensor, sin: torch.
     if cache is None:
         q, k = apply_rotary(q, k, cos, sin, positions)
         out = flash_attention(q, k, v, causal=True)
+    elif s <= MAX_Q_LEN and APPEND_IN_ATTENTION:
+        out = append_attention(q, k, v, cache.k, cache.v, lens, cos, sin, block_table=cache.block_table)
     else:
         table = cache.block_table  # (batch, max_blocks) int32 for a paged cache, else None
         q = append_kv(q, k, v, cache.k, cache.v, lens, cos, sin, block_table=table)  # q rotated in place
@@ -158,7 +168,8 @@ def forward_fused(model: "Model", tokens: torch.Tensor, cache_seqlens: Optional[
     lens = lens_after = None
     if model.layers and model.layers[0].attn.cache is not None:
         lens = cache_seqlens if cache_seqlens.dtype == torch.int32 else cache_seqlens.to(torch.int32)
-        lens_after = lens + s  # decode_attention counts the appended tokens (one tiny kernel per step)
+        if s <= MAX_Q_LEN and not APPEND_IN_ATTENTION:
+            lens_after = lens + s  # decode_attention counts the appended tokens (one tiny kernel per step)
 
     x = F.embedding(tokens, model.embed.weight)  # (batch, seq, hidden)
     if b * s == 1 and _gemv(x) and lens is not None:
@@ -182,12 +193,12 @@ def _decode_one_row(model: "Model", x: torch.Tensor, cos: torch.Tensor, sin: tor
     residual add + RMSNorm carried by the GEMVs around it (``ops.gemv_norm``):
 
         qkv = gemv_rms_norm(h, ss, attn_norm, Wqkv)        norm in the prologue
-        o   = attention(qkv)                                append_kv, decode_attention
+        o   = attention(qkv)                                append_attention (rope, cache write, attention)
         h, ss = gemv_add_residual(o, Wo, h)                 residual add in the epilogue
         gu  = gemv_rms_norm(h, ss, mlp_norm, Wgate_up)
         h, ss = gemv_add_residual(gu, Wdown, h, silu_mul)   SwiGLU in the prologue
 
-    6 kernels per layer (7 with the split-KV merge) against 9-10; the first layer's norm
+    5 kernels per layer (6 with the split-KV merge) against 9-10; the first layer's norm
     is an ``add_rms_norm`` of the embedding. Returns logits (1, 1, vocab)."""
     c = model.config
     eps = c.rms_norm_eps

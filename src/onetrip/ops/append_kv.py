@@ -137,6 +137,27 @@ def _(q, k, v, k_cache, v_cache, cache_seqlens, cos, sin, block_table, interleav
     return None
 
 
+def _check_new_kv(q, k, v, k_cache, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+    """Checks of the new tokens' k, v and the rotary tables against q and a checked cache
+    (shared with append_attention); returns cos, sin with unit column stride."""
+    B, Q, H, D = q.shape
+    for name, t in (("k", k), ("v", v)):
+        check_tensor(name, t, min_ndim=4)
+        check_dtype_match(name, t, "q", q)
+    check_shape("k", k, (B, Q, k_cache.shape[2], D), "(batch, q_len, kv_heads, head_dim) of q and the cache")
+    check_shape("v", v, k.shape, "the shape of k")
+    table_dtypes = (torch.float32,) if q.dtype == torch.float32 else (torch.float32, q.dtype)
+    check_tensor("cos", cos, dtypes=table_dtypes, min_ndim=2)
+    if cos.dim() != 2 or cos.shape[1] == 0 or 2 * cos.shape[1] > D:
+        raise ValueError(f"cos has shape {tuple(cos.shape)}; expected (max_pos, rot_dim // 2) with "
+                         f"2 <= rot_dim <= head_dim = {D}")
+    check_tensor("sin", sin, dtypes=table_dtypes)
+    check_shape("sin", sin, cos.shape, "the shape of cos")
+    check_dtype_match("sin", sin, "cos", cos)
+    check_same_device("q", q, k=k, v=v, cos=cos, sin=sin)
+    return (cos if cos.stride(-1) == 1 else cos.contiguous()), (sin if sin.stride(-1) == 1 else sin.contiguous())
+
+
 def append_kv(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -176,26 +197,11 @@ def append_kv(
     check_tensor("q", q, min_ndim=4)
     if q.dim() != 4:
         raise ValueError(f"q has shape {tuple(q.shape)}; expected (batch, q_len, heads, head_dim)")
-    B, Q, H, D = q.shape
-    for name, t in (("k", k), ("v", v)):
-        check_tensor(name, t, min_ndim=4)
-        check_dtype_match(name, t, "q", q)
-    kvh, _ = _check_cache(q, k_cache, v_cache, cache_seqlens, block_table)
-    check_shape("k", k, (B, Q, kvh, D), "(batch, q_len, kv_heads, head_dim) of q and the cache")
-    check_shape("v", v, k.shape, "the shape of k")
-    table_dtypes = (torch.float32,) if q.dtype == torch.float32 else (torch.float32, q.dtype)
-    check_tensor("cos", cos, dtypes=table_dtypes, min_ndim=2)
-    if cos.dim() != 2 or cos.shape[1] == 0 or 2 * cos.shape[1] > D:
-        raise ValueError(f"cos has shape {tuple(cos.shape)}; expected (max_pos, rot_dim // 2) with "
-                         f"2 <= rot_dim <= head_dim = {D}")
-    check_tensor("sin", sin, dtypes=table_dtypes)
-    check_shape("sin", sin, cos.shape, "the shape of cos")
-    check_dtype_match("sin", sin, "cos", cos)
-    check_same_device("q", q, k=k, v=v, cos=cos, sin=sin)
+    B, Q = q.shape[:2]
+    _check_cache(q, k_cache, v_cache, cache_seqlens, block_table)
+    cos, sin = _check_new_kv(q, k, v, k_cache, cos, sin)
     if B * Q == 0:
         return q
-    cos = cos if cos.stride(-1) == 1 else cos.contiguous()
-    sin = sin if sin.stride(-1) == 1 else sin.contiguous()
     qw, q_scratch = _work(q, B, True)
     kw, _ = _work(k, B, True)
     vw, _ = _work(v, B, True)

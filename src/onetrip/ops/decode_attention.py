@@ -43,6 +43,7 @@ import triton.language as tl
 from ._common import (check_dtype_match, check_same_device, check_shape, check_tensor, output,
                       sm_count, use_triton)
 from ._jit import cast_out, dot_f32, tanh
+from ._decode_append import _new_kv, _rope_rows
 from ._split_merge import _merge_kernel
 
 LOG2E = 1.4426950408889634
@@ -82,16 +83,44 @@ def _kv_tile(k_ptr, v_ptr, table_ptr, b, kvh, n0, end, d, d_ok, stride_kb, strid
 
 
 @triton.jit
+def _attend_tile(q, k, v, j, j_ok, qpos, m_i, l_i, acc, qk_scale, softcap_log2, window_left,
+                 SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr):
+    """One tile of keys j (BLOCK_N,) folded into the online softmax of the (BLOCK_M, D)
+    queries at positions qpos: returns the new (m_i, l_i, acc)."""
+    s = dot_f32(q, tl.trans(k), PRECISION)  # (BLOCK_M, BLOCK_N) float32
+    if SOFTCAP:  # qk_scale = scale / softcap, softcap_log2 = softcap * log2(e)
+        s = softcap_log2 * tanh(s * qk_scale)
+    else:        # qk_scale = scale * log2(e)
+        s = s * qk_scale
+    visible = j_ok[None, :] & (j[None, :] <= qpos[:, None])
+    if HAS_WINDOW:
+        visible = visible & (j[None, :] >= qpos[:, None] - window_left)
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    # A row with nothing visible yet keeps m = -inf; subtracting 0 instead of -inf
+    # keeps its exponentials at 0 rather than NaN.
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    # P rounded to V's dtype for the tensor-core product, as FlashAttention does.
+    acc = acc * alpha[:, None] + dot_f32(cast_out(p, v.dtype), v, PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _decode_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr,        # q, out (B, Q_LEN, H, D); caches (blocks, block_size, KVH, D)
     seqlens_ptr, table_ptr,            # (B,) int32; (B, max_blocks) int32 when PAGED
     ws_o_ptr, ws_lse_ptr,              # SPLIT: (B * KVH, S, GROUP * Q_LEN, D) and (B * KVH, S, GROUP * Q_LEN) fp32
-    kv_heads, num_splits, head_dim,
+    kn_ptr, vn_ptr, cos_ptr, sin_ptr,  # APPEND: new k, v (B, Q_LEN, KVH, D); rotary tables (max_pos, half)
+    kv_heads, num_splits, head_dim, half,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     stride_ob, stride_os, stride_oh,
     stride_tb,
+    stride_knb, stride_kns, stride_knh, stride_vnb, stride_vns, stride_vnh, stride_cos, stride_sin,
     qk_scale, softcap_log2, window_left,
     GROUP: tl.constexpr, Q_LEN: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,   # constexpr: j // PAGE_SIZE becomes a shift
@@ -99,12 +128,16 @@ def _decode_kernel(
     PRECISION: tl.constexpr,                        # "ieee" for float32 (no TF32), else "tf32"
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     MIN_TILES: tl.constexpr,                        # the fewest key tiles a split takes
+    APPEND: tl.constexpr, INTERLEAVED: tl.constexpr,  # rope + cache write of the new tokens (_decode_append)
+    BLOCK_Q: tl.constexpr,                          # APPEND: the new tokens as one key tile (>= 16 for tl.dot)
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
     b = pid // kv_heads
     kvh = pid % kv_heads
     L = tl.load(seqlens_ptr + b)
+    if APPEND:  # the lengths before the append: the new tokens count from here on
+        L = L + Q_LEN
 
     # -- the (GROUP * Q_LEN, D) queries of this kv head: row r = query i, head kvh*GROUP + g
     r = tl.arange(0, BLOCK_M)
@@ -114,25 +147,42 @@ def _decode_kernel(
     d = tl.arange(0, BLOCK_D)
     d_ok = d < head_dim
     q_off = b.to(tl.int64) * stride_qb + i * stride_qs + (kvh * GROUP + g) * stride_qh
-    q = tl.load(q_ptr + q_off[:, None] + d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     qpos = L - Q_LEN + i  # (BLOCK_M,) negative when L < Q_LEN: such rows see nothing
+    if APPEND:  # rotated in registers, rounded to q's dtype as append_kv leaves it in memory
+        q = cast_out(_rope_rows(q_ptr, q_off, row_ok & (qpos >= 0), qpos, d, head_dim, cos_ptr, sin_ptr, half,
+                                stride_cos, stride_sin, INTERLEAVED), q_ptr.dtype.element_ty)
+    else:
+        q = tl.load(q_ptr + q_off[:, None] + d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
 
     # -- this split's keys: the visible range [lo, L) in whole tiles, cut into runs of at
     # least MIN_TILES tiles, at most num_splits of them. Splitting the visible range (not
     # max_seq) keeps splits balanced for short sequences and sliding windows; a split past
     # the last run writes lse = -inf only (its partial output is never read).
+    # APPEND: the q_len new tokens are not read from the cache (split 0 writes them there
+    # during this launch) but taken from registers by split 0, as one more tile.
+    L_cached = L - Q_LEN if APPEND else L
     lo = 0
     if HAS_WINDOW:
         lo = tl.maximum(L - Q_LEN - window_left, 0)
     tile_lo = lo // BLOCK_N
-    n_tiles = tl.maximum(tl.cdiv(L, BLOCK_N) - tile_lo, 0)
+    n_tiles = tl.maximum(tl.cdiv(L_cached, BLOCK_N) - tile_lo, 0)
     per_split = tl.maximum(tl.cdiv(n_tiles, num_splits), MIN_TILES)
     start = (tile_lo + split * per_split) * BLOCK_N
-    end = tl.minimum(start + per_split * BLOCK_N, L)
+    end = tl.minimum(start + per_split * BLOCK_N, L_cached)
 
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)  # running max, base-2 units
     l_i = tl.zeros((BLOCK_M,), tl.float32)                  # running sum of 2^(s - m)
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    if APPEND:
+        if split == 0:  # the new tokens first: their registers are free again for the loop
+            k, v, j, j_ok = _new_kv(kn_ptr, vn_ptr, k_ptr, v_ptr, table_ptr, b, kvh, L, d, cos_ptr, sin_ptr, half,
+                                    stride_cos, stride_sin, stride_knb, stride_kns, stride_knh, stride_vnb,
+                                    stride_vns, stride_vnh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+                                    stride_vh, stride_tb, head_dim, True, Q_LEN, INTERLEAVED, PAGED, PAGE_SIZE,
+                                    BLOCK_Q)
+            m_i, l_i, acc = _attend_tile(q, k, v, j, j_ok, qpos, m_i, l_i, acc, qk_scale, softcap_log2,
+                                         window_left, SOFTCAP, HAS_WINDOW, PRECISION)
+
     # Triton does not software-pipeline this loop (H200: num_stages 2-4 timed alike), so
     # each tile waits for its own HBM round trip: at batch 1 x 4K, 4 tiles a program took
     # 9.8 us for 4 us of bytes. Holding the next tile in registers to overlap them was
@@ -142,32 +192,15 @@ def _decode_kernel(
         j_ok = j < end  # never read slots at or past L: they may hold anything
         k, v = _kv_tile(k_ptr, v_ptr, table_ptr, b, kvh, n0, end, d, d_ok, stride_kb, stride_ks, stride_kh,
                         stride_vb, stride_vs, stride_vh, stride_tb, PAGED, PAGE_SIZE, BLOCK_N)
-        s = dot_f32(q, tl.trans(k), PRECISION)  # (BLOCK_M, BLOCK_N) float32
-        if SOFTCAP:  # qk_scale = scale / softcap, softcap_log2 = softcap * log2(e)
-            s = softcap_log2 * tanh(s * qk_scale)
-        else:        # qk_scale = scale * log2(e)
-            s = s * qk_scale
-        visible = j_ok[None, :] & (j[None, :] <= qpos[:, None])
-        if HAS_WINDOW:
-            visible = visible & (j[None, :] >= qpos[:, None] - window_left)
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        # A row with nothing visible yet keeps m = -inf; subtracting 0 instead of -inf
-        # keeps its exponentials at 0 rather than NaN.
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        # P rounded to V's dtype for the tensor-core product, as FlashAttention does.
-        acc = acc * alpha[:, None] + dot_f32(cast_out(p, v_ptr.dtype.element_ty), v, PRECISION)
-        m_i = m_new
-
+        m_i, l_i, acc = _attend_tile(q, k, v, j, j_ok, qpos, m_i, l_i, acc, qk_scale, softcap_log2, window_left,
+                                     SOFTCAP, HAS_WINDOW, PRECISION)
     o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # rows with no visible key: 0
     if SPLIT:
         lse = tl.where(l_i > 0.0, m_i + tl.log2(tl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
         rows = (pid.to(tl.int64) * num_splits + split) * (GROUP * Q_LEN) + r
         tl.store(ws_lse_ptr + rows, lse, mask=row_ok)
-        o_ok = row_ok & (start + tl.zeros_like(r) < end)  # a vector compare: the interpreter refuses a scalar in a mask
+        # (vector compares: the interpreter refuses a scalar in a mask)
+        o_ok = row_ok & ((start + tl.zeros_like(r) < end) | ((split + tl.zeros_like(r) == 0) & APPEND))
         tl.store(ws_o_ptr + rows[:, None] * head_dim + d[None, :], o, mask=o_ok[:, None] & d_ok[None, :])
     else:
         o_off = b.to(tl.int64) * stride_ob + i * stride_os + (kvh * GROUP + g) * stride_oh
@@ -240,9 +273,10 @@ def _merge_chunk(splits: int, rows: int, block_d: int, num_warps: int) -> int:
 
 
 def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale: float, window_left: int,
-            softcap: float, config: DecodeConfig | None = None):
-    """Launch on validated tensors (last dims unit stride). Returns the compiled attention
-    kernel (its ``n_regs``, ``n_spills``), or None when nothing ran."""
+            softcap: float, config: DecodeConfig | None = None, append: Optional[tuple] = None):
+    """Launch on validated tensors (last dims unit stride). ``append``: (k_new, v_new, cos,
+    sin, interleaved) to rotate and write the new tokens in the same launch. Returns the
+    compiled attention kernel (its ``n_regs``, ``n_spills``), or None when nothing ran."""
     B, Q, H, D = q.shape
     KVH = k_cache.shape[2]
     group = H // KVH
@@ -261,16 +295,21 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale:
         qk_scale, softcap_log2 = softmax_scale * LOG2E, 0.0
     block_m = max(16, triton.next_power_of_2(group * Q))  # tl.dot needs 16 rows at least
     block_d = max(16, triton.next_power_of_2(D))
+    kn, vn, cos, sin, interleaved = append if append is not None else (q, q, q, q, False)
     kernel = _decode_kernel[(B * KVH, S)](
         q, k_cache, v_cache, out, cache_seqlens, block_table if paged else cache_seqlens, ws_o, ws_lse,
-        KVH, S, D,
+        kn, vn, cos, sin,
+        KVH, S, D, cos.shape[1] if append is not None else 0,
         *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *out.stride()[:3],
         block_table.stride(0) if paged else 0,
+        *kn.stride()[:3], *vn.stride()[:3], cos.stride(0), sin.stride(0),
         qk_scale, softcap_log2, max(window_left, 0),
         GROUP=group, Q_LEN=Q, PAGED=paged, PAGE_SIZE=page if paged else 1,
         SOFTCAP=softcap > 0, HAS_WINDOW=window_left >= 0, SPLIT=S > 1,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, MIN_TILES=MIN_TILES, num_warps=cfg.num_warps,
+        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, MIN_TILES=MIN_TILES,
+        APPEND=append is not None, INTERLEAVED=interleaved, BLOCK_Q=max(16, triton.next_power_of_2(Q)),
+        num_warps=cfg.num_warps,
     )
     if S > 1:
         block_r = min(triton.next_power_of_2(group * Q), 16)
@@ -348,6 +387,30 @@ def _check_cache(q, k_cache, v_cache, cache_seqlens, block_table):
     return kvh, k_cache.shape[1]
 
 
+def _check_args(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, window, softcap,
+                num_splits) -> float:
+    """decode_attention's checks (shared with append_attention); returns the softmax scale."""
+    check_tensor("q", q, min_ndim=4)
+    if q.dim() != 4:
+        raise ValueError(f"q has shape {tuple(q.shape)}; expected (batch, q_len, heads, head_dim)")
+    B, Q, H, D = q.shape
+    if not 1 <= Q <= MAX_Q_LEN:
+        raise ValueError(f"q has q_len {Q} (shape {tuple(q.shape)}); decode_attention takes 1..{MAX_Q_LEN} "
+                         f"new tokens per sequence")
+    if not 1 <= D <= 256:
+        raise ValueError(f"q has head_dim {D}; allowed: 1..256")
+    _check_cache(q, k_cache, v_cache, cache_seqlens, block_table)
+    if (not isinstance(window, (tuple, list)) or len(window) != 2 or not all(isinstance(w, int) for w in window)
+            or window[0] < -1 or window[1] not in (-1, 0)):
+        raise ValueError(f"window must be (left, right) with left >= -1 (-1: unbounded) and right -1 or 0 "
+                         f"(the op is causal); got {window!r}")
+    if not isinstance(softcap, (int, float)) or softcap < 0 or math.isnan(softcap):
+        raise ValueError(f"softcap must be a float >= 0 (0: off), got {softcap!r}")
+    if num_splits is not None and (not isinstance(num_splits, int) or num_splits < 1):
+        raise ValueError(f"num_splits must be a positive int or None, got {num_splits!r}")
+    return 1.0 / math.sqrt(D) if softmax_scale is None else float(softmax_scale)
+
+
 def decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -396,31 +459,14 @@ def decode_attention(
         Softmax in float32 with exp2; one or two launches; no host synchronisation, and a
         workspace sized from shapes: CUDA-graph capturable.
     """
-    check_tensor("q", q, min_ndim=4)
-    if q.dim() != 4:
-        raise ValueError(f"q has shape {tuple(q.shape)}; expected (batch, q_len, heads, head_dim)")
+    softmax_scale = _check_args(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, window, softcap,
+                                num_splits)
     B, Q, H, D = q.shape
-    if not 1 <= Q <= MAX_Q_LEN:
-        raise ValueError(f"q has q_len {Q} (shape {tuple(q.shape)}); decode_attention takes 1..{MAX_Q_LEN} "
-                         f"new tokens per sequence")
-    if not 1 <= D <= 256:
-        raise ValueError(f"q has head_dim {D}; allowed: 1..256")
-    _check_cache(q, k_cache, v_cache, cache_seqlens, block_table)
-    if (not isinstance(window, (tuple, list)) or len(window) != 2 or not all(isinstance(w, int) for w in window)
-            or window[0] < -1 or window[1] not in (-1, 0)):
-        raise ValueError(f"window must be (left, right) with left >= -1 (-1: unbounded) and right -1 or 0 "
-                         f"(the op is causal); got {window!r}")
-    if not isinstance(softcap, (int, float)) or softcap < 0 or math.isnan(softcap):
-        raise ValueError(f"softcap must be a float >= 0 (0: off), got {softcap!r}")
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(D)
-    if num_splits is not None and (not isinstance(num_splits, int) or num_splits < 1):
-        raise ValueError(f"num_splits must be a positive int or None, got {num_splits!r}")
     out = output("out", out, q.shape, q.dtype, q.device)
     work = out if out.stride(-1) == 1 or D == 1 else torch.empty_like(out, memory_format=torch.contiguous_format)
     qc = q if q.stride(-1) == 1 or D == 1 else q.contiguous()
     if B * H * D > 0:
-        _decode_op(qc, k_cache, v_cache, cache_seqlens, block_table, work, float(softmax_scale), int(window[0]),
+        _decode_op(qc, k_cache, v_cache, cache_seqlens, block_table, work, softmax_scale, int(window[0]),
                    float(softcap), num_splits or 0)
     if work is not out:
         out.copy_(work)
