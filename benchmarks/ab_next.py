@@ -146,7 +146,7 @@ def engine_ab(flush, copy, dev="cuda", new_tokens=128, prompt=32):
     from onetrip.engine.budget import decode_budget
     from onetrip.models import fused
 
-    rows = []
+    rows, default = [], fused.APPEND_IN_ATTENTION
     for preset in ENGINE_PRESETS:
         model, _ = build(preset, torch.bfloat16, dev, False)
         prompts = _prompts(1, prompt, model.config.vocab_size)
@@ -168,7 +168,7 @@ def engine_ab(flush, copy, dev="cuda", new_tokens=128, prompt=32):
             except Exception as exc:  # noqa: BLE001 - recorded
                 row[label] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
             finally:
-                fused.APPEND_IN_ATTENTION = True
+                fused.APPEND_IN_ATTENTION = default
         rows.append(row)
         print(f"engine {preset}: " + ", ".join(
             f"{v}: " + (f"{r['ms_per_step']:.3f} ms ({r['pct_of_limit']:.1f}%, same {r['same_tokens']})"

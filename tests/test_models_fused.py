@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from onetrip.models import Model
+from onetrip.models import fused as fused_mod
 from onetrip.testing import assert_close
 
 from conftest import DEVICE
@@ -42,8 +43,11 @@ def _run(models, chunks, batch, max_seq):
     return outs
 
 
+@pytest.mark.parametrize("append_in_attention", [False, True])
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_fused_matches_eager(variant, gen):
+def test_fused_matches_eager(variant, append_in_attention, gen, monkeypatch):
+    """Decode steps through append_kv + decode_attention, or append_attention (one launch)."""
+    monkeypatch.setattr(fused_mod, "APPEND_IN_ATTENTION", append_in_attention)
     eager, exact, fused = _pair(variant, seed=int(torch.randint(0, 1000, (1,), generator=gen, device=DEVICE)))
     tokens = torch.randint(0, TINY.vocab_size, (2, 23), generator=gen, device=DEVICE)
     # A prefill of 19 (> MAX_Q_LEN: flash_attention), 2 single-token steps, then a chunk of

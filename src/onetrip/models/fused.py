@@ -7,16 +7,17 @@ QKV GEMM, Qwen3 two RMSNorms of the q and k heads):
 
     normed, res = add_rms_norm(x, res, attn_norm)     x: the previous layer's MLP output
     qkv  = normed @ wqkv^T                            one GEMM for q, k and v
-    o    = append_attention(q, k, v, k_cache, v_cache, lens, cos, sin)   RoPE on q, k, the
-           new k, v into the cache, split-KV attention over it: one launch (prefill:
-           append_kv, then flash_attention)
+    append_kv(q, k, v, k_cache, v_cache, lens, cos, sin)   RoPE on q, k + k, v into the cache
+    o    = decode_attention(q, k_cache, v_cache, lens + 1)  split-KV over the cache
+           (or both in one launch, append_attention: APPEND_IN_ATTENTION)
     x    = o @ wo^T
     normed, res = add_rms_norm(x, res, mlp_norm)      the residual add rides in the norm
     y    = silu_mul(normed @ w_gate_up^T)             one GEMM for gate and up
     x    = y @ w_down^T
 
-7 kernels per layer plus the split-KV merge where the context is split (8); at batch 1 the
-projections are onetrip's GEMVs, and the norms, residual adds and silu_mul ride in them (5).
+8 kernels per layer plus the split-KV merge where the context is split (9), one fewer with
+append_attention; at batch 1 the projections are onetrip's GEMVs, and the norms, residual
+adds and silu_mul ride in them (6, or 5).
 The eager form takes ~25 (norm statistics, casts, rotary halves, cache index_put, repeat
 of K/V for GQA, SDPA with its mask, residual adds, SiLU and multiply). The residual stream never
 makes its own pass: each add happens inside the next norm, whose ``h`` output is the new
@@ -48,10 +49,10 @@ if TYPE_CHECKING:  # llama.py imports this module
     from .llama import Attention, Model
 
 
-# Decode steps (q_len <= MAX_Q_LEN) append the new tokens inside the attention kernel
-# (``append_attention``: one launch) instead of append_kv + decode_attention. A switch for
-# the A/B that decides it (benchmarks/ab_next.py); prefill always appends, then attends.
-APPEND_IN_ATTENTION = True
+# Decode steps (q_len <= MAX_Q_LEN) may append the new tokens inside the attention kernel
+# (``append_attention``: one launch) instead of append_kv + decode_attention. Off until the
+# GPU A/B of benchmarks/ab_next.py (round 9) measures it; prefill always appends, then attends.
+APPEND_IN_ATTENTION = False
 
 
 def _gemv(x: torch.Tensor) -> bool:
@@ -193,12 +194,13 @@ def _decode_one_row(model: "Model", x: torch.Tensor, cos: torch.Tensor, sin: tor
     residual add + RMSNorm carried by the GEMVs around it (``ops.gemv_norm``):
 
         qkv = gemv_rms_norm(h, ss, attn_norm, Wqkv)        norm in the prologue
-        o   = attention(qkv)                                append_attention (rope, cache write, attention)
+        o   = attention(qkv)                                append_kv, decode_attention (or append_attention)
         h, ss = gemv_add_residual(o, Wo, h)                 residual add in the epilogue
         gu  = gemv_rms_norm(h, ss, mlp_norm, Wgate_up)
         h, ss = gemv_add_residual(gu, Wdown, h, silu_mul)   SwiGLU in the prologue
 
-    5 kernels per layer (6 with the split-KV merge) against 9-10; the first layer's norm
+    6 kernels per layer (7 with the split-KV merge; one fewer with APPEND_IN_ATTENTION) against
+    9-10; the first layer's norm
     is an ``add_rms_norm`` of the embedding. Returns logits (1, 1, vocab)."""
     c = model.config
     eps = c.rms_norm_eps
