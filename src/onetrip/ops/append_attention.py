@@ -28,7 +28,8 @@ import torch
 
 from ._common import output, use_triton
 from .append_kv import _check_new_kv, append_kv_ref
-from .decode_attention import _check_args, _default_config, _launch, decode_attention_ref
+from ._kv_checks import _check_args
+from .decode_attention import _default_config, _launch, decode_attention_ref
 from .rotary import _work
 
 

@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from ._common import check_dtype_match, check_same_device, check_shape, check_tensor, sm_count, use_triton
-from .decode_attention import _check_cache
+from ._kv_checks import _check_cache
 from .rotary import RotaryConfig, _cos_sin_rows, _rotate_heads, _work, apply_rotary_ref, rotary_config
 
 

@@ -40,14 +40,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (check_dtype_match, check_same_device, check_shape, check_tensor, output,
-                      sm_count, use_triton)
+from ._common import output, sm_count, use_triton
 from ._jit import cast_out, dot_f32, tanh
 from ._decode_append import _new_kv, _rope_rows
+from ._kv_checks import MAX_Q_LEN, _check_args  # noqa: F401 - MAX_Q_LEN re-exported (models.fused)
 from ._split_merge import _merge_kernel
 
 LOG2E = 1.4426950408889634
-MAX_Q_LEN = 16
 # A split takes at least this many key tiles; the rest of the splits stay empty. On an
 # H200 (batch 1, bf16, 128-key tiles) 4K keys ran fastest in 8 splits of 4 tiles (13.8 us,
 # 16 splits of 2: 14.6), and 288 keys in one split (7.8 us, 16 splits: 11.0): the grid
@@ -340,75 +339,6 @@ def _decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ca
 @_decode_op.register_fake
 def _(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale, window_left, softcap, num_splits):
     return None
-
-
-def _check_int(name: str, t: object, shape: tuple, what: str, device: torch.device) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype != torch.int32:
-        raise TypeError(f"{name} has dtype {t.dtype}; allowed: torch.int32")
-    check_shape(name, t, shape, what)
-    if t.device != device:
-        raise ValueError(f"{name} is on {t.device} but q is on {device}; all tensors must share a device")
-    return t
-
-
-def _check_cache(q, k_cache, v_cache, cache_seqlens, block_table):
-    """Shared by decode_attention and append_kv: returns (kv_heads, page size or None)."""
-    B, _, H, D = q.shape
-    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
-        check_tensor(name, c)
-        check_dtype_match(name, c, "q", q)
-        if c.dim() != 4:
-            raise ValueError(f"{name} has shape {tuple(c.shape)}; expected (batch, max_seq, kv_heads, head_dim) "
-                             f"or, paged, (num_blocks, block_size, kv_heads, head_dim)")
-        if c.shape[-1] != D:
-            raise ValueError(f"{name} has head_dim {c.shape[-1]} but q has {D}; they must match")
-        if c.stride(-1) != 1 and D > 1:
-            raise ValueError(f"{name} must have unit stride along head_dim (got strides {c.stride()}); the cache "
-                             f"is written in place, so it is not copied")
-    check_shape("v_cache", v_cache, k_cache.shape, "the shape of k_cache")
-    check_same_device("q", q, k_cache=k_cache, v_cache=v_cache)
-    kvh = k_cache.shape[2]
-    if kvh == 0 or H % kvh != 0:
-        raise ValueError(f"q has {H} heads and the cache {kvh} kv_heads; heads must be a multiple of kv_heads")
-    _check_int("cache_seqlens", cache_seqlens, (B,), "one length per sequence of q's batch", q.device)
-    if block_table is None:
-        if k_cache.shape[0] != B:
-            raise ValueError(f"k_cache has shape {tuple(k_cache.shape)} but q's batch is {B}; a contiguous cache "
-                             f"is (batch, max_seq, kv_heads, head_dim) (pass block_table for a paged cache)")
-        return kvh, None
-    if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2:
-        got = tuple(block_table.shape) if isinstance(block_table, torch.Tensor) else type(block_table).__name__
-        raise ValueError(f"block_table must be a (batch, max_blocks) int32 tensor, got {got}")
-    _check_int("block_table", block_table, (B, block_table.shape[1]), "(batch, max_blocks)", q.device)
-    if block_table.stride(-1) != 1 and block_table.shape[1] > 1:
-        raise ValueError("block_table must have unit stride along max_blocks")
-    return kvh, k_cache.shape[1]
-
-
-def _check_args(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, window, softcap,
-                num_splits) -> float:
-    """decode_attention's checks (shared with append_attention); returns the softmax scale."""
-    check_tensor("q", q, min_ndim=4)
-    if q.dim() != 4:
-        raise ValueError(f"q has shape {tuple(q.shape)}; expected (batch, q_len, heads, head_dim)")
-    B, Q, H, D = q.shape
-    if not 1 <= Q <= MAX_Q_LEN:
-        raise ValueError(f"q has q_len {Q} (shape {tuple(q.shape)}); decode_attention takes 1..{MAX_Q_LEN} "
-                         f"new tokens per sequence")
-    if not 1 <= D <= 256:
-        raise ValueError(f"q has head_dim {D}; allowed: 1..256")
-    _check_cache(q, k_cache, v_cache, cache_seqlens, block_table)
-    if (not isinstance(window, (tuple, list)) or len(window) != 2 or not all(isinstance(w, int) for w in window)
-            or window[0] < -1 or window[1] not in (-1, 0)):
-        raise ValueError(f"window must be (left, right) with left >= -1 (-1: unbounded) and right -1 or 0 "
-                         f"(the op is causal); got {window!r}")
-    if not isinstance(softcap, (int, float)) or softcap < 0 or math.isnan(softcap):
-        raise ValueError(f"softcap must be a float >= 0 (0: off), got {softcap!r}")
-    if num_splits is not None and (not isinstance(num_splits, int) or num_splits < 1):
-        raise ValueError(f"num_splits must be a positive int or None, got {num_splits!r}")
-    return 1.0 / math.sqrt(D) if softmax_scale is None else float(softmax_scale)
 
 
 def decode_attention(
