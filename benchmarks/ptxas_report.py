@@ -143,7 +143,7 @@ def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: i
 def norm_main() -> None:
     """``python benchmarks/ptxas_report.py norm`` runs this part alone."""
     kinds = ((True, False), (True, True), (False, False), (False, True))
-    for phase, mode in ((1, "coop"), (2, "two_pass stats"), (3, "two_pass apply")):
+    for phase, mode in ((1, "coop"), (2, "two_pass stats"), (3, "two_pass apply"), (4, "loop")):
         for is_rms, residual in kinds:
             for warps in (4, 8):
                 label = f"{'add_' if residual else ''}{'rms' if is_rms else 'layer'}_norm {mode} 8192"

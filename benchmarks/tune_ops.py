@@ -60,6 +60,10 @@ def norm_candidates(width):
                 # statistics then apply, two launches: the second re-reads the row, from L2
                 # when the tensor fits it (the bench's 32 MiB inputs do; --elems 16777216)
                 yield norm.NormConfig("two_pass", 1, chunk, warps)
+        for chunk, warps in itertools.product([2048, 4096, 8192, 16384], [4, 8, 16]):
+            if chunk < width and 4 <= chunk // (warps * 32) <= 64:
+                # a program per row, two passes over its chunks: the second from L2
+                yield norm.NormConfig("loop", 1, chunk, warps)
 
 
 def report(kernel):

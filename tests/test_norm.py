@@ -89,7 +89,7 @@ def test_no_weight_and_fp32_weight(device, gen, kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("mode", ["rows", "two_pass"] + (["coop"] if ON_GPU else []))
+@pytest.mark.parametrize("mode", ["rows", "two_pass", "loop"] + (["coop"] if ON_GPU else []))
 def test_modes(device, gen, kind, mode):
     """Every mode on one awkward width: tiles of 2 rows (the last half past the end);
     chunks of 128 split 1023 into 8 with a ragged last one."""
@@ -98,11 +98,13 @@ def test_modes(device, gen, kind, mode):
     r = strided_like((rows, width), torch.bfloat16, device, generator=gen) + 2.0
     w, b = _params(kind, width, torch.bfloat16, device, gen)
     cfg = {"rows": NormConfig("rows", 2, 1024, 4),
-           "two_pass": NormConfig("two_pass", 1, 128, 4), "coop": NormConfig("coop", 1, 128, 4)}[mode]
-    y = poison_(torch.empty_like(x))
-    h = poison_(torch.empty_like(x))
-    norm_mod._launch(x, r, w, b, y, h, 1e-6, kind != "layer", kind == "gemma", cfg)
-    _check(kind, x, r, w, b, 1e-6, y, h)
+           "two_pass": NormConfig("two_pass", 1, 128, 4), "coop": NormConfig("coop", 1, 128, 4),
+           "loop": NormConfig("loop", 1, 128, 4)}[mode]
+    for res in (r, None):  # with and without the residual add
+        y = poison_(torch.empty_like(x))
+        h = poison_(torch.empty_like(x)) if res is not None else None
+        norm_mod._launch(x, res, w, b, y, h, 1e-6, kind != "layer", kind == "gemma", cfg)
+        _check(kind, x, res, w, b, 1e-6, y, h)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -115,9 +117,10 @@ def test_layer_norm_far_from_zero(device, gen, width, dtype):
     _check("layer", x, r, w, b, 1e-5, *_run("layer", x, r, w, b, 1e-5))
     _check("layer", x, None, w, b, 1e-5, *_run("layer", x, None, w, b, 1e-5))
     # Split rows (chunks of 128 combined with Chan's formula) must hold up as well.
-    y, h = poison_(torch.empty_like(x)), poison_(torch.empty_like(x))
-    norm_mod._launch(x, r, w, b, y, h, 1e-5, False, False, NormConfig("two_pass", 1, 128, 4))
-    _check("layer", x, r, w, b, 1e-5, y, h)
+    for mode in ("two_pass", "loop"):
+        y, h = poison_(torch.empty_like(x)), poison_(torch.empty_like(x))
+        norm_mod._launch(x, r, w, b, y, h, 1e-5, False, False, NormConfig(mode, 1, 128, 4))
+        _check("layer", x, r, w, b, 1e-5, y, h)
 
 
 def test_in_place_residual(device, gen):

@@ -24,6 +24,9 @@ How rows are covered (``NormConfig.mode``):
   * "two_pass": the same split in two launches (statistics, then apply), re-reading the
     chunk. Used under Triton's interpreter, which runs programs one after another and so
     cannot wait on a sibling, and for C above the SM count.
+  * "loop": a program per row walks its chunks twice, statistics then apply; the second
+    pass finds the row in L2 while the rows of the programs in flight fit there. No
+    program waits on another. An experiment until the H200 sweep (benchmarks/NOTES.md).
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ from ._common import (
 )
 from ._jit import cast_out
 
-_ROWS, _COOP, _STATS, _APPLY = 0, 1, 2, 3  # the kernel's PHASE
+_ROWS, _COOP, _STATS, _APPLY, _LOOP = 0, 1, 2, 3, 4  # the kernel's PHASE
 
 
 @triton.jit
@@ -119,6 +122,67 @@ def _mean_rstd(h, mask, N, eps, CORRECTED: tl.constexpr):
 
 
 @triton.jit
+def _chunk_stats(h, mask, n_here, FP32: tl.constexpr):
+    """(mean, M2) of one chunk's h (1, BLOCK_N); FP32: the mean corrected by the mean
+    deviation (see ``_mean_rstd``)."""
+    mean = tl.sum(h) / n_here
+    d = tl.where(mask, h - mean, 0.0)
+    m2 = tl.sum(d * d)
+    if FP32:
+        c1 = tl.sum(d)
+        mean += c1 / n_here
+        m2 = tl.maximum(m2 - c1 * c1 / n_here, 0.0)
+    return mean, m2
+
+
+@triton.jit
+def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, row, N, stride_xm, stride_rm, stride_ym, stride_hm, eps,
+              IS_RMS: tl.constexpr, GEMMA: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+              HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Mode "loop": one program per row, two passes over its chunks of BLOCK_N. Pass 1 sums
+    the statistics (LayerNorm: chunk means and M2 combined by Chan's formula as they come);
+    pass 2 reads each chunk again, which a row of <= 512 KB finds in L2 (two programs an SM
+    hold 132 x 2 x 256 KB at 64K wide: 68 MB for the H200's 60 MB L2, most of it), and
+    writes h and y. No program waits on another: nothing to deadlock, any grid size."""
+    rows = row + tl.arange(0, 1)
+    FP32: tl.constexpr = x_ptr.dtype.element_ty == tl.float32
+    ss = 0.0
+    n_a = 0.0
+    mean = 0.0
+    m2 = 0.0
+    for c0 in range(0, N, BLOCK_N):
+        cols = c0 + tl.arange(0, BLOCK_N)
+        mask = (cols < N)[None, :]
+        h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL, False)
+        if IS_RMS:
+            ss += tl.sum(h * h)
+        else:
+            n_b = tl.minimum(N - c0, BLOCK_N).to(tl.float32)
+            mean_b, m2_b = _chunk_stats(h, mask, n_b, FP32)
+            n = n_a + n_b
+            delta = mean_b - mean
+            mean += delta * (n_b / n)
+            m2 += m2_b + delta * delta * (n_a * n_b / n)
+            n_a = n
+    if IS_RMS:
+        rstd = tl.rsqrt(ss / N + eps)
+    else:
+        rstd = tl.rsqrt(m2 / N + eps)
+    for c0 in range(0, N, BLOCK_N):
+        cols = c0 + tl.arange(0, BLOCK_N)
+        col_ok = cols < N
+        mask = col_ok[None, :]
+        h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL, True)
+        w = 0.0
+        b = 0.0
+        if HAS_WEIGHT:
+            w = tl.load(w_ptr + cols, mask=col_ok, other=0.0)
+        if HAS_BIAS:
+            b = tl.load(b_ptr + cols, mask=col_ok, other=0.0)
+        _store_y(y_ptr, h, mean, rstd, w, b, rows, cols, mask, stride_ym, IS_RMS, GEMMA, HAS_WEIGHT, HAS_BIAS)
+
+
+@triton.jit
 def _norm_kernel(
     x_ptr, r_ptr, w_ptr, b_ptr,       # x, r: (M, N) rows; w, b: (N,)
     y_ptr, h_ptr,                     # y = norm(h), h = x + r: (M, N) rows
@@ -128,9 +192,13 @@ def _norm_kernel(
     eps,
     IS_RMS: tl.constexpr, GEMMA: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
-    PHASE: tl.constexpr,              # _ROWS, _COOP, _STATS or _APPLY
+    PHASE: tl.constexpr,              # _ROWS, _COOP, _STATS, _APPLY or _LOOP
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
+    if PHASE == 4:
+        _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, tl.program_id(0), N, stride_xm, stride_rm, stride_ym,
+                  stride_hm, eps, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_N)
+        return
     # -- which chunk of columns (and, split, which row) this program owns -------------------
     if PHASE == 1:
         t = tl.atomic_add(sync_ptr, 1)  # ticket in start order (see the module docstring)
@@ -228,7 +296,7 @@ class NormConfig:
     Split modes: chunks of ``block_n`` columns of one row each.
     """
 
-    mode: str  # "rows" | "coop" | "two_pass"
+    mode: str  # "rows" | "coop" | "two_pass" | "loop"
     block_m: int
     block_n: int
     num_warps: int
@@ -270,10 +338,10 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
     if cfg.mode == "rows" and C != 1:
         raise ValueError(f"config.block_n={cfg.block_n} must cover the width {N} in mode 'rows'")
     dummy = x
-    part = torch.empty((M, C, 2), dtype=torch.float32, device=x.device) if cfg.mode != "rows" else dummy
+    part = torch.empty((M, C, 2), dtype=torch.float32, device=x.device) if cfg.mode in ("coop", "two_pass") else dummy
     sync = torch.zeros(1 + M, dtype=torch.int32, device=x.device) if cfg.mode == "coop" else dummy
-    phases = {"rows": (_ROWS,), "coop": (_COOP,), "two_pass": (_STATS, _APPLY)}[cfg.mode]
-    grid = (triton.cdiv(M, cfg.block_m) * C,)
+    phases = {"rows": (_ROWS,), "coop": (_COOP,), "two_pass": (_STATS, _APPLY), "loop": (_LOOP,)}[cfg.mode]
+    grid = (M,) if cfg.mode == "loop" else (triton.cdiv(M, cfg.block_m) * C,)
     for phase in phases:
         kernel = _norm_kernel[grid](
             x, residual if residual is not None else dummy, weight if weight is not None else dummy,
