@@ -50,18 +50,25 @@ VARIANTS = {  # (constexprs, num_warps): the engine's configs at batch 1 (_gemv_
 }
 
 
-def report(fn, constexprs: dict, num_warps: int) -> str:
-    names = fn.arg_names
-    sig = {n: "constexpr" if n in constexprs else POINTERS.get(n, "fp32" if n in FLOATS else "i32") for n in names}
-    src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in constexprs.items()})
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps}).asm["ptx"]
+def _ptxas(ptx: str) -> tuple[str, str, str]:
+    """(registers, the spill-store figure, the whole spill line) of ptxas -v for sm_90a."""
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(ptx)
     err = subprocess.run([PTXAS, "--gpu-name", "sm_90a", "-v", f.name, "-o", os.devnull],
                          capture_output=True, text=True).stderr
     regs = next((ln.split("Used ")[1].split(" registers")[0] for ln in err.splitlines() if "registers" in ln), "?")
-    spill = next((ln.strip() for ln in err.splitlines() if "spill" in ln), "?")
-    return f"{regs} registers; {spill}"
+    stores = next((p.strip() for ln in err.splitlines() for p in ln.split(",") if "spill stores" in p), "?")
+    line = next((ln.strip() for ln in err.splitlines() if "spill" in ln), "?")
+    return regs, stores, line
+
+
+def report(fn, constexprs: dict, num_warps: int) -> str:
+    names = fn.arg_names
+    sig = {n: "constexpr" if n in constexprs else POINTERS.get(n, "fp32" if n in FLOATS else "i32") for n in names}
+    src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in constexprs.items()})
+    regs, _, line = _ptxas(triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                                          options={"num_warps": num_warps}).asm["ptx"])
+    return f"{regs} registers; {line}"
 
 
 # decode_attention at 32 query / 8 kv heads, q_len 1 (16 score rows: tl.dot's minimum), split-KV
@@ -99,12 +106,7 @@ def attention_report(head_dim: int, tile: tuple, use_tma: bool) -> str:
     src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
                     attrs=attrs)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-        f.write(k.asm["ptx"])
-    err = subprocess.run([PTXAS, "--gpu-name", "sm_90a", "-v", f.name, "-o", os.devnull],
-                         capture_output=True, text=True).stderr
-    regs = next((ln.split("Used ")[1].split(" registers")[0] for ln in err.splitlines() if "registers" in ln), "?")
-    spill = next((p.strip() for ln in err.splitlines() for p in ln.split(",") if "spill stores" in p), "?")
+    regs, spill, _ = _ptxas(k.asm["ptx"])
     return f"{regs:>3s} registers, {spill}, {k.metadata.shared // 1024} KiB shared"
 
 
@@ -130,13 +132,7 @@ def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: i
             attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
                     attrs=attrs)
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-        f.write(k.asm["ptx"])
-    err = subprocess.run([PTXAS, "--gpu-name", "sm_90a", "-v", f.name, "-o", os.devnull],
-                         capture_output=True, text=True).stderr
-    regs = next((ln.split("Used ")[1].split(" registers")[0] for ln in err.splitlines() if "registers" in ln), "?")
-    spill = next((p.strip() for ln in err.splitlines() for p in ln.split(",") if "spill stores" in p), "?")
+    regs, spill, _ = _ptxas(triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["ptx"])
     return f"{regs:>3s} registers, {spill}"
 
 

@@ -15,32 +15,19 @@ from onetrip.ops.decode_attention import DecodeConfig
 from onetrip.testing import assert_close, poison_, upcast
 
 from conftest import DTYPES, capture, rope_tables
+from test_decode_attention import make_cache
 
 da = importlib.import_module("onetrip.ops.decode_attention")  # onetrip.ops re-exports a function of that name
 
 
 def make_case(lengths, q_len, heads, kv_heads, head_dim, max_seq, dtype, device, gen, page=None):
-    """New tokens, caches with NaN at and past each sequence's length (paged: a shuffled
-    table, its entries past the last page needed out of range)."""
+    """New tokens, and test_decode_attention's caches: NaN at and past each sequence's
+    length (the slots the append writes included), paged through a shuffled table."""
     B = len(lengths)
-    L = torch.tensor(lengths, dtype=torch.int32, device=device)
-    randn = lambda *s: torch.randn(s, device=device, generator=gen).to(dtype)  # noqa: E731
-    q, k, v = randn(B, q_len, heads, head_dim), randn(B, q_len, kv_heads, head_dim), randn(B, q_len, kv_heads, head_dim)
-    dense = [randn(B, max_seq, kv_heads, head_dim) for _ in "kv"]
-    unused = torch.arange(max_seq, device=device)[None, :] >= L[:, None].long()
-    for t in dense:
-        t[unused] = float("nan")
-    if page is None:
-        return q, k, v, dense[0], dense[1], L, None
-    n = max_seq // page
-    pool = B * n + 3
-    table = torch.randperm(pool, device=device, generator=gen)[: B * n].view(B, n).to(torch.int32)
-    caches = []
-    for t in dense:
-        c = torch.full((pool, page, kv_heads, head_dim), float("nan"), device=device, dtype=dtype)
-        c[table.long()] = t.view(B, n, page, kv_heads, head_dim)
-        caches.append(c)
-    return q, k, v, caches[0], caches[1], L, table
+    q = torch.randn((B, q_len, heads, head_dim), device=device, generator=gen).to(dtype)
+    k, v = (torch.randn((B, q_len, kv_heads, head_dim), device=device, generator=gen).to(dtype) for _ in "kv")
+    kc, vc, table, L = make_cache(lengths, max_seq, kv_heads, head_dim, dtype, device, gen, page, garbage=False)
+    return q, k, v, kc, vc, L, table
 
 
 def run_and_check(q, k, v, kc, vc, L, cos, sin, table, config=None, **kw):

@@ -17,6 +17,20 @@ from ._jit import cast_out
 
 
 @triton.jit
+def _cache_slot(table_ptr, b, pos, ok, stride_tb, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr):
+    """(block, slot) of positions ``pos`` of sequence b in the cache: (b, pos) contiguous,
+    (block_table[b, pos // PAGE_SIZE], pos % PAGE_SIZE) paged (one table entry per
+    position covers any page size; entries where not ``ok`` are not read)."""
+    if PAGED:
+        blk = tl.load(table_ptr + b.to(tl.int64) * stride_tb + pos // PAGE_SIZE, mask=ok, other=0)
+        slot = pos % PAGE_SIZE
+    else:
+        blk = b  # a scalar: the contiguous path keeps its scalar base address
+        slot = pos
+    return blk, slot
+
+
+@triton.jit
 def _rope_rows(ptr, row_off, row_ok, pos, d, head_dim, cos_ptr, sin_ptr, half, stride_cos, stride_sin,
                INTERLEAVED: tl.constexpr):
     """rope of R rows of head_dim values at ``ptr + row_off`` (R,) for positions ``pos``
@@ -63,12 +77,7 @@ def _new_kv(kn_ptr, vn_ptr, kc_ptr, vc_ptr, table_ptr, b, kvh, L, d, cos_ptr, si
     mask = t_ok[:, None] & d_ok[None, :]
     v = tl.load(vn_ptr + v_row[:, None] + d[None, :], mask=mask, other=0.0)
     if WRITE:
-        if PAGED:
-            blk = tl.load(table_ptr + b.to(tl.int64) * stride_tb + pos // PAGE_SIZE, mask=t_ok, other=0)
-            slot = pos % PAGE_SIZE
-        else:
-            blk = b
-            slot = pos
+        blk, slot = _cache_slot(table_ptr, b, pos, t_ok, stride_tb, PAGED, PAGE_SIZE)
         kc = blk.to(tl.int64) * stride_kb + slot * stride_ks + kvh * stride_kh
         vc = blk.to(tl.int64) * stride_vb + slot * stride_vs + kvh * stride_vh
         tl.store(kc_ptr + kc[:, None] + d[None, :], k, mask=mask)

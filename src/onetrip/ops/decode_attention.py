@@ -42,7 +42,7 @@ import triton.language as tl
 
 from ._common import output, sm_count, use_triton
 from ._jit import cast_out, dot_f32, tanh
-from ._decode_append import _new_kv, _rope_rows
+from ._decode_append import _cache_slot, _new_kv, _rope_rows
 from ._kv_checks import MAX_Q_LEN, _check_args  # noqa: F401 - MAX_Q_LEN re-exported (models.fused)
 from ._split_merge import _merge_kernel
 
@@ -62,15 +62,9 @@ def _kv_tile(k_ptr, v_ptr, table_ptr, b, kvh, n0, end, d, d_ok, stride_kb, strid
     ``end`` (those slots may hold anything and are never read)."""
     j = n0 + tl.arange(0, BLOCK_N)
     j_ok = j < end
-    if PAGED:
-        # The page of each key: one table entry per key covers any page size. (One scalar
-        # entry per tile where a page holds the tile used fewer registers but read slower:
-        # paged-256, batch 64, 86-101% -> 77-89% of copy on an H200, benchmarks/NOTES.md.)
-        blk = tl.load(table_ptr + b.to(tl.int64) * stride_tb + j // PAGE_SIZE, mask=j_ok, other=0)
-        slot = j % PAGE_SIZE
-    else:
-        blk = b
-        slot = j
+    # (One scalar table entry per tile where a page holds the tile used fewer registers but
+    # read slower: paged-256, batch 64, 86-101% -> 77-89% of copy on an H200, NOTES.md.)
+    blk, slot = _cache_slot(table_ptr, b, j, j_ok, stride_tb, PAGED, PAGE_SIZE)
     kv_mask = j_ok[:, None] & d_ok[None, :]
     k_off = blk.to(tl.int64) * stride_kb + slot * stride_ks + kvh * stride_kh
     k = tl.load(k_ptr + k_off[:, None] + d[None, :], mask=kv_mask, other=0.0)

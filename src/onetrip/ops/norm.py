@@ -122,6 +122,18 @@ def _mean_rstd(h, mask, N, eps, CORRECTED: tl.constexpr):
 
 
 @triton.jit
+def _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """The weight and bias of columns ``cols`` (0.0 when absent)."""
+    w = 0.0
+    b = 0.0
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + cols, mask=col_ok, other=0.0)
+    if HAS_BIAS:
+        b = tl.load(b_ptr + cols, mask=col_ok, other=0.0)
+    return w, b
+
+
+@triton.jit
 def _chunk_stats(h, mask, n_here, FP32: tl.constexpr):
     """(mean, M2) of one chunk's h (1, BLOCK_N); FP32: the mean corrected by the mean
     deviation (see ``_mean_rstd``)."""
@@ -173,12 +185,7 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, row, N, stride_xm, strid
         col_ok = cols < N
         mask = col_ok[None, :]
         h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL, True)
-        w = 0.0
-        b = 0.0
-        if HAS_WEIGHT:
-            w = tl.load(w_ptr + cols, mask=col_ok, other=0.0)
-        if HAS_BIAS:
-            b = tl.load(b_ptr + cols, mask=col_ok, other=0.0)
+        w, b = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS)
         _store_y(y_ptr, h, mean, rstd, w, b, rows, cols, mask, stride_ym, IS_RMS, GEMMA, HAS_WEIGHT, HAS_BIAS)
 
 
@@ -207,12 +214,7 @@ def _norm_kernel(
     chunk = t % C
     cols = chunk * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
     col_ok = cols < N
-    w = 0.0
-    b = 0.0
-    if HAS_WEIGHT:
-        w = tl.load(w_ptr + cols, mask=col_ok, other=0.0)
-    if HAS_BIAS:
-        b = tl.load(b_ptr + cols, mask=col_ok, other=0.0)
+    w, b = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS)
 
     if PHASE == 0:
         # -- whole rows: a tile of BLOCK_M rows ----------------------------------------------
@@ -247,13 +249,7 @@ def _norm_kernel(
                 s1 = s0
             else:
                 n_here = tl.minimum(N - chunk * BLOCK_N, BLOCK_N).to(tl.float32)
-                s0 = tl.sum(h) / n_here  # chunk mean
-                d = tl.where(mask, h - s0, 0.0)
-                s1 = tl.sum(d * d)       # chunk M2
-                if x_ptr.dtype.element_ty == tl.float32:  # corrected as in _mean_rstd
-                    c1 = tl.sum(d)
-                    s0 += c1 / n_here
-                    s1 = tl.maximum(s1 - c1 * c1 / n_here, 0.0)
+                s0, s1 = _chunk_stats(h, mask, n_here, x_ptr.dtype.element_ty == tl.float32)  # mean, M2
             tl.store(part, s0)
             tl.store(part + 1, s1)
         if PHASE == 2:
