@@ -14,6 +14,10 @@ form. Round 9, prepared:
   APPEND_IN_ATTENTION``). Prediction: one launch fewer a layer, ~2.2 us each (the session-3
   trace's append_kv): 1B 0.872 -> ~0.84 ms a step (66% -> ~69% of the limit), 8B 3.98 ->
   ~3.91 ms (89% -> ~90%); same greedy tokens.
+- the same at kernel level: append_kv + decode_attention against append_attention on
+  decode-step cells (batch 1 / 8 / 64 x 1K, batch 1 x 4K and 32K, head dim 64 like the 1B and
+  128 like the 8B; contiguous and paged-64). Prediction: ~2 us a call saved where the pair
+  is launch-bound (batch 1-8 x 1K: the pair ~8-10 us -> ~6-7), <= 5% where bytes dominate.
 - the tile and split sweep on the cells short of the bars with the one-round-trip merge,
   and a profile of batch 1 x 4K.
 
@@ -28,6 +32,7 @@ import argparse
 import dataclasses
 import importlib
 import os
+import itertools
 import json
 import sys
 import time
@@ -42,6 +47,7 @@ from sweep_gemv import time_per_call  # noqa: E402
 
 from onetrip.bench import harness  # noqa: E402
 from onetrip.bench.decode_attn import DecodeCell, make_inputs  # noqa: E402
+from onetrip.ops.decode_attention import decode_attention  # noqa: E402
 
 da = importlib.import_module("onetrip.ops.decode_attention")
 HEADS = (32, 8, 128)  # query heads, kv heads, head dim
@@ -179,10 +185,55 @@ def engine_ab(flush, copy, dev="cuda", new_tokens=128, prompt=32):
     return rows
 
 
+APPEND_CELLS = ((1, 1024, 64), (8, 1024, 64), (64, 1024, 64), (1, 4096, 128), (1, 32768, 128), (8, 1024, 128))
+
+
+def append_ab(flush, copy, dev="cuda"):
+    """append_kv + decode_attention (two launches) against append_attention (one), one new
+    token a sequence, as one CUDA graph over input copies enough to pass 256 MiB."""
+    from onetrip.ops.append_attention import append_attention
+    from onetrip.ops.append_kv import append_kv
+
+    rows = []
+    for (b, ctx, head_dim), layout in itertools.product(APPEND_CELLS, ("contiguous", "paged-64")):
+        H, KVH = (32, 8)
+        cell = DecodeCell("append_kv", layout, b, ctx, heads=H, kv_heads=KVH, head_dim=head_dim)
+        nbytes = 2 * b * ctx * KVH * head_dim * 2
+        n = max(1, min(16, -(-(256 << 20) // nbytes)))
+        sets = [make_inputs(cell, torch.bfloat16, dev, torch.Generator(device=dev).manual_seed(i)) for i in range(n)]
+        for t in sets:
+            t["after"] = t["cache_seqlens"] + 1  # the pair's second launch counts the new token
+            t["out"] = torch.empty_like(t["q"])
+
+        def pair(t):
+            append_kv(t["q"], t["k"], t["v"], t["k_cache"], t["v_cache"], t["cache_seqlens"], t["cos"], t["sin"],
+                      block_table=t["block_table"])
+            decode_attention(t["q"], t["k_cache"], t["v_cache"], t["after"], block_table=t["block_table"], out=t["out"])
+
+        def fused(t):
+            append_attention(t["q"], t["k"], t["v"], t["k_cache"], t["v_cache"], t["cache_seqlens"], t["cos"],
+                             t["sin"], block_table=t["block_table"], out=t["out"])
+
+        row = {"cell": f"B={b} ctx={ctx} D={head_dim} {layout}", "input_sets": n}
+        for label, f in (("append_kv + decode_attention", pair), ("append_attention", fused)):
+            try:
+                us = 1e3 * time_per_call([lambda t=t, f=f: f(t) for t in sets], flush)
+                row[label] = {"us": us, "pct_of_copy": 100 * nbytes / (us * 1e3) / copy}
+            except Exception as exc:  # noqa: BLE001 - recorded
+                row[label] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+        rows.append(row)
+        print(f"{row['cell']:32s} " + ", ".join(
+            f"{k}: {v['us']:.2f} us" if "us" in v else f"{k}: {v['error']}" for k, v in row.items()
+            if isinstance(v, dict)), flush=True)
+        del sets
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("gpu-out"))
-    ap.add_argument("--only", nargs="+", choices=("engine", "decode_sweep", "profile_b1_4k"),
+    ap.add_argument("--only", nargs="+", choices=("engine", "append", "decode_sweep", "profile_b1_4k"),
                     default=os.environ.get("AB_ONLY", "").split() or None, help="parts to run (env AB_ONLY)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -191,7 +242,8 @@ def main() -> int:
     t0 = time.time()
     result = {"meta": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_gbs": copy,
                        "triton": __import__("triton").__version__, "date": time.strftime("%Y-%m-%d")}}
-    for name, fn in (("engine", engine_ab), ("decode_sweep", decode_sweep), ("profile_b1_4k", profile_small)):
+    for name, fn in (("engine", engine_ab), ("append", append_ab), ("decode_sweep", decode_sweep),
+                     ("profile_b1_4k", profile_small)):
         if args.only and name not in args.only:
             continue
         try:
