@@ -159,6 +159,18 @@ def test_launch_config(device, gen, paged, monkeypatch):
     check(out, q, k, v, L, table)
 
 
+def test_merge_over_several_chunks(device, gen):
+    """The merge kernel folds the splits CHUNK_S at a time as an online softmax: 16 rows of
+    head dim 128 give chunks of 2 splits, so 7 splits take 4 chunks. Lengths leave whole
+    chunks of splits empty (lse = -inf throughout) before and after ones that saw keys."""
+    q = torch.randn((3, 2, 16, 128), device=device, generator=gen).to(torch.bfloat16)  # group 8 x q_len 2
+    k, v, _, L = make_cache([448, 65, 0], 448, 2, 128, torch.bfloat16, device, gen)
+    assert da._merge_chunk(7, 16, 128, 4) == 2
+    out = poison_(torch.empty_like(q))
+    da._launch(q, k, v, L, None, out, 128 ** -0.5, -1, 0.0, DecodeConfig(16, 4, 7))
+    check(out, q, k, v, L, None)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the fallback runs on the CPU only")
 def test_cpu_fallback(gen, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # use_triton() -> False: the float32 reference
