@@ -19,7 +19,7 @@
 #   traces     1B decode traces: transformers, eager, fused, fused + graphs (untimed yet)
 #   gemv       bench gemv (cuBLAS vs onetrip's skinny matmul)                      ~1 min
 #   ops        bench ops                                                           ~8 min
-#   sh=FILE    a script taking --out (benchmarks/sweep_gemv.py ~1 min, benchmarks/ab_next.py ~1 min)
+#   sh=FILE    a script taking --out (benchmarks/sweep_gemv.py ~1 min, ab_next.py ~4 min, gemv_chain.py <1 min)
 # Times measured on an H200, 2026-11-21. While helpers edit the tree, run from a snapshot:
 #   git archive HEAD | gzip > .snap/head.tgz; carry .snap; command "tar -xzf .snap/head.tgz && ..."
 # Liger-Kernel comes from .whl (carry it): installed into /tmp/site first.
