@@ -18,8 +18,13 @@ form. Round 9, prepared:
   decode-step cells (batch 1 / 8 / 64 x 1K, batch 1 x 4K and 32K, head dim 64 like the 1B and
   128 like the 8B; contiguous and paged-64). Prediction: ~2 us a call saved where the pair
   is launch-bound (batch 1-8 x 1K: the pair ~8-10 us -> ~6-7), <= 5% where bytes dominate.
-- the tile and split sweep on the cells short of the bars with the one-round-trip merge,
-  and a profile of batch 1 x 4K.
+- the tile and split sweep on the cells short of the bars with the one-round-trip merge
+  (a cheaper merge may move the best split count up), and paged tiles whose block-table
+  entries load one tile ahead (``DecodeConfig.table_ahead``; sm_90a: 64 x 8 203 -> 255
+  registers, 128 x 8 spills 236 -> 468 bytes). Prediction: 128 x 8 with it slower (its spills
+  double); 64 x 8 paged gains (77-79% -> ~85% at batch 1 x 128K) but stays under the 128 x 8
+  heuristic; the paged cells under 90% stay there.
+- a profile of batch 1 x 4K: ours and SDPA's kernels.
 
 Every variant is timed as one CUDA graph (median of 15 replays) over enough input copies
 to pass 256 MiB; writes ab-next.json. Earlier rounds' code is in git history beside their
@@ -80,6 +85,9 @@ def decode_sweep(flush, copy, dev="cuda"):
         S = heur.num_splits
         variants = [heur, dataclasses.replace(heur, num_splits=2 * S), dataclasses.replace(heur, num_splits=4 * S)]
         variants += [da.DecodeConfig(64, 8, S), da.DecodeConfig(64, 8, 2 * S)]
+        if layout != "contiguous":  # the block-table entries one tile ahead
+            variants += [dataclasses.replace(heur, table_ahead=True), da.DecodeConfig(64, 8, S, True),
+                         da.DecodeConfig(64, 8, 2 * S, True), da.DecodeConfig(32, 4, 2 * S, True)]
         for cfg in dict.fromkeys(variants):
             key = str(list(dataclasses.astuple(cfg)))
             outs = [torch.empty_like(t["q"]) for t in sets]

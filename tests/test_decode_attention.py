@@ -144,18 +144,18 @@ def test_config_heuristic():
     assert decode_config(64, 8, 4096, 128, cpu).block_n == 128
 
 
-@pytest.mark.parametrize("paged", [False, True])
-def test_launch_config(device, gen, paged, monkeypatch):
-    """_launch with an explicit config: smaller tiles, splits, lengths
-    that end mid-tile, on one tile, and at 0. The workspace comes poisoned (NaN): splits
-    that saw no key must not leak it into the merge."""
+@pytest.mark.parametrize("paged, table_ahead", [(False, False), (True, False), (True, True)])
+def test_launch_config(device, gen, paged, table_ahead, monkeypatch):
+    """_launch with an explicit config: smaller tiles, splits, lengths that end mid-tile,
+    on one tile, and at 0; paged, the block-table entries loaded a tile ahead or not. The
+    workspace comes poisoned (NaN): splits that saw no key must not leak it into the merge."""
     q = torch.randn((3, 2, 4, 32), device=device, generator=gen).to(torch.bfloat16)
     k, v, table, L = make_cache([31, 97, 0], 128, 2, 32, torch.bfloat16, device, gen, page=32 if paged else None)
     empty = torch.empty
     poisoned = lambda *a, **kw: (lambda t: poison_(t) if t.is_floating_point() else t)(empty(*a, **kw))  # noqa: E731
     monkeypatch.setattr(torch, "empty", poisoned)  # the split workspace comes NaN-filled
     out = poison_(torch.empty_like(q))
-    da._launch(q, k, v, L, table, out, 32 ** -0.5, -1, 0.0, DecodeConfig(16, 2, 3))
+    da._launch(q, k, v, L, table, out, 32 ** -0.5, -1, 0.0, DecodeConfig(16, 2, 3, table_ahead))
     check(out, q, k, v, L, table)
 
 

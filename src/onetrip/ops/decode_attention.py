@@ -55,16 +55,10 @@ MIN_TILES = 4
 
 
 @triton.jit
-def _kv_tile(k_ptr, v_ptr, table_ptr, b, kvh, n0, end, d, d_ok, stride_kb, stride_ks, stride_kh,
-             stride_vb, stride_vs, stride_vh, stride_tb,
-             PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The (BLOCK_N, BLOCK_D) K and V tiles of keys [n0, n0 + BLOCK_N), zeros at and past
-    ``end`` (those slots may hold anything and are never read)."""
-    j = n0 + tl.arange(0, BLOCK_N)
-    j_ok = j < end
-    # (One scalar table entry per tile where a page holds the tile used fewer registers but
-    # read slower: paged-256, batch 64, 86-101% -> 77-89% of copy on an H200, NOTES.md.)
-    blk, slot = _cache_slot(table_ptr, b, j, j_ok, stride_tb, PAGED, PAGE_SIZE)
+def _kv_tile(k_ptr, v_ptr, blk, slot, j_ok, kvh, d, d_ok, stride_kb, stride_ks, stride_kh,
+             stride_vb, stride_vs, stride_vh):
+    """The (BLOCK_N, BLOCK_D) K and V tiles of the keys at cache (blk, slot) (``_cache_slot``),
+    zeros where not ``j_ok`` (those slots may hold anything and are never read)."""
     kv_mask = j_ok[:, None] & d_ok[None, :]
     k_off = blk.to(tl.int64) * stride_kb + slot * stride_ks + kvh * stride_kh
     k = tl.load(k_ptr + k_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
@@ -123,6 +117,7 @@ def _decode_kernel(
     MIN_TILES: tl.constexpr,                        # the fewest key tiles a split takes
     APPEND: tl.constexpr, INTERLEAVED: tl.constexpr,  # rope + cache write of the new tokens (_decode_append)
     BLOCK_Q: tl.constexpr,                          # APPEND: the new tokens as one key tile (>= 16 for tl.dot)
+    TABLE_AHEAD: tl.constexpr = False,              # PAGED: load the next tile's table entries early
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -180,11 +175,23 @@ def _decode_kernel(
     # each tile waits for its own HBM round trip: at batch 1 x 4K, 4 tiles a program took
     # 9.8 us for 4 us of bytes. Holding the next tile in registers to overlap them was
     # slower in every cell measured (benchmarks/NOTES.md, round 7).
+    # (One scalar table entry per tile where a page holds the tile used fewer registers but
+    # read slower: paged-256, batch 64, 86-101% -> 77-89% of copy on an H200, NOTES.md.)
+    if TABLE_AHEAD:  # paged: each tile's block-table entries load one tile ahead
+        j = start + tl.arange(0, BLOCK_N)
+        blk_next, _ = _cache_slot(table_ptr, b, j, j < end, stride_tb, PAGED, PAGE_SIZE)
     for n0 in range(start, end, BLOCK_N):
         j = n0 + tl.arange(0, BLOCK_N)
         j_ok = j < end  # never read slots at or past L: they may hold anything
-        k, v = _kv_tile(k_ptr, v_ptr, table_ptr, b, kvh, n0, end, d, d_ok, stride_kb, stride_ks, stride_kh,
-                        stride_vb, stride_vs, stride_vh, stride_tb, PAGED, PAGE_SIZE, BLOCK_N)
+        if TABLE_AHEAD:
+            blk = blk_next
+            slot = j % PAGE_SIZE
+            j_next = j + BLOCK_N
+            blk_next, _ = _cache_slot(table_ptr, b, j_next, j_next < end, stride_tb, PAGED, PAGE_SIZE)
+        else:
+            blk, slot = _cache_slot(table_ptr, b, j, j_ok, stride_tb, PAGED, PAGE_SIZE)
+        k, v = _kv_tile(k_ptr, v_ptr, blk, slot, j_ok, kvh, d, d_ok, stride_kb, stride_ks, stride_kh,
+                        stride_vb, stride_vs, stride_vh)
         m_i, l_i, acc = _attend_tile(q, k, v, j, j_ok, qpos, m_i, l_i, acc, qk_scale, softcap_log2, window_left,
                                      SOFTCAP, HAS_WINDOW, PRECISION)
     o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # rows with no visible key: 0
@@ -204,11 +211,14 @@ def _decode_kernel(
 @dataclass(frozen=True)
 class DecodeConfig:
     """Launch shape: keys in tiles of ``block_n``; the sequence cut into ``num_splits``
-    (merged by a second kernel, ``_split_merge._merge_kernel``)."""
+    (merged by a second kernel, ``_split_merge._merge_kernel``); ``table_ahead`` (paged):
+    each tile's block-table entries are loaded while the previous tile is computed, so the
+    K/V addresses do not wait on a table round trip (an experiment until measured)."""
 
     block_n: int
     num_warps: int
     num_splits: int
+    table_ahead: bool = False
 
 
 def decode_config(batch: int, kv_heads: int, max_seq: int, head_dim: int, device: torch.device, *,
@@ -302,6 +312,7 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale:
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, MIN_TILES=MIN_TILES,
         APPEND=append is not None, INTERLEAVED=interleaved, BLOCK_Q=max(16, triton.next_power_of_2(Q)),
+        TABLE_AHEAD=paged and cfg.table_ahead,
         num_warps=cfg.num_warps,
     )
     if S > 1:

@@ -152,41 +152,44 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, row, N, stride_xm, strid
               IS_RMS: tl.constexpr, GEMMA: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
               HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr):
     """Mode "loop": one program per row, two passes over its chunks of BLOCK_N. Pass 1 sums
-    the statistics (LayerNorm: chunk means and M2 combined by Chan's formula as they come);
-    pass 2 reads each chunk again, which a row of <= 512 KB finds in L2 (two programs an SM
-    hold 132 x 2 x 256 KB at 64K wide: 68 MB for the H200's 60 MB L2, most of it), and
-    writes h and y. No program waits on another: nothing to deadlock, any grid size."""
+    the statistics; pass 2 reads each chunk again, which a row of <= 512 KB finds in L2 (two
+    programs an SM hold 132 x 2 x 256 KB at 64K wide: 68 MB for the H200's 60 MB L2, most
+    of it), and writes h and y. No program waits on another: nothing to deadlock.
+
+    LayerNorm sums d = h - c around c = h[0] (the shifted-data algorithm): with c within a
+    few standard deviations of the mean, sum(d^2) - sum(d)^2 / N does not cancel, and y =
+    ((h - c) - sum(d) / N) * rstd keeps the mean as the exact pair (c, sum(d) / N). A
+    running Chan combine of chunk means instead drew 2.8x PyTorch's float32 error on rows
+    100 standard deviations from zero (5000 wide, chunks of 128: ~40 roundings of a mean
+    near 100)."""
     rows = row + tl.arange(0, 1)
-    FP32: tl.constexpr = x_ptr.dtype.element_ty == tl.float32
-    ss = 0.0
-    n_a = 0.0
-    mean = 0.0
-    m2 = 0.0
+    one = tl.arange(0, 1) < 1
+    c = 0.0
+    if not IS_RMS:
+        c = tl.sum(_load_h(x_ptr, r_ptr, h_ptr, rows, tl.arange(0, 1), one[None, :], stride_xm, stride_rm,
+                           stride_hm, HAS_RESIDUAL, False))
+    s1 = 0.0
+    s2 = 0.0
     for c0 in range(0, N, BLOCK_N):
         cols = c0 + tl.arange(0, BLOCK_N)
         mask = (cols < N)[None, :]
         h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL, False)
-        if IS_RMS:
-            ss += tl.sum(h * h)
-        else:
-            n_b = tl.minimum(N - c0, BLOCK_N).to(tl.float32)
-            mean_b, m2_b = _chunk_stats(h, mask, n_b, FP32)
-            n = n_a + n_b
-            delta = mean_b - mean
-            mean += delta * (n_b / n)
-            m2 += m2_b + delta * delta * (n_a * n_b / n)
-            n_a = n
+        d = tl.where(mask, h - c, 0.0)
+        s1 += tl.sum(d)
+        s2 += tl.sum(d * d)
+    mean_lo = s1 / N
     if IS_RMS:
-        rstd = tl.rsqrt(ss / N + eps)
+        rstd = tl.rsqrt(s2 / N + eps)
     else:
-        rstd = tl.rsqrt(m2 / N + eps)
+        rstd = tl.rsqrt(tl.maximum(s2 / N - mean_lo * mean_lo, 0.0) + eps)
     for c0 in range(0, N, BLOCK_N):
         cols = c0 + tl.arange(0, BLOCK_N)
         col_ok = cols < N
         mask = col_ok[None, :]
         h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL, True)
         w, b = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS)
-        _store_y(y_ptr, h, mean, rstd, w, b, rows, cols, mask, stride_ym, IS_RMS, GEMMA, HAS_WEIGHT, HAS_BIAS)
+        _store_y(y_ptr, h, c, rstd, w, b, rows, cols, mask, stride_ym, IS_RMS, GEMMA, HAS_WEIGHT, HAS_BIAS,
+                 mean_lo, TWO_PART=not IS_RMS)
 
 
 @triton.jit
