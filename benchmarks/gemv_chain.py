@@ -45,15 +45,14 @@ sm = importlib.import_module("onetrip.ops.skinny_matmul")
 
 
 @triton.jit
-def _row_chunk(w_rows, x_ptr, k, stride_wk, SILU_MUL: tl.constexpr, K_HALF):
-    """One K chunk of a one-row GEMV: the (BLOCK_N, BLOCK_K) weights and the activation,
-    float32; SILU_MUL: the activation is silu(x[k]) * x[K_HALF + k]."""
-    w = tl.load(w_rows + k[None, :] * stride_wk)
+def _act(x_ptr, k, SILU_MUL: tl.constexpr, K_HALF):
+    """A GEMV's activation chunk x[k] in float32; SILU_MUL: silu(x[k]) * x[K_HALF + k]. Loads
+    bypass L1 (``.cg``): in phase 2 they read what other programs of the launch wrote."""
     a = tl.load(x_ptr + k, cache_modifier=".cg").to(tl.float32)
     if SILU_MUL:
         u = tl.load(x_ptr + K_HALF + k, cache_modifier=".cg").to(tl.float32)
         a = a / (1.0 + tl.exp(-a)) * u
-    return w, a
+    return a
 
 
 @triton.jit
@@ -64,8 +63,8 @@ def _phase1(x_ptr, w1_ptr, mid_ptr, sync_ptr, t, K1, N1, stride_w1,
     rows = w1_ptr + cols.to(tl.int64)[:, None] * stride_w1
     acc = tl.zeros((BLOCK_N1, BLOCK_K1), tl.float32)
     for k0 in range(0, K1, BLOCK_K1):
-        w, a = _row_chunk(rows, x_ptr, k0 + tl.arange(0, BLOCK_K1), 1, False, 0)
-        acc += w.to(tl.float32) * a[None, :]
+        k = k0 + tl.arange(0, BLOCK_K1)
+        acc += tl.load(rows + k[None, :]).to(tl.float32) * _act(x_ptr, k, False, 0)[None, :]
     tl.store(mid_ptr + cols, cast_out(tl.sum(acc, axis=1), mid_ptr.dtype.element_ty), mask=cols < N1)
     tl.debug_barrier()  # every thread's stores issued before the count releases them
     tl.atomic_add(sync_ptr + 1, 1, sem="release")
@@ -85,16 +84,11 @@ def _phase2(w2_ptr, mid_ptr, y_ptr, sync_ptr, p, K2, N2, n1, n2, stride_w2,
     while done < n1:
         done = tl.atomic_add(sync_ptr + 1, 0, sem="acquire")
     tl.debug_barrier()
-    if PRELOAD:
-        a = tl.load(mid_ptr + k, cache_modifier=".cg").to(tl.float32)
-        u = tl.load(mid_ptr + K2 + k, cache_modifier=".cg").to(tl.float32)
-        a = a / (1.0 + tl.exp(-a)) * u
-    else:
-        w0, a = _row_chunk(rows, mid_ptr, k, 1, True, K2)
-    acc = w0.to(tl.float32) * a[None, :]
+    if not PRELOAD:
+        w0 = tl.load(rows + k[None, :])
+    acc = w0.to(tl.float32) * _act(mid_ptr, k, True, K2)[None, :]
     for k0 in range(BLOCK_K2, K2, BLOCK_K2):
-        w, a = _row_chunk(rows, mid_ptr, k0 + k, 1, True, K2)
-        acc += w.to(tl.float32) * a[None, :]
+        acc += tl.load(rows + (k0 + k)[None, :]).to(tl.float32) * _act(mid_ptr, k0 + k, True, K2)[None, :]
     tl.store(y_ptr + cols, cast_out(tl.sum(acc, axis=1), y_ptr.dtype.element_ty), mask=cols < N2)
     finished = tl.atomic_add(sync_ptr + 2, 1, sem="acq_rel")
     if finished == n2 - 1:

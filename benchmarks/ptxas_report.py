@@ -74,7 +74,7 @@ def report(fn, constexprs: dict, num_warps: int) -> str:
 # decode_attention at 32 query / 8 kv heads, q_len 1 (16 score rows: tl.dot's minimum), split-KV
 DECODE = dict(GROUP=4, Q_LEN=1, PAGED=False, PAGE_SIZE=1, SOFTCAP=False, HAS_WINDOW=False, SPLIT=True,
               PRECISION="tf32", BLOCK_M=16, BLOCK_D=128, MIN_TILES=4, APPEND=False, INTERLEAVED=False,
-              BLOCK_Q=16)
+              BLOCK_Q=16, TABLE_AHEAD=False)  # constexprs with defaults are passed too (ASTSource needs them)
 
 
 # flash_attention as launched at seq 2048, 2048 / head_dim heads, no GQA, causal. Triton turns
@@ -132,7 +132,8 @@ def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: i
             attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
                     attrs=attrs)
-    regs, spill, _ = _ptxas(triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["ptx"])
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    regs, spill, _ = _ptxas(k.asm["ptx"])
     return f"{regs:>3s} registers, {spill}"
 
 

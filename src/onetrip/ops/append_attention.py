@@ -26,10 +26,10 @@ from typing import Optional
 
 import torch
 
-from ._common import output, use_triton
+from ._common import use_triton
 from .append_kv import _check_new_kv, append_kv_ref
 from ._kv_checks import _check_args
-from .decode_attention import _default_config, _launch, decode_attention_ref
+from .decode_attention import _default_config, _into_out, _launch, decode_attention_ref
 from .rotary import _work
 
 
@@ -99,16 +99,13 @@ def append_attention(
     softmax_scale = _check_args(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, window, softcap,
                                 num_splits)
     cos, sin = _check_new_kv(q, k, v, k_cache, cos, sin)
-    B, Q, H, D = q.shape
-    out = output("out", out, q.shape, q.dtype, q.device)
-    work = out if out.stride(-1) == 1 or D == 1 else torch.empty_like(out, memory_format=torch.contiguous_format)
-    if B * H * D > 0:
+    B = q.shape[0]
+
+    def launch(work):
         (qw, _), (kw, _), (vw, _) = (_work(t, B, True) for t in (q, k, v))
         _append_attention_op(qw, kw, vw, k_cache, v_cache, cache_seqlens, cos, sin, block_table, work,
                              bool(interleaved), softmax_scale, int(window[0]), float(softcap), num_splits or 0)
-    if work is not out:
-        out.copy_(work)
-    return out
+    return _into_out(out, q, launch)
 
 
 def append_attention_ref(q, k, v, k_cache, v_cache, cache_seqlens, cos, sin, block_table=None, interleaved=False,

@@ -166,7 +166,7 @@ def _decode_kernel(
             k, v, j, j_ok = _new_kv(kn_ptr, vn_ptr, k_ptr, v_ptr, table_ptr, b, kvh, L, d, cos_ptr, sin_ptr, half,
                                     stride_cos, stride_sin, stride_knb, stride_kns, stride_knh, stride_vnb,
                                     stride_vns, stride_vnh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
-                                    stride_vh, stride_tb, head_dim, True, Q_LEN, INTERLEAVED, PAGED, PAGE_SIZE,
+                                    stride_vh, stride_tb, head_dim, Q_LEN, INTERLEAVED, PAGED, PAGE_SIZE,
                                     BLOCK_Q)
             m_i, l_i, acc = _attend_tile(q, k, v, j, j_ok, qpos, m_i, l_i, acc, qk_scale, softcap_log2,
                                          window_left, SOFTCAP, HAS_WINDOW, PRECISION)
@@ -396,13 +396,20 @@ def decode_attention(
     """
     softmax_scale = _check_args(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, window, softcap,
                                 num_splits)
-    B, Q, H, D = q.shape
+    qc = q if q.stride(-1) == 1 or q.shape[-1] == 1 else q.contiguous()
+    return _into_out(out, q, lambda work: _decode_op(qc, k_cache, v_cache, cache_seqlens, block_table, work,
+                                                     softmax_scale, int(window[0]), float(softcap), num_splits or 0))
+
+
+def _into_out(out: Optional[torch.Tensor], q: torch.Tensor, launch) -> torch.Tensor:
+    """``launch(work)`` writes the (batch, q_len, heads, head_dim) result into ``out`` (checked,
+    or made), or into a unit-stride buffer copied into it; nothing runs for an empty q.
+    Shared by decode_attention and append_attention."""
     out = output("out", out, q.shape, q.dtype, q.device)
-    work = out if out.stride(-1) == 1 or D == 1 else torch.empty_like(out, memory_format=torch.contiguous_format)
-    qc = q if q.stride(-1) == 1 or D == 1 else q.contiguous()
-    if B * H * D > 0:
-        _decode_op(qc, k_cache, v_cache, cache_seqlens, block_table, work, softmax_scale, int(window[0]),
-                   float(softcap), num_splits or 0)
+    unit = out.stride(-1) == 1 or q.shape[-1] == 1
+    work = out if unit else torch.empty_like(out, memory_format=torch.contiguous_format)
+    if q.numel() > 0:
+        launch(work)
     if work is not out:
         out.copy_(work)
     return out
