@@ -103,6 +103,8 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--families", default="bias_gelu,silu_mul,add_rms_norm,rms_norm,add_layer_norm")
     ap.add_argument("--widths", default=None, help="comma-separated widths (default: all, or the quick five)")
+    ap.add_argument("--modes", default=None, help="norm modes to sweep, comma-separated (default: all of "
+                    "rows,coop,two_pass,loop)")
     ap.add_argument("--elems", type=int, default=ELEMS, help=f"elements per tensor (default {ELEMS}; the "
                     "bench's shapes have 2**24)")
     args = ap.parse_args()
@@ -114,6 +116,10 @@ def main():
     if args.widths:
         widths = [int(w) for w in args.widths.split(",")]
     fams = args.families.split(",")
+    modes = set(args.modes.split(",")) if args.modes else None
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"tune-{info.get('gpu', 'gpu').replace(' ', '_')}-{info.get('date', '')[:10]}.json"
     results, best = [], {}
     g = torch.Generator(device=dev).manual_seed(0)
     for width in widths:
@@ -146,13 +152,12 @@ def main():
                                          1e-6, is_rms, False, cfg)
                 return f, f
             nbytes = (4 if res else 2) * E + (1 if is_rms else 2) * W
-            best[(fam, width)] = sweep_family(fam, width, mk, norm_candidates(width), nbytes, copy, results, rows)
+            cands = [c for c in norm_candidates(width) if modes is None or c.mode in modes]
+            best[(fam, width)] = sweep_family(fam, width, mk, cands, nbytes, copy, results, rows)
         del x, r, y, h
         torch.cuda.empty_cache()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"tune-{info.get('gpu', 'gpu').replace(' ', '_')}-{info.get('date', '')[:10]}.json"
-    path.write_text(json.dumps({"meta": {**info, "copy_gbs": copy}, "results": results}, indent=1))
+        # written after every width, so that a run cut off by a time limit keeps what it measured
+        path.write_text(json.dumps({"meta": {**info, "copy_gbs": copy}, "results": results}, indent=1))
     print(f"wrote {path}")
     return 0
 
