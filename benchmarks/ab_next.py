@@ -6,25 +6,21 @@ Rounds 1-6 (benchmarks/results/ab-round{1..6}*-h200-20261121.json, NOTES.md) set
 GEMV launch table, the decode split rule and tile shapes, append_kv's launch, and which
 kernels launch with programmatic dependent launch.
 
-Round 8 (ab-round8-h200-20261121.json; its script is in git history) timed the split
-merge inside the attention kernel against the merge kernel, and the merge kernel's online
-form. Round 9, prepared:
-- the engine step at batch 1 (1B, 8B) with ``append_attention`` (rotary + cache write +
-  attention in one launch) against append_kv + decode_attention (``models.fused.
-  APPEND_IN_ATTENTION``). Prediction: one launch fewer a layer, ~2.2 us each (the session-3
-  trace's append_kv): 1B 0.872 -> ~0.84 ms a step (66% -> ~69% of the limit), 8B 3.98 ->
-  ~3.91 ms (89% -> ~90%); same greedy tokens.
-- the same at kernel level: append_kv + decode_attention against append_attention on
-  decode-step cells (batch 1 / 8 / 64 x 1K, batch 1 x 4K and 32K, head dim 64 like the 1B and
-  128 like the 8B; contiguous and paged-64). Prediction: ~2 us a call saved where the pair
-  is launch-bound (batch 1-8 x 1K: the pair ~8-10 us -> ~6-7), <= 5% where bytes dominate.
-- the tile and split sweep on the cells short of the bars with the one-round-trip merge
-  (a cheaper merge may move the best split count up), and paged tiles whose block-table
-  entries load one tile ahead (``DecodeConfig.table_ahead``; sm_90a: 64 x 8 203 -> 255
-  registers, 128 x 8 spills 236 -> 468 bytes). Prediction: 128 x 8 with it slower (its spills
-  double); 64 x 8 paged gains (77-79% -> ~85% at batch 1 x 128K) but stays under the 128 x 8
-  heuristic; the paged cells under 90% stay there.
-- a profile of batch 1 x 4K: ours and SDPA's kernels.
+Rounds 8 and 9 (ab-round{8,9}-h200-20261121.json; their scripts are in git history) timed
+the split merge inside the attention kernel, append_attention against append_kv +
+decode_attention, and paged tiles with the block table a tile ahead. Round 10, prepared:
+- the engine step at batch 1 (1B, 8B) with ``ops.l2_prefetch`` beside each kernel
+  (``models.fused.L2_PREFETCH_*``): the first 8 / 16 / 32 MB of the next GEMV's weight
+  asked of the L2 on a side stream, bulk (TMA) or per line (evict_last), the side stream at
+  normal or high priority. Prediction: a boundary costs ~2.6 us of idle HBM and the
+  attention kernel ~5 us; if the prefetch fills half of that, the 1B step 0.849 -> ~0.75 ms
+  (68% -> ~77% of the limit), the 8B 3.97 -> ~3.85 ms; too large a prefetch evicts itself
+  (32 MB beside a 64 MB gate_up) and loses. Same greedy tokens (a hint changes nothing).
+- what one kernel can read at batch 1 x 4K's size (16.8 MB; also 4.2 and 67 MB): a Triton
+  sum over 132-2112 programs and torch's copy of the same bytes, timed like the decode cells
+  (one graph over 16 input copies). Prediction: the best read of 16.8 MB ~60-70% of copy
+  (a ramp and a tail of ~1-2 us on a 3.9 us floor), so the issue's 75% at batch 1 x 4K is
+  a bar no kernel reaches at that size on this GPU; the figure says how far.
 
 Every variant is timed as one CUDA graph (median of 15 replays) over enough input copies
 to pass 256 MiB; writes ab-next.json. Earlier rounds' code is in git history beside their
@@ -44,6 +40,8 @@ import time
 from pathlib import Path
 
 import torch
+import triton
+import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -171,13 +169,24 @@ def profile_small(flush, copy, dev="cuda"):
     return out
 
 
+ENGINE_VARIANTS = (  # label -> models.fused settings (bytes, mode, side-stream priority)
+    ("no prefetch", dict(L2_PREFETCH_BYTES=0)),
+    ("bulk 8 MB", dict(L2_PREFETCH_BYTES=8 << 20, L2_PREFETCH_MODE="bulk", L2_PREFETCH_PRIORITY=0)),
+    ("bulk 16 MB", dict(L2_PREFETCH_BYTES=16 << 20, L2_PREFETCH_MODE="bulk", L2_PREFETCH_PRIORITY=0)),
+    ("bulk 32 MB", dict(L2_PREFETCH_BYTES=32 << 20, L2_PREFETCH_MODE="bulk", L2_PREFETCH_PRIORITY=0)),
+    ("bulk 16 MB high", dict(L2_PREFETCH_BYTES=16 << 20, L2_PREFETCH_MODE="bulk", L2_PREFETCH_PRIORITY=-1)),
+    ("line 16 MB", dict(L2_PREFETCH_BYTES=16 << 20, L2_PREFETCH_MODE="line", L2_PREFETCH_PRIORITY=0)),
+    ("line 8 MB high", dict(L2_PREFETCH_BYTES=8 << 20, L2_PREFETCH_MODE="line", L2_PREFETCH_PRIORITY=-1)),
+)
+
+
 def engine_ab(flush, copy, dev="cuda", new_tokens=128, prompt=32):
-    """The decode step at batch 1 (one graph): append in the attention kernel or not."""
+    """The decode step at batch 1 (one graph) under each of ENGINE_VARIANTS."""
     from onetrip.bench.decode import _prompts, build, run_engine
     from onetrip.engine.budget import decode_budget
     from onetrip.models import fused
 
-    rows, default = [], fused.APPEND_IN_ATTENTION
+    rows = []
     for preset in ENGINE_PRESETS:
         model, _ = build(preset, torch.bfloat16, dev, False)
         prompts = _prompts(1, prompt, model.config.vocab_size)
@@ -185,9 +194,11 @@ def engine_ab(flush, copy, dev="cuda", new_tokens=128, prompt=32):
         budget = decode_budget(model.config, model.dtype, 1, [prompt], steps, copy)
         row = {"preset": preset, "limit_tok_s": budget.limit_tok_s}
         ref = None
-        for label, on in (("append_kv + decode_attention", False), ("append_attention", True)):
-            fused.APPEND_IN_ATTENTION = on
+        for label, settings in ENGINE_VARIANTS:
+            default = {k: getattr(fused, k) for k in settings}
             try:
+                for k, v in settings.items():
+                    setattr(fused, k, v)
                 best = None
                 for _ in range(2):  # two timed runs, the faster kept
                     toks, _, decode, _ = run_engine(model, prompts, new_tokens, graphs=True)
@@ -195,17 +206,61 @@ def engine_ab(flush, copy, dev="cuda", new_tokens=128, prompt=32):
                 ms = best * 1e3 / steps
                 ref = toks if ref is None else ref
                 row[label] = {"ms_per_step": ms, "tok_s": 1e3 / ms, "pct_of_limit": budget.pct_of_limit(ms),
-                              "same_tokens": toks == ref}
+                              "same_tokens": toks == ref, "settings": settings}
             except Exception as exc:  # noqa: BLE001 - recorded
                 row[label] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
             finally:
-                fused.APPEND_IN_ATTENTION = default
+                for k, v in default.items():
+                    setattr(fused, k, v)
         rows.append(row)
         print(f"engine {preset}: " + ", ".join(
             f"{v}: " + (f"{r['ms_per_step']:.3f} ms ({r['pct_of_limit']:.1f}%, same {r['same_tokens']})"
                         if "ms_per_step" in r else r["error"])
             for v, r in row.items() if isinstance(r, dict)), flush=True)
         del model
+        torch.cuda.empty_cache()
+    return rows
+
+
+@triton.jit
+def _sum_kernel(x_ptr, out_ptr, n, per_prog, BLOCK: tl.constexpr):
+    """Each program sums its contiguous slice of n elements and writes one float."""
+    lo = tl.program_id(0) * per_prog
+    acc = tl.zeros((BLOCK,), tl.float32)
+    for start in range(lo, tl.minimum(lo + per_prog, n), BLOCK):
+        i = start + tl.arange(0, BLOCK)
+        acc += tl.load(x_ptr + i, mask=i < n, other=0.0).to(tl.float32)
+    tl.store(out_ptr + tl.program_id(0), tl.sum(acc, axis=0))
+
+
+READ_SIZES = (4 << 20, 16 * 1024 * 1024 + 786432, 64 << 20)  # bytes; the middle one is batch 1 x 4K's K + V
+READ_GRIDS = (132, 264, 528, 1056, 2112)
+
+
+def read_floor(flush, copy, dev="cuda"):
+    """How much of the copy bandwidth one kernel reaches when it only has N bytes to read
+    (the decode cells' timing: one graph over 16 input copies, per call)."""
+    rows = []
+    for nbytes in READ_SIZES:
+        n = nbytes // 2
+        xs = [torch.randn(n, device=dev).to(torch.bfloat16) for _ in range(16)]
+        outs = [torch.empty(max(READ_GRIDS), device=dev) for _ in xs]
+        row = {"bytes": nbytes, "floor_us": nbytes / copy / 1e3}
+        for grid in READ_GRIDS:
+            per = -(-n // grid)
+            per = -(-per // 4096) * 4096
+            calls = [lambda x=x, o=o, g=grid, p=per: _sum_kernel[(g,)](x, o, n, p, BLOCK=4096, num_warps=8)
+                     for x, o in zip(xs, outs)]
+            us = 1e3 * time_per_call(calls, flush)
+            row[f"sum {grid} programs"] = {"us": us, "pct_of_copy": 100 * nbytes / (us * 1e3) / copy}
+        dsts = [torch.empty(n // 2, device=dev, dtype=torch.bfloat16) for _ in xs]
+        calls = [lambda x=x, d=d: d.copy_(x[: n // 2]) for x, d in zip(xs, dsts)]  # nbytes moved: half read, half written
+        us = 1e3 * time_per_call(calls, flush)
+        row["torch copy"] = {"us": us, "pct_of_copy": 100 * nbytes / (us * 1e3) / copy}
+        rows.append(row)
+        print(f"read {nbytes / 2**20:.1f} MiB (floor {row['floor_us']:.2f} us): " + ", ".join(
+            f"{k} {v['us']:.2f} us {v['pct_of_copy']:.0f}%" for k, v in row.items() if isinstance(v, dict)), flush=True)
+        del xs, outs, dsts
         torch.cuda.empty_cache()
     return rows
 
@@ -258,7 +313,7 @@ def append_ab(flush, copy, dev="cuda"):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("gpu-out"))
-    ap.add_argument("--only", nargs="+", choices=("engine", "append", "decode_sweep", "profile_b1_4k"),
+    ap.add_argument("--only", nargs="+", choices=("engine", "read_floor", "append", "decode_sweep", "profile_b1_4k"),
                     default=os.environ.get("AB_ONLY", "").split() or None, help="parts to run (env AB_ONLY)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -267,8 +322,9 @@ def main() -> int:
     t0 = time.time()
     result = {"meta": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_gbs": copy,
                        "triton": __import__("triton").__version__, "date": time.strftime("%Y-%m-%d")}}
-    for name, fn in (("engine", engine_ab), ("append", append_ab), ("decode_sweep", decode_sweep),
-                     ("profile_b1_4k", profile_small)):
+    parts = (("engine", engine_ab), ("read_floor", read_floor), ("append", append_ab), ("decode_sweep", decode_sweep),
+             ("profile_b1_4k", profile_small))
+    for name, fn in parts:
         if args.only and name not in args.only:
             continue
         try:

@@ -18,7 +18,7 @@
 #              splits it (1B ~3 min, 8B ~5 min: its gpt-fast compile alone is ~2)
 #   traces     1B decode traces: transformers, eager, fused, fused + graphs (untimed yet)
 #   gemv       bench gemv (cuBLAS vs onetrip's skinny matmul)                      ~1 min
-#   ops        bench ops                                                           ~8 min
+#   ops        bench ops (OPS_ARGS="--op NAME" for one op)                         ~8 min
 #   sh=FILE    a script taking --out (benchmarks/sweep_gemv.py ~1 min, ab_next.py ~4 min, gemv_chain.py <1 min)
 # Times measured on an H200, 2026-11-21. While helpers edit the tree, run from a snapshot:
 #   git archive HEAD | gzip > .snap/head.tgz; carry .snap; command "tar -xzf .snap/head.tgz && ..."
@@ -99,7 +99,8 @@ for arg in "$@"; do
         py -m onetrip bench gemv --out "$out/results" 2>&1 | tee "$out/logs/gemv.txt"
         ;;
     ops)
-        py -m onetrip bench ops --out "$out/results" 2>&1 | tee "$out/logs/ops.txt"
+        # OPS_ARGS narrows it, e.g. OPS_ARGS="--op layer_norm"
+        py -m onetrip bench ops ${OPS_ARGS:-} --out "$out/results" 2>&1 | tee "$out/logs/ops.txt"
         ;;
     sh=*)
         # An ad-hoc command (a diagnosis script), e.g. sh=benchmarks/diag.py

@@ -163,6 +163,10 @@ def main() -> int:
                 label = f"block_n {block_n:3d}{f', paged-{page}' if page else ''}{', append' if append else ''}"
                 const = {**DECODE, "BLOCK_N": block_n, "PAGED": page > 0, "PAGE_SIZE": max(page, 1), "APPEND": append}
                 print(f"decode_attention {label:42s} {warps} warps: {report(fn, const, warps)}")
+    for append, page in ((False, 64), (False, 256), (True, 64)):  # the paged rule: 64-key tiles, table ahead
+        label = f"block_n  64, paged-{page}{', append' if append else ''}, table ahead"
+        const = {**DECODE, "BLOCK_N": 64, "PAGED": True, "PAGE_SIZE": page, "APPEND": append, "TABLE_AHEAD": True}
+        print(f"decode_attention {label:42s} 8 warps: {report(fn, const, 8)}")
     tiles = importlib.import_module("onetrip.ops._attention_tma").TMA_TILES
     for head_dim, configs in tiles.items():
         for tile in configs:

@@ -134,6 +134,17 @@ def test_in_place_residual(device, gen):
     torch.testing.assert_close(y, expected_y, rtol=1e-5, atol=1e-5)
 
 
+def test_config_rule():
+    cpu = torch.device("cpu")
+    assert norm_mod.norm_config(64, 4096, cpu).mode == "rows"
+    assert norm_mod.norm_config(64, 32768, cpu).mode == "rows"  # RMSNorm: whole rows to 32K
+    # LayerNorm without a residual from 16K wide: a program per row, two passes
+    assert norm_mod.norm_config(64, 16384, cpu, is_rms=False, has_residual=False) == NormConfig("loop", 1, 8192, 8)
+    assert norm_mod.norm_config(64, 65536, cpu, is_rms=False, has_residual=False) == NormConfig("loop", 1, 16384, 16)
+    assert norm_mod.norm_config(64, 16384, cpu, is_rms=False).mode == "rows"
+    assert norm_mod.norm_config(64, 65536, cpu, is_rms=False).mode == "two_pass"  # coop needs a GPU
+
+
 def test_empty(device):
     for shape in [(0, 8), (3, 0)]:
         x = torch.empty(shape, device=device)

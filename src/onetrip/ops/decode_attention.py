@@ -213,7 +213,7 @@ class DecodeConfig:
     """Launch shape: keys in tiles of ``block_n``; the sequence cut into ``num_splits``
     (merged by a second kernel, ``_split_merge._merge_kernel``); ``table_ahead`` (paged):
     each tile's block-table entries are loaded while the previous tile is computed, so the
-    K/V addresses do not wait on a table round trip (an experiment until measured)."""
+    K/V addresses do not wait on a table round trip (the paged default, see decode_config)."""
 
     block_n: int
     num_warps: int
@@ -246,7 +246,12 @@ def decode_config(batch: int, kv_heads: int, max_seq: int, head_dim: int, device
     four CTAs an SM, so one program's wait for its tile hides behind another's): batch
     64 x 1K, 512 programs of 8 tiles, 87% -> 94% of copy (ab-round6a-h200-20261121.json);
     batch 16 x 1K (one wave) stays best with 128-key tiles (77% vs 75%), and so does the
-    paged 64 x 1K (87% vs 82%), whose per-tile table loads want the big tile."""
+    paged 64 x 1K (87% vs 82%), whose per-tile table loads want the big tile.
+
+    Paged caches take 64-key tiles whose block-table entries load one tile ahead
+    (``table_ahead``; 255 registers at 8 warps, no spills, where 128-key tiles spill 236
+    bytes): round 9 (ab-round9-h200-20261121.json) batch 64 x 1K paged-64 86% -> 89%,
+    4 x 8K 72% -> 75%, 1 x 128K 88% -> 89%, 1 x 4K 22% -> 22%, at the same split counts."""
     if waves is None:
         waves = 2 if paged else 1
     if head_dim <= 128:
@@ -258,6 +263,8 @@ def decode_config(batch: int, kv_heads: int, max_seq: int, head_dim: int, device
     splits = max(1, min(waves * sm_count(device) // programs, triton.cdiv(max(max_seq, 1), block_n * MIN_TILES)))
     if not paged and block_n == 128 and rows <= 16 and programs >= 2 * sm_count(device) and max_seq <= 2048:
         block_n, warps = 32, 4
+    if paged and block_n == 128:  # the split count stays the 128-key one: it won at each cell
+        return DecodeConfig(64, warps, splits, table_ahead=True)
     return DecodeConfig(block_n, warps, splits)
 
 

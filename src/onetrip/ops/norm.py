@@ -302,7 +302,7 @@ class NormConfig:
 
 
 def norm_config(rows: int, width: int, device: torch.device, *, is_rms: bool = True,
-                chunk: int = 8192, chunk_warps: int = 4) -> NormConfig:
+                has_residual: bool = True, chunk: int = 8192, chunk_warps: int = 4) -> NormConfig:
     """Whole rows up to 16K elements (32K for RMSNorm), else chunks of ``chunk`` elements.
 
     From sweeps on an H200 (benchmarks/NOTES.md): whole rows run at 94-99% of copy
@@ -311,8 +311,13 @@ def norm_config(rows: int, width: int, device: torch.device, *, is_rms: bool = T
     (tile / 1024 warps); single-row programs past that spill and fall to 17-62%, so wider
     rows are split. With or without a residual, one rule was within 2-3% of the best.
     Split rows: chunks of 8192 with 4 warps were the best or within 1% of it at 32K-256K.
+    LayerNorm without a residual from 16K wide: a program per row ("loop"), 82% / 72% /
+    58-61% of copy at 16K / 32K / 64K-256K against 77% / 64% (whole rows) and 51-55%
+    (coop) (tune-ops-loop-h200-20261121.json); with a residual, or RMSNorm, it lost.
     """
     block_n = triton.next_power_of_2(max(width, 1))
+    if not is_rms and not has_residual and block_n >= 16384:
+        return NormConfig("loop", 1, 8192, 8) if block_n == 16384 else NormConfig("loop", 1, 16384, 16)
     if block_n <= (32768 if is_rms else 16384):
         pair = 2 if block_n <= 4096 or not is_rms else 1
         block_m = max(1, min(triton.next_power_of_2(max(rows, 1)), max(pair, 2048 // block_n)))
@@ -332,7 +337,7 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
     M, N = x.shape
     if M == 0 or N == 0:
         return None
-    cfg = config or norm_config(M, N, x.device, is_rms=is_rms)
+    cfg = config or norm_config(M, N, x.device, is_rms=is_rms, has_residual=residual is not None)
     C = triton.cdiv(N, cfg.block_n)
     if cfg.mode == "rows" and C != 1:
         raise ValueError(f"config.block_n={cfg.block_n} must cover the width {N} in mode 'rows'")
