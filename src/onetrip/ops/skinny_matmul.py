@@ -49,12 +49,16 @@ MAX_ROWS = 32  # above this many rows, F.linear (cuBLAS) runs instead
 
 
 @triton.jit
-def _rstd(ss, K, eps):
-    """1 / sqrt(ss / K + eps), each step rounded to nearest: the fast forms (div.full,
-    sqrt.approx: ~2 ulp) scale every output of the row by the same error, which put float32
-    results at 2.1-2.4x PyTorch's error on an H200 (tests/test_gemv_norm.py::test_chain).
-    One scalar a program, so the exact forms cost nothing measurable."""
-    return tl.div_rn(1.0, tl.sqrt_rn(tl.div_rn(ss, K + 0.0) + eps))  # K + 0.0: K may arrive as a constexpr 1
+def _rstd(ss_in_ptr, n_ss, K, eps, BLOCK_SS: tl.constexpr):
+    """rsqrt(mean(h^2) + eps) from the producer's n_ss float32 partial sums, in float64,
+    rounded once to float32. The statistic scales every output of the row alike, so its
+    error does not average out over K the way the products' roundings do: computed in
+    float32 with the fast sqrt and divisions (~2 ulp), and then with round-to-nearest ones,
+    float32 outputs reached 2.1-2.4x PyTorch's error in 2 of 12 runs on an H200
+    (tests/test_gemv_norm.py::test_chain, 7 outputs a row). One scalar a program."""
+    j = tl.arange(0, BLOCK_SS)
+    ss = tl.sum(tl.load(ss_in_ptr + j, mask=j < n_ss, other=0.0).to(tl.float64), axis=0)
+    return (1.0 / tl.sqrt(ss / K + eps)).to(tl.float32)
 
 
 @triton.jit
@@ -104,9 +108,7 @@ def _skinny_matmul_kernel(
         if NORM_IN and not NORM_LATE:
             # The row's sum of squares arrives as the producer GEMV's per-program partials
             # (n_ss floats, summed here in a fixed order: deterministic, no atomics).
-            j = tl.arange(0, BLOCK_SS)
-            ss = tl.sum(tl.load(ss_in_ptr + j, mask=j < n_ss, other=0.0), axis=0)
-            rstd = _rstd(ss, K, eps)
+            rstd = _rstd(ss_in_ptr, n_ss, K, eps, BLOCK_SS)
         for k0 in range(k_lo, k_hi, BLOCK_K):
             k = k0 + ks
             if EVEN_K:
@@ -138,9 +140,7 @@ def _skinny_matmul_kernel(
         if NORM_IN and NORM_LATE:
             # rsqrt is one scalar per row, so it factors out of the dot product: its
             # partials load overlaps the whole K loop instead of gating the first FMA.
-            j = tl.arange(0, BLOCK_SS)
-            ss = tl.sum(tl.load(ss_in_ptr + j, mask=j < n_ss, other=0.0), axis=0)
-            acc = acc * _rstd(ss, K, eps)
+            acc = acc * _rstd(ss_in_ptr, n_ss, K, eps, BLOCK_SS)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(k_lo, k_hi, BLOCK_K):
