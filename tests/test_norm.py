@@ -141,6 +141,7 @@ def test_config_rule():
     # LayerNorm without a residual from 16K wide: a program per row, two passes
     assert norm_mod.norm_config(64, 16384, cpu, is_rms=False, has_residual=False) == NormConfig("loop", 1, 8192, 8)
     assert norm_mod.norm_config(64, 65536, cpu, is_rms=False, has_residual=False) == NormConfig("loop", 1, 16384, 16)
+    assert norm_mod.norm_config(3, 65536, cpu, is_rms=False, has_residual=False).mode == "two_pass"  # < 4 SMs' rows
     assert norm_mod.norm_config(64, 16384, cpu, is_rms=False).mode == "rows"
     assert norm_mod.norm_config(64, 65536, cpu, is_rms=False).mode == "two_pass"  # coop needs a GPU
 

@@ -311,12 +311,14 @@ def norm_config(rows: int, width: int, device: torch.device, *, is_rms: bool = T
     (tile / 1024 warps); single-row programs past that spill and fall to 17-62%, so wider
     rows are split. With or without a residual, one rule was within 2-3% of the best.
     Split rows: chunks of 8192 with 4 warps were the best or within 1% of it at 32K-256K.
-    LayerNorm without a residual from 16K wide: a program per row ("loop"), 82% / 72% /
-    58-61% of copy at 16K / 32K / 64K-256K against 77% / 64% (whole rows) and 51-55%
-    (coop) (tune-ops-loop-h200-20261121.json); with a residual, or RMSNorm, it lost.
+    LayerNorm without a residual from 16K wide and with a row for every SM: a program per
+    row ("loop"), 82% / 72% / 58-61% of copy at 16K / 32K / 64K-256K against 77% / 64%
+    (whole rows) and 51-55% (coop) (tune-ops-loop-h200-20261121.json); with a residual,
+    or RMSNorm, it lost; and 64 rows of 256K (64 programs on 132 SMs) fell 41% -> 27%
+    (ops-nvidia-h200-bf16-20261121-layer_norm-loop.json), so fewer rows stay with coop.
     """
     block_n = triton.next_power_of_2(max(width, 1))
-    if not is_rms and not has_residual and block_n >= 16384:
+    if not is_rms and not has_residual and block_n >= 16384 and rows >= sm_count(device):
         return NormConfig("loop", 1, 8192, 8) if block_n == 16384 else NormConfig("loop", 1, 16384, 16)
     if block_n <= (32768 if is_rms else 16384):
         pair = 2 if block_n <= 4096 or not is_rms else 1
