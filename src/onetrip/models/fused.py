@@ -40,7 +40,6 @@ from ..ops.append_kv import append_kv
 from ..ops.decode_attention import MAX_Q_LEN, decode_attention
 from ..ops.flash_attention import flash_attention
 from ..ops.gemv_norm import gemv_add_residual, gemv_rms_norm
-from ..ops.l2_prefetch import l2_prefetch
 from ..ops.glu import silu_mul
 from ..ops.norm import add_rms_norm, rms_norm
 from ..ops.rotary import apply_rotary
@@ -55,46 +54,6 @@ if TYPE_CHECKING:  # llama.py imports this module
 # (benchmarks/ab_next.py round 9) the 1B step 0.872 -> 0.849 ms, the 8B 4.003 -> 3.967 ms.
 # False restores the pair; prefill always appends, then attends.
 APPEND_IN_ATTENTION = True
-
-# Batch-1 decode steps under CUDA-graph capture: beside each kernel, a side-stream kernel
-# asks the L2 for the first L2_PREFETCH_BYTES of the next GEMV's weight (``ops.l2_prefetch``),
-# so HBM keeps streaming through kernel boundaries and the attention kernel. 0: off.
-# L2_PREFETCH_PRIORITY is the side stream's priority (-1: its programs are placed first).
-L2_PREFETCH_BYTES = 0
-L2_PREFETCH_MODE = "bulk"
-L2_PREFETCH_PRIORITY = 0
-_SIDE_STREAMS: dict = {}
-
-
-class _Prefetcher:
-    """``pf(w, ...)`` launches l2_prefetch of each weight on a side stream forked from the
-    current stream at that point (so it runs beside the next kernel); ``pf.join()`` merges
-    the side stream back. Active only while a CUDA graph is being captured: eagerly the
-    extra launches would cost more CPU time than they save. The side stream is created on
-    the first (uncaptured) warm-up call."""
-
-    def __init__(self, device: torch.device):
-        self.on = L2_PREFETCH_BYTES > 0 and device.type == "cuda"
-        if self.on:
-            key = (device, L2_PREFETCH_PRIORITY)
-            if key not in _SIDE_STREAMS:
-                _SIDE_STREAMS[key] = torch.cuda.Stream(device, priority=L2_PREFETCH_PRIORITY)
-            self.side, self.main = _SIDE_STREAMS[key], torch.cuda.current_stream(device)
-            self.on = torch.cuda.is_current_stream_capturing()
-        self.used = False
-
-    def __call__(self, *weights: torch.Tensor) -> None:
-        if not self.on:
-            return
-        self.side.wait_stream(self.main)
-        with torch.cuda.stream(self.side):
-            for w in weights:
-                l2_prefetch(w, L2_PREFETCH_BYTES, mode=L2_PREFETCH_MODE)
-        self.used = True
-
-    def join(self) -> None:
-        if self.used:
-            self.main.wait_stream(self.side)
 
 
 def _gemv(x: torch.Tensor) -> bool:
@@ -247,25 +206,17 @@ def _decode_one_row(model: "Model", x: torch.Tensor, cos: torch.Tensor, sin: tor
     c = model.config
     eps = c.rms_norm_eps
     h = ss = None
-    pf = _Prefetcher(x.device)  # beside each kernel, the next GEMV's weight (off by default)
-    layers = model.layers
-    for i, layer in enumerate(layers):
+    for i, layer in enumerate(model.layers):
         attn, mlp = layer.attn, layer.mlp
-        pf(attn.wo.weight)  # beside qkv: attention reads no weight, so o's is next
         if i == 0:
             normed, h = add_rms_norm(x, None, layer.attn_norm, eps)
             qkv = _linear(normed, attn.wqkv.weight, attn.wqkv.bias)
         else:
             qkv = gemv_rms_norm(h, ss, layer.attn_norm, eps, attn.wqkv.weight, attn.wqkv.bias)
-        pf(mlp.w_gate_up.weight)  # beside attention and o
         o = _attend(attn, qkv.view(1, 1, -1), cos, sin, lens, lens_after, None)
         h, ss = gemv_add_residual(o, attn.wo.weight, h)
-        pf(mlp.w_down.weight)
         gate_up = gemv_rms_norm(h, ss, layer.mlp_norm, eps, mlp.w_gate_up.weight)
-        pf(layers[i + 1].attn.wqkv.weight if i + 1 < len(layers) else model.head_weight)
         h, ss = gemv_add_residual(gate_up, mlp.w_down.weight, h, silu_mul=True)
     if h is None:  # no layers
         return _linear(rms_norm(x, model.norm, eps), model.head_weight)
-    logits = gemv_rms_norm(h, ss, model.norm, eps, model.head_weight).view(1, 1, -1)
-    pf.join()
-    return logits
+    return gemv_rms_norm(h, ss, model.norm, eps, model.head_weight).view(1, 1, -1)
