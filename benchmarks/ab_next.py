@@ -6,21 +6,21 @@ Rounds 1-6 (benchmarks/results/ab-round{1..6}*-h200-20261121.json, NOTES.md) set
 GEMV launch table, the decode split rule and tile shapes, append_kv's launch, and which
 kernels launch with programmatic dependent launch.
 
-Rounds 8 and 9 (ab-round{8,9}-h200-20261121.json; their scripts are in git history) timed
+Rounds 8-10 (ab-round{8,9,10}-h200-20261121.json; their scripts are in git history) timed
 the split merge inside the attention kernel, append_attention against append_kv +
-decode_attention, and paged tiles with the block table a tile ahead. Round 10, prepared:
-- the engine step at batch 1 (1B, 8B) with ``ops.l2_prefetch`` beside each kernel
-  (``models.fused.L2_PREFETCH_*``): the first 8 / 16 / 32 MB of the next GEMV's weight
-  asked of the L2 on a side stream, bulk (TMA) or per line (evict_last), the side stream at
-  normal or high priority. Prediction: a boundary costs ~2.6 us of idle HBM and the
-  attention kernel ~5 us; if the prefetch fills half of that, the 1B step 0.849 -> ~0.75 ms
-  (68% -> ~77% of the limit), the 8B 3.97 -> ~3.85 ms; too large a prefetch evicts itself
-  (32 MB beside a 64 MB gate_up) and loses. Same greedy tokens (a hint changes nothing).
-- what one kernel can read at batch 1 x 4K's size (16.8 MB; also 4.2 and 67 MB): a Triton
-  sum over 132-2112 programs and torch's copy of the same bytes, timed like the decode cells
-  (one graph over 16 input copies). Prediction: the best read of 16.8 MB ~60-70% of copy
-  (a ramp and a tail of ~1-2 us on a 3.9 us floor), so the issue's 75% at batch 1 x 4K is
-  a bar no kernel reaches at that size on this GPU; the figure says how far.
+decode_attention, paged tiles with the block table a tile ahead, an L2 prefetch of the next
+GEMV's weight beside each kernel (removed), and what one kernel reads of 4-64 MB
+(``read_floor``, kept for reference). Round 11, prepared:
+- ``engine``: the batch-1 step as it stands (1B, 8B), the baseline of the session.
+- ``tma_sweep``: decode_attention with its K/V tiles through tensor descriptors
+  (``DecodeConfig.use_tma``, ``ops/_decode_tma.py``) on contiguous caches, 64- and 128-key
+  tiles at 8 warps, 2/3/4 stages, at the heuristic's split count and twice it, beside pointer
+  twins. Compiled for sm_90a the pointer path as launched (head dim 128) already double-buffers
+  through cp.async at Triton's default 3 stages, with the same buffers as TMA at 3 stages
+  (benchmarks/ptxas_report.py), so TMA changes who issues the copies, not how many are in
+  flight, until 4 stages. Prediction: 3 stages within +-5% of its pointer twin; 4 stages
+  +5-15% at batch 1 x 4K / 8K (29% of copy -> ~33%); nothing at batch 16-64 (one tile ahead
+  already covers the latency when every SM is busy).
 
 Every variant is timed as one CUDA graph (median of 15 replays) over enough input copies
 to pass 256 MiB; writes ab-next.json. Earlier rounds' code is in git history beside their
@@ -69,10 +69,43 @@ def _cell_calls(b, ctx, layout, dev):
     return sets, nbytes
 
 
-def decode_sweep(flush, copy, dev="cuda"):
+def _decode_variants(heur, layout):
+    """decode_sweep's configs: split counts and tiles around the heuristic; paged, the
+    block-table entries one tile ahead."""
+    S = heur.num_splits
+    variants = [heur, dataclasses.replace(heur, num_splits=2 * S), dataclasses.replace(heur, num_splits=4 * S)]
+    variants += [da.DecodeConfig(64, 8, S), da.DecodeConfig(64, 8, 2 * S)]
+    if layout != "contiguous":  # the block-table entries one tile ahead
+        variants += [dataclasses.replace(heur, table_ahead=True), da.DecodeConfig(64, 8, S, True),
+                     da.DecodeConfig(64, 8, 2 * S, True), da.DecodeConfig(32, 4, 2 * S, True)]
+    return variants
+
+
+# The TMA experiment's cells: contiguous caches from batch 1 (bytes in flight per program
+# bound the read) to batch 64 (every SM busy).
+TMA_CELLS = ((1, 4096, "contiguous"), (1, 8192, "contiguous"), (1, 32768, "contiguous"), (4, 1024, "contiguous"),
+             (4, 8192, "contiguous"), (16, 1024, "contiguous"), (64, 1024, "contiguous"))
+SHARED_LIMIT = 227 << 10  # shared memory one CTA may take on an H100 / H200
+
+
+def _tma_variants(heur, layout):
+    """The heuristic; use_tma with 64- and 128-key tiles at 8 warps, 2/3/4 stages, at the
+    heuristic's split count S and at 2S, each tile and split count beside its pointer twin
+    (Triton's default 3 stages: the num_stages field, 1 in its key, is for TMA only). Left out: configs whose K/V buffers, (stages - 1) x 2 tiles
+    plus ~8 KiB (ptxas_report.py: 128-key, 4 stages, 200 KiB), would pass SHARED_LIMIT."""
+    S, D = heur.num_splits, HEADS[2]
+    variants = [heur]
+    for block_n, splits in itertools.product((64, 128), (S, 2 * S)):
+        variants.append(da.DecodeConfig(block_n, 8, splits))
+        variants += [da.DecodeConfig(block_n, 8, splits, use_tma=True, num_stages=st) for st in (2, 3, 4)
+                     if 2 * (st - 1) * block_n * D * 2 + (8 << 10) <= SHARED_LIMIT]
+    return variants
+
+
+def decode_sweep(flush, copy, dev="cuda", cells=CELLS, variants_of=_decode_variants):
     rows = []
     D = HEADS[2]
-    for b, ctx, layout in CELLS:
+    for b, ctx, layout in cells:
         sets, nbytes = _cell_calls(b, ctx, layout, dev)
         t0 = sets[0]
         heur = da._default_config(t0["q"], t0["k_cache"], t0["block_table"])
@@ -80,13 +113,7 @@ def decode_sweep(flush, copy, dev="cuda"):
                                   block_table=t0["block_table"]).float()
         row = {"cell": f"B={b} ctx={ctx} {layout}", "input_sets": len(sets),
                "heuristic": dataclasses.astuple(heur), "configs": {}}
-        S = heur.num_splits
-        variants = [heur, dataclasses.replace(heur, num_splits=2 * S), dataclasses.replace(heur, num_splits=4 * S)]
-        variants += [da.DecodeConfig(64, 8, S), da.DecodeConfig(64, 8, 2 * S)]
-        if layout != "contiguous":  # the block-table entries one tile ahead
-            variants += [dataclasses.replace(heur, table_ahead=True), da.DecodeConfig(64, 8, S, True),
-                         da.DecodeConfig(64, 8, 2 * S, True), da.DecodeConfig(32, 4, 2 * S, True)]
-        for cfg in dict.fromkeys(variants):
+        for cfg in dict.fromkeys(variants_of(heur, layout)):
             key = str(list(dataclasses.astuple(cfg)))
             outs = [torch.empty_like(t["q"]) for t in sets]
             calls = [lambda t=t, o=o: da._launch(t["q"], t["k_cache"], t["v_cache"], t["cache_seqlens"],  # noqa: E731
@@ -109,6 +136,11 @@ def decode_sweep(flush, copy, dev="cuda"):
         del sets
         torch.cuda.empty_cache()
     return rows
+
+
+def tma_sweep(flush, copy, dev="cuda"):
+    """decode_sweep over TMA_CELLS with _tma_variants (DecodeConfig.use_tma, contiguous)."""
+    return decode_sweep(flush, copy, dev, TMA_CELLS, _tma_variants)
 
 
 def profile_small(flush, copy, dev="cuda"):
@@ -169,14 +201,8 @@ def profile_small(flush, copy, dev="cuda"):
     return out
 
 
-ENGINE_VARIANTS = (  # label -> models.fused settings (bytes, mode, side-stream priority)
-    ("no prefetch", dict(L2_PREFETCH_BYTES=0)),
-    ("bulk 8 MB", dict(L2_PREFETCH_BYTES=8 << 20, L2_PREFETCH_MODE="bulk", L2_PREFETCH_PRIORITY=0)),
-    ("bulk 16 MB", dict(L2_PREFETCH_BYTES=16 << 20, L2_PREFETCH_MODE="bulk", L2_PREFETCH_PRIORITY=0)),
-    ("bulk 32 MB", dict(L2_PREFETCH_BYTES=32 << 20, L2_PREFETCH_MODE="bulk", L2_PREFETCH_PRIORITY=0)),
-    ("bulk 16 MB high", dict(L2_PREFETCH_BYTES=16 << 20, L2_PREFETCH_MODE="bulk", L2_PREFETCH_PRIORITY=-1)),
-    ("line 16 MB", dict(L2_PREFETCH_BYTES=16 << 20, L2_PREFETCH_MODE="line", L2_PREFETCH_PRIORITY=0)),
-    ("line 8 MB high", dict(L2_PREFETCH_BYTES=8 << 20, L2_PREFETCH_MODE="line", L2_PREFETCH_PRIORITY=-1)),
+ENGINE_VARIANTS = (  # label -> models.fused settings to set for the run (round 10's were L2 prefetch variants)
+    ("default", {}),
 )
 
 
@@ -313,7 +339,8 @@ def append_ab(flush, copy, dev="cuda"):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("gpu-out"))
-    ap.add_argument("--only", nargs="+", choices=("engine", "read_floor", "append", "decode_sweep", "profile_b1_4k"),
+    ap.add_argument("--only", nargs="+", choices=("engine", "read_floor", "append", "decode_sweep", "tma_sweep",
+                                                  "profile_b1_4k"),
                     default=os.environ.get("AB_ONLY", "").split() or None, help="parts to run (env AB_ONLY)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -323,7 +350,7 @@ def main() -> int:
     result = {"meta": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_gbs": copy,
                        "triton": __import__("triton").__version__, "date": time.strftime("%Y-%m-%d")}}
     parts = (("engine", engine_ab), ("read_floor", read_floor), ("append", append_ab), ("decode_sweep", decode_sweep),
-             ("profile_b1_4k", profile_small))
+             ("tma_sweep", tma_sweep), ("profile_b1_4k", profile_small))
     for name, fn in parts:
         if args.only and name not in args.only:
             continue

@@ -1,5 +1,6 @@
 """Registers and spills of the engine's decode-step kernels, compiled for sm_90a without a GPU:
-the batch-1 GEMV variants and decode_attention's launch configs; then flash_attention's TMA
+the batch-1 GEMV variants and decode_attention's launch configs (and its TMA experiment:
+shared memory, and whether the pipeliner keeps tiles in flight); then flash_attention's TMA
 tiles beside their pointer twins.
 
     python benchmarks/ptxas_report.py      # needs triton (3.6 = the GPU image's) and CUDA's ptxas
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -74,7 +76,57 @@ def report(fn, constexprs: dict, num_warps: int) -> str:
 # decode_attention at 32 query / 8 kv heads, q_len 1 (16 score rows: tl.dot's minimum), split-KV
 DECODE = dict(GROUP=4, Q_LEN=1, PAGED=False, PAGE_SIZE=1, SOFTCAP=False, HAS_WINDOW=False, SPLIT=True,
               PRECISION="tf32", BLOCK_M=16, BLOCK_D=128, MIN_TILES=4, APPEND=False, INTERLEAVED=False,
-              BLOCK_Q=16, TABLE_AHEAD=False)  # constexprs with defaults are passed too (ASTSource needs them)
+              BLOCK_Q=16, TABLE_AHEAD=False, USE_TMA=False,  # constexprs with defaults are passed too
+              k_desc=None, v_desc=None)                      # (ASTSource needs them); no descriptors
+
+
+# decode_attention as launched at batch 1 x 4K (bf16, 32 / 8 heads, head dim 128, 8 splits):
+# the ints Triton marks divisible by 16 at a launch get the mark here too (num_splits = 8
+# not). It matters: with head_dim and the strides marked, the pointer path's K/V loads
+# become 16-byte cp.async copies that the pipeliner double-buffers (128-key tiles, 8 warps,
+# 3 stages: 80 registers, 136 KiB shared); the unmarked compile of the rows above keeps
+# them as 137 scalar loads, not pipelined (207 registers). Those rows say what a head dim
+# that is not a multiple of 16 gets.
+DECODE_INTS = dict(kv_heads=8, num_splits=8, head_dim=128, half=0, stride_qb=4096, stride_qs=4096, stride_qh=128,
+                   stride_kb=4096 * 1024, stride_ks=1024, stride_kh=128, stride_vb=4096 * 1024, stride_vs=1024,
+                   stride_vh=128, stride_ob=4096, stride_os=4096, stride_oh=128, stride_tb=0, stride_knb=0,
+                   stride_kns=0, stride_knh=0, stride_vnb=0, stride_vns=0, stride_vnh=0, stride_cos=0, stride_sin=0,
+                   window_left=0)
+
+
+def decode_launch_report(block_n: int, warps: int, stages: int, use_tma: bool) -> str:
+    """Registers, spills and shared memory of ``_decode_kernel`` (contiguous, split, q_len 1,
+    group 4, DECODE_INTS' marks) at this tile and ``num_stages``, and its pipeline as
+    compiled: the asynchronous copies in the PTX (cp.async.bulk.tensor for TMA, cp.async
+    for pointers), the buffers per K/V tile (the leading dim of the key loop's shared
+    allocations; none: one tile at a time) and the copies issued inside the loop."""
+    fn = importlib.import_module("onetrip.ops.decode_attention")._decode_kernel
+    const = {**DECODE, "BLOCK_N": block_n, "USE_TMA": use_tma}
+    bd = const["BLOCK_D"]
+    sig, attrs = {}, {}
+    for i, n in enumerate(fn.arg_names):
+        if n.endswith("_desc") and use_tma:  # (1, BLOCK_N, 1, BLOCK_D) blocks, see _decode_tma
+            sig[n] = f"tensordesc<bf16[1,{block_n},1,{bd}]>"
+            const.pop(n)
+        elif n in const:
+            sig[n] = "constexpr"
+        else:
+            sig[n] = POINTERS.get(n, "fp32" if n in FLOATS else "i32")
+        if n.endswith("_ptr") or (sig[n] == "i32" and DECODE_INTS[n] % 16 == 0):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
+                    attrs=attrs)
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    regs, spill, _ = _ptxas(k.asm["ptx"])
+    ptx, ttgir = k.asm["ptx"], k.asm["ttgir"]
+    loop = ttgir[ttgir.find("scf.for"):]
+    loop = loop[:loop.find("scf.yield")]
+    tile = f"1x{block_n}x1x{bd}" if use_tma else f"{block_n}x{bd}"
+    buffers = sorted({int(b) for b in re.findall(rf"memdesc<(\d+)x{tile}xbf16", ttgir)})
+    copy = "cp.async.bulk.tensor" if use_tma else "cp.async.commit_group"
+    return (f"{regs:>3s} registers, {spill}, {k.metadata.shared // 1024:3d} KiB shared; "
+            f"{ptx.count(copy):2d} {copy}, K/V buffers {'/'.join(map(str, buffers)) or 'none'}, "
+            f"{loop.count('_copy_global_to_local')} copies issued in the loop")
 
 
 # flash_attention as launched at seq 2048, 2048 / head_dim heads, no GQA, causal. Triton turns
@@ -167,6 +219,11 @@ def main() -> int:
         label = f"block_n  64, paged-{page}{', append' if append else ''}, table ahead"
         const = {**DECODE, "BLOCK_N": 64, "PAGED": True, "PAGE_SIZE": page, "APPEND": append, "TABLE_AHEAD": True}
         print(f"decode_attention {label:42s} 8 warps: {report(fn, const, 8)}")
+    for block_n in (64, 128):  # launch-marked; the TMA experiment (DecodeConfig.use_tma), head dim 128
+        for use_tma in (False, True):
+            for stages in (1, 2, 3, 4):  # the pointer path launches at Triton's default, 3
+                label = f"block_n {block_n:3d}, {'TMA' if use_tma else 'pointer'}, {stages} stages, launch marks"
+                print(f"decode_attention {label:42s} 8 warps: {decode_launch_report(block_n, 8, stages, use_tma)}")
     tiles = importlib.import_module("onetrip.ops._attention_tma").TMA_TILES
     for head_dim, configs in tiles.items():
         for tile in configs:

@@ -83,6 +83,16 @@ def test_splits(device, gen, paged):
     run_and_check(q, k, v, kc, vc, L, cos, sin, table, config=DecodeConfig(16, 2, 3))
 
 
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability()[0] < 9,
+                    reason="TMA needs compute capability >= 9")
+def test_splits_tma(device, gen):
+    """test_splits with the cached K/V tiles through descriptors (DecodeConfig.use_tma): split
+    0's ragged last tile brings the slots it writes the new tokens into; they stay masked."""
+    q, k, v, kc, vc, L, table = make_case([31, 97, 0], 2, 4, 2, 32, 128, torch.bfloat16, device, gen)
+    cos, sin = rope_tables(128, 32, device)
+    run_and_check(q, k, v, kc, vc, L, cos, sin, table, config=DecodeConfig(16, 2, 3, use_tma=True, num_stages=3))
+
+
 def test_strided_and_float32(device, gen):
     """q, k, v as views into a packed qkv projection (the engine's layout), float32."""
     B, Q, H, KVH, D = 2, 3, 4, 2, 32

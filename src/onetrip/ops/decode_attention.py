@@ -43,6 +43,7 @@ import triton.language as tl
 from ._common import output, sm_count, use_triton
 from ._jit import cast_out, dot_f32, tanh
 from ._decode_append import _cache_slot, _new_kv, _rope_rows
+from ._decode_tma import _kv_tile_tma, kv_descriptors
 from ._kv_checks import MAX_Q_LEN, _check_args  # noqa: F401 - MAX_Q_LEN re-exported (models.fused)
 from ._split_merge import _merge_kernel
 
@@ -98,6 +99,7 @@ def _attend_tile(q, k, v, j, j_ok, qpos, m_i, l_i, acc, qk_scale, softcap_log2, 
 @triton.jit
 def _decode_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr,        # q, out (B, Q_LEN, H, D); caches (blocks, block_size, KVH, D)
+    k_desc, v_desc,                    # USE_TMA: descriptors over the (B, max_seq, KVH, D) caches, else None
     seqlens_ptr, table_ptr,            # (B,) int32; (B, max_blocks) int32 when PAGED
     ws_o_ptr, ws_lse_ptr,              # SPLIT: (B * KVH, S, GROUP * Q_LEN, D) and (B * KVH, S, GROUP * Q_LEN) fp32
     kn_ptr, vn_ptr, cos_ptr, sin_ptr,  # APPEND: new k, v (B, Q_LEN, KVH, D); rotary tables (max_pos, half)
@@ -118,6 +120,7 @@ def _decode_kernel(
     APPEND: tl.constexpr, INTERLEAVED: tl.constexpr,  # rope + cache write of the new tokens (_decode_append)
     BLOCK_Q: tl.constexpr,                          # APPEND: the new tokens as one key tile (>= 16 for tl.dot)
     TABLE_AHEAD: tl.constexpr = False,              # PAGED: load the next tile's table entries early
+    USE_TMA: tl.constexpr = False,                  # contiguous: K/V tiles through k_desc, v_desc (_decode_tma)
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -171,29 +174,45 @@ def _decode_kernel(
             m_i, l_i, acc = _attend_tile(q, k, v, j, j_ok, qpos, m_i, l_i, acc, qk_scale, softcap_log2,
                                          window_left, SOFTCAP, HAS_WINDOW, PRECISION)
 
-    # Triton does not software-pipeline this loop (H200: num_stages 2-4 timed alike), so
-    # each tile waits for its own HBM round trip: at batch 1 x 4K, 4 tiles a program took
-    # 9.8 us for 4 us of bytes. Holding the next tile in registers to overlap them was
-    # slower in every cell measured (benchmarks/NOTES.md, round 7).
+    # On an H200 num_stages 2-4 timed alike here (round 6a) and at batch 1 x 4K, 4 tiles a
+    # program took 9.8 us for 4 us of bytes; holding the next tile in registers to overlap
+    # them was slower in every cell measured (benchmarks/NOTES.md, round 7). Compiled for
+    # sm_90a with a launch's marks (head_dim and strides multiples of 16), the loads are
+    # cp.async copies that Triton double-buffers at its default 3 stages; without the marks
+    # (head dim 40, or an unmarked offline compile) 137 scalar loads, not pipelined
+    # (benchmarks/ptxas_report.py). USE_TMA moves the same tiles through descriptors.
     # (One scalar table entry per tile where a page holds the tile used fewer registers but
     # read slower: paged-256, batch 64, 86-101% -> 77-89% of copy on an H200, NOTES.md.)
     if TABLE_AHEAD:  # paged: each tile's block-table entries load one tile ahead
         j = start + tl.arange(0, BLOCK_N)
         blk_next, _ = _cache_slot(table_ptr, b, j, j < end, stride_tb, PAGED, PAGE_SIZE)
-    for n0 in range(start, end, BLOCK_N):
+    loop_end = end
+    if USE_TMA:  # whole tiles in the loop, the ragged last one after it (max first: a negative
+        # number's // rounds toward zero on a GPU, down in the interpreter)
+        loop_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
+    for n0 in range(start, loop_end, BLOCK_N):
         j = n0 + tl.arange(0, BLOCK_N)
         j_ok = j < end  # never read slots at or past L: they may hold anything
-        if TABLE_AHEAD:
-            blk = blk_next
-            slot = j % PAGE_SIZE
-            j_next = j + BLOCK_N
-            blk_next, _ = _cache_slot(table_ptr, b, j_next, j_next < end, stride_tb, PAGED, PAGE_SIZE)
+        if USE_TMA:  # every key < end: V goes from the copy's buffer to the MMA untouched
+            k, v = _kv_tile_tma(k_desc, v_desc, b, n0, kvh, j_ok, False)
         else:
-            blk, slot = _cache_slot(table_ptr, b, j, j_ok, stride_tb, PAGED, PAGE_SIZE)
-        k, v = _kv_tile(k_ptr, v_ptr, blk, slot, j_ok, kvh, d, d_ok, stride_kb, stride_ks, stride_kh,
-                        stride_vb, stride_vs, stride_vh)
+            if TABLE_AHEAD:
+                blk = blk_next
+                slot = j % PAGE_SIZE
+                j_next = j + BLOCK_N
+                blk_next, _ = _cache_slot(table_ptr, b, j_next, j_next < end, stride_tb, PAGED, PAGE_SIZE)
+            else:
+                blk, slot = _cache_slot(table_ptr, b, j, j_ok, stride_tb, PAGED, PAGE_SIZE)
+            k, v = _kv_tile(k_ptr, v_ptr, blk, slot, j_ok, kvh, d, d_ok, stride_kb, stride_ks, stride_kh,
+                            stride_vb, stride_vs, stride_vh)
         m_i, l_i, acc = _attend_tile(q, k, v, j, j_ok, qpos, m_i, l_i, acc, qk_scale, softcap_log2, window_left,
                                      SOFTCAP, HAS_WINDOW, PRECISION)
+    if USE_TMA:
+        if loop_end < end:  # the ragged last tile: the copy brings slots past `end` too
+            j = loop_end + tl.arange(0, BLOCK_N)
+            k, v = _kv_tile_tma(k_desc, v_desc, b, loop_end, kvh, j < end, True)
+            m_i, l_i, acc = _attend_tile(q, k, v, j, j < end, qpos, m_i, l_i, acc, qk_scale, softcap_log2,
+                                         window_left, SOFTCAP, HAS_WINDOW, PRECISION)
     o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # rows with no visible key: 0
     if SPLIT:
         lse = tl.where(l_i > 0.0, m_i + tl.log2(tl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
@@ -213,12 +232,20 @@ class DecodeConfig:
     """Launch shape: keys in tiles of ``block_n``; the sequence cut into ``num_splits``
     (merged by a second kernel, ``_split_merge._merge_kernel``); ``table_ahead`` (paged):
     each tile's block-table entries are loaded while the previous tile is computed, so the
-    K/V addresses do not wait on a table round trip (the paged default, see decode_config)."""
+    K/V addresses do not wait on a table round trip (the paged default, see decode_config).
+
+    ``use_tma`` (contiguous caches only, an experiment that decode_config never picks): K/V
+    tiles through Hopper tensor descriptors (``_decode_tma``), launched with ``num_stages``
+    so the pipeliner keeps num_stages - 1 tiles in flight; a cache that does not allow it
+    is a ValueError. ``num_stages`` applies to the TMA path only: the pointer path keeps
+    Triton's launch default, 3 (on an H200, 2-4 timed alike there: round 6a)."""
 
     block_n: int
     num_warps: int
     num_splits: int
     table_ahead: bool = False
+    use_tma: bool = False
+    num_stages: int = 1
 
 
 def decode_config(batch: int, kv_heads: int, max_seq: int, head_dim: int, device: torch.device, *,
@@ -285,7 +312,9 @@ def _merge_chunk(splits: int, rows: int, block_d: int, num_warps: int) -> int:
 def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale: float, window_left: int,
             softcap: float, config: DecodeConfig | None = None, append: Optional[tuple] = None):
     """Launch on validated tensors (last dims unit stride). ``append``: (k_new, v_new, cos,
-    sin, interleaved) to rotate and write the new tokens in the same launch. Returns the
+    sin, interleaved) to rotate and write the new tokens in the same launch. ``config.use_tma``
+    with a paged or misaligned cache raises ValueError (``_decode_tma.kv_descriptors``); an
+    empty cache (max_seq 0) has nothing to read and takes the pointer path. Returns the
     compiled attention kernel (its ``n_regs``, ``n_spills``), or None when nothing ran."""
     B, Q, H, D = q.shape
     KVH = k_cache.shape[2]
@@ -306,8 +335,11 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale:
     block_m = max(16, triton.next_power_of_2(group * Q))  # tl.dot needs 16 rows at least
     block_d = max(16, triton.next_power_of_2(D))
     kn, vn, cos, sin, interleaved = append if append is not None else (q, q, q, q, False)
+    use_tma = cfg.use_tma and k_cache.numel() > 0
+    descs = kv_descriptors(k_cache, v_cache, paged, cfg.block_n, block_d) if use_tma else (None, None)
+    stages = {"num_stages": cfg.num_stages} if use_tma else {}  # the pointer path: Triton's default
     kernel = _decode_kernel[(B * KVH, S)](
-        q, k_cache, v_cache, out, cache_seqlens, block_table if paged else cache_seqlens, ws_o, ws_lse,
+        q, k_cache, v_cache, out, *descs, cache_seqlens, block_table if paged else cache_seqlens, ws_o, ws_lse,
         kn, vn, cos, sin,
         KVH, S, D, cos.shape[1] if append is not None else 0,
         *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *out.stride()[:3],
@@ -319,8 +351,8 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale:
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, MIN_TILES=MIN_TILES,
         APPEND=append is not None, INTERLEAVED=interleaved, BLOCK_Q=max(16, triton.next_power_of_2(Q)),
-        TABLE_AHEAD=paged and cfg.table_ahead,
-        num_warps=cfg.num_warps,
+        TABLE_AHEAD=paged and cfg.table_ahead, USE_TMA=use_tma,
+        num_warps=cfg.num_warps, **stages,
     )
     if S > 1:
         block_r = min(triton.next_power_of_2(group * Q), 16)
