@@ -259,10 +259,12 @@ def decode_config(batch: int, kv_heads: int, max_seq: int, head_dim: int, device
     its block-table load, and with one 8-warp CTA per SM nothing else runs meanwhile.
 
     From H200 sweeps (2026-11-21, bf16, 32/8 heads, head dim 128, benchmarks/NOTES.md):
-    128-key tiles at 8 warps (207 registers, no spills; 4 warps spill) and one wave won or
+    128-key tiles at 8 warps (no spills; 4 warps spill) and one wave won or
     tied every cell: batch 4 x 32K 148 -> 128 us (4 splits, not 9), batch 64 x 8K 551 ->
     479 us, batch 1 x 4K 20.6 -> 14.5 us (16 splits, not 33: fewer partials to merge).
-    At 207 registers one CTA fits an SM, so a wave is exactly the SM count: rounding the
+    One CTA fits an SM (3 stages of 128-key K/V tiles take 136 KiB of shared memory; the
+    207 registers once quoted here came from an offline compile without the launch's
+    divisibility marks, which does not pipeline), so a wave is the SM count: rounding the
     splits up (batch 4 x 32K: 5 splits, 160 programs on 132 SMs) fell to 71% of copy.
     Paged, two waves (benchmarks/results/ab-round4-h200-20261121.json): batch 16 x 8K
     paged-64 read 65% of copy with one wave and 93% with two; batch 4 x 32K 61% -> 91%;
