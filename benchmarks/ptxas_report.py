@@ -52,6 +52,15 @@ VARIANTS = {  # (constexprs, num_warps): the engine's configs at batch 1 (_gemv_
 }
 
 
+def _compile_marked(fn, sig: dict, const: dict, attrs: dict, warps: int, stages=None):
+    """Compile ``fn`` for sm_90a with the signature, constexprs (by name) and divisibility
+    marks (by argument index) that a launch would give it."""
+    src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
+                    attrs=attrs)
+    options = {"num_warps": warps} if stages is None else {"num_warps": warps, "num_stages": stages}
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
 def _ptxas(ptx: str) -> tuple[str, str, str]:
     """(registers, the spill-store figure, the whole spill line) of ptxas -v for sm_90a."""
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
@@ -114,9 +123,7 @@ def decode_launch_report(block_n: int, warps: int, stages: int, use_tma: bool) -
             sig[n] = POINTERS.get(n, "fp32" if n in FLOATS else "i32")
         if n.endswith("_ptr") or (sig[n] == "i32" and DECODE_INTS[n] % 16 == 0):
             attrs[(i,)] = [["tt.divisibility", 16]]
-    src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
-                    attrs=attrs)
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    k = _compile_marked(fn, sig, const, attrs, warps, stages)
     regs, spill, _ = _ptxas(k.asm["ptx"])
     ptx, ttgir = k.asm["ptx"], k.asm["ttgir"]
     loop = ttgir[ttgir.find("scf.for"):]
@@ -155,9 +162,7 @@ def attention_report(head_dim: int, tile: tuple, use_tma: bool) -> str:
             sig[n] = "fp32" if n in ("qk_scale", "cap_in", "cap_out") else "i32"
         if n.endswith("_ptr") or (sig[n] == "i32" and ints[n] % 16 == 0):
             attrs[(i,)] = [["tt.divisibility", 16]]
-    src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
-                    attrs=attrs)
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    k = _compile_marked(fn, sig, const, attrs, warps, stages)
     regs, spill, _ = _ptxas(k.asm["ptx"])
     return f"{regs:>3s} registers, {spill}, {k.metadata.shared // 1024} KiB shared"
 
@@ -182,9 +187,7 @@ def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: i
             sig[n] = "fp32" if n == "eps" else "i32"
         if n.endswith("_ptr") or (sig[n] == "i32" and NORM_INTS[n] % 16 == 0):
             attrs[(i,)] = [["tt.divisibility", 16]]
-    src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
-                    attrs=attrs)
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    k = _compile_marked(fn, sig, const, attrs, warps, None)
     regs, spill, _ = _ptxas(k.asm["ptx"])
     return f"{regs:>3s} registers, {spill}"
 
