@@ -74,11 +74,11 @@ def _ptxas(ptx: str) -> tuple[str, str, str]:
 
 
 def report(fn, constexprs: dict, num_warps: int) -> str:
-    names = fn.arg_names
-    sig = {n: "constexpr" if n in constexprs else POINTERS.get(n, "fp32" if n in FLOATS else "i32") for n in names}
-    src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in constexprs.items()})
-    regs, _, line = _ptxas(triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                                          options={"num_warps": num_warps}).asm["ptx"])
+    """Registers and spills of ``fn`` compiled without divisibility marks (what a launch
+    whose ints are not multiples of 16 gets)."""
+    sig = {n: "constexpr" if n in constexprs else POINTERS.get(n, "fp32" if n in FLOATS else "i32")
+           for n in fn.arg_names}
+    regs, _, line = _ptxas(_compile_marked(fn, sig, constexprs, {}, num_warps).asm["ptx"])
     return f"{regs} registers; {line}"
 
 
@@ -103,14 +103,15 @@ DECODE_INTS = dict(kv_heads=8, num_splits=8, head_dim=128, half=0, stride_qb=409
                    window_left=0)
 
 
-def decode_launch_report(block_n: int, warps: int, stages: int, use_tma: bool) -> str:
+def decode_launch_report(block_n: int, warps: int, stages: int, use_tma: bool, **constexprs) -> str:
     """Registers, spills and shared memory of ``_decode_kernel`` (contiguous, split, q_len 1,
     group 4, DECODE_INTS' marks) at this tile and ``num_stages``, and its pipeline as
     compiled: the asynchronous copies in the PTX (cp.async.bulk.tensor for TMA, cp.async
     for pointers), the buffers per K/V tile (the leading dim of the key loop's shared
-    allocations; none: one tile at a time) and the copies issued inside the loop."""
+    allocations; none: one tile at a time) and the copies issued inside the loop.
+    ``constexprs`` override DECODE's (PAGED, PAGE_SIZE, APPEND, TABLE_AHEAD, ...)."""
     fn = importlib.import_module("onetrip.ops.decode_attention")._decode_kernel
-    const = {**DECODE, "BLOCK_N": block_n, "USE_TMA": use_tma}
+    const = {**DECODE, "BLOCK_N": block_n, "USE_TMA": use_tma, **constexprs}
     bd = const["BLOCK_D"]
     sig, attrs = {}, {}
     for i, n in enumerate(fn.arg_names):
@@ -218,10 +219,10 @@ def main() -> int:
                 label = f"block_n {block_n:3d}{f', paged-{page}' if page else ''}{', append' if append else ''}"
                 const = {**DECODE, "BLOCK_N": block_n, "PAGED": page > 0, "PAGE_SIZE": max(page, 1), "APPEND": append}
                 print(f"decode_attention {label:42s} {warps} warps: {report(fn, const, warps)}")
-    for append, page in ((False, 64), (False, 256), (True, 64)):  # the paged rule: 64-key tiles, table ahead
-        label = f"block_n  64, paged-{page}{', append' if append else ''}, table ahead"
-        const = {**DECODE, "BLOCK_N": 64, "PAGED": True, "PAGE_SIZE": page, "APPEND": append, "TABLE_AHEAD": True}
-        print(f"decode_attention {label:42s} 8 warps: {report(fn, const, 8)}")
+    for append, page in ((False, 64), (False, 256), (True, 64)):  # the paged rule, as launched (3 stages)
+        label = f"block_n  64, paged-{page}{', append' if append else ''}, table ahead, launch marks"
+        print(f"decode_attention {label:42s} 8 warps: "
+              f"{decode_launch_report(64, 8, 3, False, PAGED=True, PAGE_SIZE=page, APPEND=append, TABLE_AHEAD=True)}")
     for block_n in (64, 128):  # launch-marked; the TMA experiment (DecodeConfig.use_tma), head dim 128
         for use_tma in (False, True):
             for stages in (1, 2, 3, 4):  # the pointer path launches at Triton's default, 3

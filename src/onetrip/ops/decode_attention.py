@@ -278,8 +278,8 @@ def decode_config(batch: int, kv_heads: int, max_seq: int, head_dim: int, device
     paged 64 x 1K (87% vs 82%), whose per-tile table loads want the big tile.
 
     Paged caches take 64-key tiles whose block-table entries load one tile ahead
-    (``table_ahead``; 255 registers at 8 warps, no spills, where 128-key tiles spill 236
-    bytes): round 9 (ab-round9-h200-20261121.json) batch 64 x 1K paged-64 86% -> 89%,
+    (``table_ahead``; as launched at head dim 128, 8 warps: 80 registers and two K/V
+    buffers in flight, where paged 128-key tiles get one; no spills in either): round 9 (ab-round9-h200-20261121.json) batch 64 x 1K paged-64 86% -> 89%,
     4 x 8K 72% -> 75%, 1 x 128K 88% -> 89%, 1 x 4K 22% -> 22%, at the same split counts."""
     if waves is None:
         waves = 2 if paged else 1

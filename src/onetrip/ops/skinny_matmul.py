@@ -52,10 +52,10 @@ MAX_ROWS = 32  # above this many rows, F.linear (cuBLAS) runs instead
 def _rstd(ss_in_ptr, n_ss, K, eps, BLOCK_SS: tl.constexpr):
     """rsqrt(mean(h^2) + eps) from the producer's n_ss float32 partial sums, in float64,
     rounded once to float32. The statistic scales every output of the row alike, so its
-    error does not average out over K the way the products' roundings do: computed in
-    float32 with the fast sqrt and divisions (~2 ulp), and then with round-to-nearest ones,
-    float32 outputs reached 2.1-2.4x PyTorch's error in 2 of 12 runs on an H200
-    (tests/test_gemv_norm.py::test_chain, 7 outputs a row). One scalar a program."""
+    error does not average out over K the way the products' roundings do. In float32 with
+    the fast sqrt and divisions (~2 ulp) float32 outputs reached 2.1-2.4x PyTorch's error on
+    an H200 (tests/test_gemv_norm.py::test_chain, rows of 7 and 17 outputs); with
+    round-to-nearest float32 ones, still in 2 of 12 runs. One scalar a program."""
     j = tl.arange(0, BLOCK_SS)
     ss = tl.sum(tl.load(ss_in_ptr + j, mask=j < n_ss, other=0.0).to(tl.float64), axis=0)
     return (1.0 / tl.sqrt(ss / K + eps)).to(tl.float32)
