@@ -49,16 +49,18 @@ MAX_ROWS = 32  # above this many rows, F.linear (cuBLAS) runs instead
 
 
 @triton.jit
-def _rstd(ss_in_ptr, n_ss, K, eps, BLOCK_SS: tl.constexpr):
+def _rstd(ss_in_ptr, n_ss, K, eps, BLOCK_SS: tl.constexpr, ACC: tl.constexpr):
     """rsqrt(mean(h^2) + eps) from the producer's n_ss float32 partial sums, in float64,
-    rounded once to float32. The statistic scales every output of the row alike, so its
-    error does not average out over K the way the products' roundings do. In float32 with
-    the fast sqrt and divisions (~2 ulp) float32 outputs reached 2.1-2.4x PyTorch's error on
-    an H200 (tests/test_gemv_norm.py::test_chain, rows of 7 and 17 outputs); with
-    round-to-nearest float32 ones, still in 2 of 12 runs. One scalar a program."""
+    rounded once to ``ACC`` (the accumulation dtype). The statistic scales every output of
+    the row alike, so its error does not average out over K the way the products'
+    roundings do. In float32 with the fast sqrt and divisions (~2 ulp) float32 outputs
+    reached 2.1-2.4x PyTorch's error on an H200 (tests/test_gemv_norm.py::test_chain, rows
+    of 7 and 17 outputs); with round-to-nearest float32 ones, still in 2 of 12 runs; with
+    the statistic alone in float64, in 6 of 54 test runs (six runs of the file) (the products' float32
+    roundings): hence ACC. One scalar a program."""
     j = tl.arange(0, BLOCK_SS)
     ss = tl.sum(tl.load(ss_in_ptr + j, mask=j < n_ss, other=0.0).to(tl.float64), axis=0)
-    return (1.0 / tl.sqrt(ss / K + eps)).to(tl.float32)
+    return (1.0 / tl.sqrt(ss / K + eps)).to(ACC)
 
 
 @triton.jit
@@ -80,6 +82,7 @@ def _skinny_matmul_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    ACC: tl.constexpr = tl.float32,  # one row: the dtype of the products and sums (float64 for float32 x)
     PDL: tl.constexpr = 0,  # programmatic dependent launch (_common.pdl_mode)
 ):
     # HAS_BIAS / SPLIT / USE_DOT are constexpr so each variant compiles to straight-line code
@@ -100,15 +103,18 @@ def _skinny_matmul_kernel(
     # norm's partials) is read, and nothing is written, before this wait.
     pdl_start(PDL)
     if BLOCK_M == 1 and not USE_DOT:
-        # One row (batch 1): a (BLOCK_N, BLOCK_K) float32 accumulator of products, summed
-        # over K once after the loop, so the loop is loads and FMAs only; a sum per chunk
-        # costs a cross-thread reduction (shuffles) for every BLOCK_K weights.
-        acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        # One row (batch 1): a (BLOCK_N, BLOCK_K) accumulator of products, summed over K
+        # once after the loop, so the loop is loads and FMAs only; a sum per chunk costs a
+        # cross-thread reduction (shuffles) for every BLOCK_K weights. ACC is float32, or
+        # float64 for float32 x: a float32 sum of 5000 products missed the 2 x PyTorch rule
+        # on the H200 (cuBLAS's float32 GEMV is that accurate), and Hopper's float64 FMA
+        # runs at half the float32 rate, far above what a GEMV's bytes allow.
+        acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=ACC)
         rstd = 1.0
         if NORM_IN and not NORM_LATE:
             # The row's sum of squares arrives as the producer GEMV's per-program partials
             # (n_ss floats, summed here in a fixed order: deterministic, no atomics).
-            rstd = _rstd(ss_in_ptr, n_ss, K, eps, BLOCK_SS)
+            rstd = _rstd(ss_in_ptr, n_ss, K, eps, BLOCK_SS, ACC)
         for k0 in range(k_lo, k_hi, BLOCK_K):
             k = k0 + ks
             if EVEN_K:
@@ -127,20 +133,21 @@ def _skinny_matmul_kernel(
                 # K chunk (BLOCK_K exps against BLOCK_N * BLOCK_K weights), which costs less
                 # than the launch and the HBM round trip of a separate silu_mul.
                 x = x / (1.0 + tl.exp(-x)) * up
-            if NORM_IN:  # Llama's RMSNorm (weight after the normalisation), in float32
+            x = x.to(ACC)
+            if NORM_IN:  # Llama's RMSNorm (weight after the normalisation), in ACC
                 if EVEN_K:
-                    nw = tl.load(nw_ptr + k).to(tl.float32)
+                    nw = tl.load(nw_ptr + k).to(ACC)
                 else:
-                    nw = tl.load(nw_ptr + k, mask=k < k_hi, other=0.0).to(tl.float32)
+                    nw = tl.load(nw_ptr + k, mask=k < k_hi, other=0.0).to(ACC)
                 x = x * nw
             if NORM_IN and not NORM_LATE:
                 x = x * rstd
-            acc2 += w.to(tl.float32) * x[None, :]
+            acc2 += w.to(ACC) * x[None, :]
         acc = tl.sum(acc2, axis=1)[None, :]  # (1, BLOCK_N)
         if NORM_IN and NORM_LATE:
             # rsqrt is one scalar per row, so it factors out of the dot product: its
             # partials load overlaps the whole K loop instead of gating the first FMA.
-            acc = acc * _rstd(ss_in_ptr, n_ss, K, eps, BLOCK_SS)
+            acc = acc * _rstd(ss_in_ptr, n_ss, K, eps, BLOCK_SS, ACC)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -158,13 +165,16 @@ def _skinny_matmul_kernel(
     mask = row_ok[:, None] & col_ok[None, :]
     if SPLIT:
         part = y_ptr + pid_k.to(tl.int64) * M * N  # this split's (M, N) float32 slab
-        tl.store(part + rows[:, None] * N + cols[None, :], acc, mask=mask)
+        tl.store(part + rows[:, None] * N + cols[None, :], acc.to(tl.float32), mask=mask)
     else:
         if HAS_BIAS:
             acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         if RES_OUT:  # the residual add of the next norm, and its statistic, in the epilogue
             acc += tl.load(res_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-        y = cast_out(acc, y_ptr.dtype.element_ty)
+        if ACC == tl.float64:  # float32 y: one rounding from the float64 sum
+            y = acc.to(y_ptr.dtype.element_ty)
+        else:
+            y = cast_out(acc, y_ptr.dtype.element_ty)
         tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :], y, mask=mask)
         if RES_OUT:  # of the rounded h, as the unfused norm sees it
             yf = tl.where(mask, y.to(tl.float32), 0.0)
@@ -226,8 +236,9 @@ def skinny_config(M: int, N: int, K: int, sms: int, dtype: torch.dtype = torch.b
     """A config from the shape and the SM count (a first guess, to be tuned on a GPU).
 
     - M <= 8, or float32: multiply + sum with a (block_m, block_n, block_k) product of at
-      most 8192 elements (64 registers a thread at 4 warps); block_k up to 256 so each
-      thread loads 16 contiguous bytes of a weight row.
+      most 8192 elements (64 registers a thread at 4 warps; 4096 for one float32 row, whose
+      products accumulate in float64); block_k up to 256 so each thread loads 16
+      contiguous bytes of a weight row.
     - 16-bit M > 8: tl.dot with M padded to 16 or 32 (the tensor cores are idle anyway), a
       64 x 64 weight tile. Not under the interpreter in bf16, whose tl.dot is wrong there.
     - split_k when ceil(N / block_n) programs are fewer than 2 per SM, with at least two
@@ -240,11 +251,12 @@ def skinny_config(M: int, N: int, K: int, sms: int, dtype: torch.dtype = torch.b
     if use_dot:
         block_m, block_n, block_k = max(16, block_m), 64, 64
     else:
+        budget = 4096 if M == 1 else 8192
         block_k = min(256, triton.next_power_of_2(max(K, 16)))
-        block_n = max(1, min(32, triton.next_power_of_2(max(N, 1)), 8192 // (block_m * block_k)))
+        block_n = max(1, min(32, triton.next_power_of_2(max(N, 1)), budget // (block_m * block_k)))
         if block_n < 8:  # keep a few columns per program; give up K length instead
             block_n = min(8, triton.next_power_of_2(max(N, 1)))
-            block_k = max(16, min(triton.next_power_of_2(max(K, 16)), 8192 // (block_m * block_n)))
+            block_k = max(16, min(triton.next_power_of_2(max(K, 16)), budget // (block_m * block_n)))
     programs = triton.cdiv(N, block_n)
     split_k = 1
     if programs < 2 * sms:
@@ -328,6 +340,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
         SPLIT=split, USE_DOT=cfg.use_dot,
         EVEN_K=k_per_split % cfg.block_k == 0 and K % k_per_split == 0, SILU_MUL=silu_mul,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        ACC=tl.float64 if x.dtype == torch.float32 and cfg.block_m == 1 and not cfg.use_dot else tl.float32,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(x),
     )
     if split:
