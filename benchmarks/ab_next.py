@@ -138,6 +138,28 @@ def decode_sweep(flush, copy, dev="cuda", cells=CELLS, variants_of=_decode_varia
     return rows
 
 
+# Round 12: batch 64 x 1K, the one cell >= 64K tokens under 90% (paged-64 89.9%, paged-256
+# 90.1%): 512 programs at 64-key tiles, 8 warps, 80 registers -> 3 CTAs an SM by registers,
+# 396 slots: 1.3 waves. Smaller programs fit one wave.
+PAGED_SHORT_CELLS = ((64, 1024, "paged-64"), (64, 1024, "paged-256"), (64, 1024, "contiguous"),
+                     (32, 2048, "paged-64"))
+
+
+def _paged_short_variants(heur, layout):
+    S = heur.num_splits
+    paged = layout != "contiguous"
+    out = [heur]
+    for block_n, warps, splits in ((64, 4, S), (32, 4, S), (32, 8, S), (64, 8, S), (128, 8, S), (64, 4, 2 * S),
+                                   (32, 4, 2 * S)):
+        out.append(da.DecodeConfig(block_n, warps, splits, table_ahead=paged))
+    return out
+
+
+def paged_short(flush, copy, dev="cuda"):
+    """decode_sweep over PAGED_SHORT_CELLS with _paged_short_variants."""
+    return decode_sweep(flush, copy, dev, PAGED_SHORT_CELLS, _paged_short_variants)
+
+
 def tma_sweep(flush, copy, dev="cuda"):
     """decode_sweep over TMA_CELLS with _tma_variants (DecodeConfig.use_tma, contiguous)."""
     return decode_sweep(flush, copy, dev, TMA_CELLS, _tma_variants)
@@ -201,8 +223,9 @@ def profile_small(flush, copy, dev="cuda"):
     return out
 
 
-ENGINE_VARIANTS = (  # label -> models.fused settings to set for the run (round 10's were L2 prefetch variants)
+ENGINE_VARIANTS = (  # label -> settings ("module.NAME" in onetrip.models / onetrip.engine) for the run
     ("default", {}),
+    ("advance op by op", {"generate.FUSED_ADVANCE": False}),
 )
 
 
@@ -210,7 +233,14 @@ def engine_ab(flush, copy, dev="cuda", new_tokens=128, prompt=32):
     """The decode step at batch 1 (one graph) under each of ENGINE_VARIANTS."""
     from onetrip.bench.decode import _prompts, build, run_engine
     from onetrip.engine.budget import decode_budget
+    from onetrip.engine import generate
     from onetrip.models import fused
+
+    modules = {"fused": fused, "generate": generate}
+
+    def target(name):  # "generate.FUSED_ADVANCE" -> (module, attribute); bare names are models.fused's
+        mod, _, attr = name.rpartition(".")
+        return modules[mod or "fused"], attr
 
     rows = []
     for preset in ENGINE_PRESETS:
@@ -221,10 +251,10 @@ def engine_ab(flush, copy, dev="cuda", new_tokens=128, prompt=32):
         row = {"preset": preset, "limit_tok_s": budget.limit_tok_s}
         ref = None
         for label, settings in ENGINE_VARIANTS:
-            default = {k: getattr(fused, k) for k in settings}
+            default = {k: getattr(*target(k)) for k in settings}
             try:
                 for k, v in settings.items():
-                    setattr(fused, k, v)
+                    setattr(*target(k), v)
                 best = None
                 for _ in range(2):  # two timed runs, the faster kept
                     toks, _, decode, _ = run_engine(model, prompts, new_tokens, graphs=True)
@@ -237,7 +267,7 @@ def engine_ab(flush, copy, dev="cuda", new_tokens=128, prompt=32):
                 row[label] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
             finally:
                 for k, v in default.items():
-                    setattr(fused, k, v)
+                    setattr(*target(k), v)
         rows.append(row)
         print(f"engine {preset}: " + ", ".join(
             f"{v}: " + (f"{r['ms_per_step']:.3f} ms ({r['pct_of_limit']:.1f}%, same {r['same_tokens']})"
@@ -340,7 +370,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("gpu-out"))
     ap.add_argument("--only", nargs="+", choices=("engine", "read_floor", "append", "decode_sweep", "tma_sweep",
-                                                  "profile_b1_4k"),
+                                                  "profile_b1_4k", "paged_short"),
                     default=os.environ.get("AB_ONLY", "").split() or None, help="parts to run (env AB_ONLY)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -350,7 +380,7 @@ def main() -> int:
     result = {"meta": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_gbs": copy,
                        "triton": __import__("triton").__version__, "date": time.strftime("%Y-%m-%d")}}
     parts = (("engine", engine_ab), ("read_floor", read_floor), ("append", append_ab), ("decode_sweep", decode_sweep),
-             ("tma_sweep", tma_sweep), ("profile_b1_4k", profile_small))
+             ("tma_sweep", tma_sweep), ("profile_b1_4k", profile_small), ("paged_short", paged_short))
     for name, fn in parts:
         if args.only and name not in args.only:
             continue

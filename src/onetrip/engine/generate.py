@@ -44,7 +44,12 @@ import torch
 from ..graphs import capture
 from ..models.llama import KVCache, Model
 from ..models.paged import SINK, PagedKVCache, PagePlan, pages_for, plan_pages
+from ..ops.advance import advance_greedy, advance_ref, advance_tokens
 from .sampling import SamplingParams, sample
+
+# The fused backend's step bookkeeping in one launch (ops.advance); False: op by op, as
+# the eager backend does it (the A/B switch of benchmarks/ab_next.py).
+FUSED_ADVANCE = True
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -200,19 +205,22 @@ class Engine:
 
     # -- the step ------------------------------------------------------------------------------
 
-    def _advance(self, slot: _Slot, logits: torch.Tensor, sampling: SamplingParams) -> None:
-        """Sample from logits (bucket, vocab), record the token, feed it next: in place."""
-        nxt = sample(logits, sampling, slot.step)                      # (bucket,) int64
-        nxt = torch.where(slot.done, slot.eos[0].clamp(min=0), nxt)    # finished rows repeat EOS
-        slot.out.scatter_(1, slot.step.view(1, 1).expand(nxt.shape[0], 1), nxt[:, None])
-        slot.done |= (nxt[:, None] == slot.eos[None, :]).any(-1)
-        slot.tok.copy_(nxt[:, None])
-        slot.step += 1
+    def _advance(self, slot: _Slot, logits: torch.Tensor, sampling: SamplingParams,
+                 lens: Optional[torch.Tensor] = None) -> None:
+        """Sample from logits (bucket, vocab), record the token, feed it next, and add one to
+        ``lens`` when given: in place. The fused backend does the bookkeeping in one launch
+        (``ops.advance``; greedy, with the argmax's second stage), the eager one op by op."""
+        state = (slot.done, slot.eos, slot.out, slot.tok, slot.step, lens)
+        if self.model.backend != "fused" or not FUSED_ADVANCE:
+            advance_ref(sample(logits, sampling, slot.step), *state)
+        elif sampling.greedy:
+            advance_greedy(logits, *state)
+        else:
+            advance_tokens(sample(logits, sampling, slot.step), *state)
 
     def _decode_step(self, slot: _Slot, sampling: SamplingParams) -> None:
         logits = self.model(slot.tok, slot.lens)[:, -1]  # (bucket, vocab)
-        slot.lens += 1
-        self._advance(slot, logits, sampling)
+        self._advance(slot, logits, sampling, slot.lens)
 
     def _replay_or_run(self, slot: _Slot, sampling: SamplingParams) -> None:
         if not self.graphs:

@@ -76,6 +76,18 @@ def _argmax_final_kernel(
     tl.store(out_ptr + r, 0x7FFFFFFF - (best & 0xFFFFFFFF))
 
 
+def tile_keys(x: torch.Tensor) -> torch.Tensor:
+    """The first stage alone (x: (rows, V), unit stride along V, on a device the kernels
+    run on): the (rows, ceil(V / BLOCK)) int64 winners' keys, for a second stage to reduce
+    (``_argmax_final_kernel``, or ``advance.py``'s, which folds it into the step's
+    bookkeeping). The workspace depends on shapes alone: capturable in a CUDA graph."""
+    rows, V = x.shape
+    n_tiles = triton.cdiv(V, BLOCK)
+    ws = torch.empty((rows, n_tiles), dtype=torch.int64, device=x.device)
+    _argmax_tiles_kernel[(rows, n_tiles)](x, ws, V, x.stride(0), n_tiles, BLOCK=BLOCK, num_warps=4, **pdl_args(x))
+    return ws
+
+
 @torch.library.custom_op("onetrip::argmax", mutates_args=())
 def _argmax_op(x: torch.Tensor) -> torch.Tensor:
     """x: (rows, V) with unit stride along V. Returns (rows,) int64."""
@@ -85,10 +97,8 @@ def _argmax_op(x: torch.Tensor) -> torch.Tensor:
         return out
     if not use_triton(x):
         return torch.argmax(x, dim=-1)
-    n_tiles = triton.cdiv(V, BLOCK)
-    # The workspace depends on shapes alone: capturable in a CUDA graph.
-    ws = torch.empty((rows, n_tiles), dtype=torch.int64, device=x.device)
-    _argmax_tiles_kernel[(rows, n_tiles)](x, ws, V, x.stride(0), n_tiles, BLOCK=BLOCK, num_warps=4, **pdl_args(x))
+    ws = tile_keys(x)
+    n_tiles = ws.shape[1]
     _argmax_final_kernel[(rows,)](ws, out, n_tiles, BLOCK_T=max(16, triton.next_power_of_2(n_tiles)),
                                  num_warps=4, **pdl_args(x))
     return out
