@@ -274,8 +274,11 @@ def decode_config(batch: int, kv_heads: int, max_seq: int, head_dim: int, device
     Short contiguous caches over several waves take 32-key tiles at 4 warps (128 registers:
     four CTAs an SM, so one program's wait for its tile hides behind another's): batch
     64 x 1K, 512 programs of 8 tiles, 87% -> 94% of copy (ab-round6a-h200-20261121.json);
-    batch 16 x 1K (one wave) stays best with 128-key tiles (77% vs 75%), and so does the
-    paged 64 x 1K (87% vs 82%), whose per-tile table loads want the big tile.
+    batch 16 x 1K (one wave) stays best with 128-key tiles (77% vs 75%). Paged caches take
+    the same rule (with ``table_ahead``): batch 64 x 1K paged-64 / paged-256 80% / 90% ->
+    93% / 93% (round 12, ab-round12-h200-20261121.json; before the table loaded ahead, 32
+    keys had lost there, 82% vs 87%); batch 32 x 2K (256 programs, under two waves) keeps
+    64-key tiles (93% vs 88%).
 
     Paged caches take 64-key tiles whose block-table entries load one tile ahead
     (``table_ahead``; as launched at head dim 128, 8 warps: 80 registers and two K/V
@@ -290,8 +293,8 @@ def decode_config(batch: int, kv_heads: int, max_seq: int, head_dim: int, device
         warps = 4 if max(16, triton.next_power_of_2(rows)) * triton.next_power_of_2(head_dim) <= 64 * 128 else 8
     programs = max(1, batch * kv_heads)
     splits = max(1, min(waves * sm_count(device) // programs, triton.cdiv(max(max_seq, 1), block_n * MIN_TILES)))
-    if not paged and block_n == 128 and rows <= 16 and programs >= 2 * sm_count(device) and max_seq <= 2048:
-        block_n, warps = 32, 4
+    if block_n == 128 and rows <= 16 and programs >= 2 * sm_count(device) and max_seq <= 2048:
+        return DecodeConfig(32, 4, splits, table_ahead=paged)
     if paged and block_n == 128:  # the split count stays the 128-key one: it won at each cell
         return DecodeConfig(64, warps, splits, table_ahead=True)
     return DecodeConfig(block_n, warps, splits)
