@@ -160,6 +160,25 @@ def paged_short(flush, copy, dev="cuda"):
     return decode_sweep(flush, copy, dev, PAGED_SHORT_CELLS, _paged_short_variants)
 
 
+# Round 12b: batch 1 x 128K paged, 91.0-91.4% at 19:48 UTC and 89.5-89.7% at 20:01 (the
+# heuristic: 64-key tiles, 8 warps, 33 splits = 264 programs, 3 CTAs an SM fit: 396 slots).
+PAGED_LONG_CELLS = ((1, 131072, "paged-64"), (1, 131072, "paged-256"), (4, 32768, "paged-64"))
+
+
+def _paged_long_variants(heur, layout):
+    S = heur.num_splits
+    out = [heur]
+    for block_n, warps, splits in ((64, 8, 3 * S // 2), (64, 8, 2 * S), (64, 4, S), (64, 4, 2 * S), (32, 4, 2 * S),
+                                   (128, 8, S)):
+        out.append(da.DecodeConfig(block_n, warps, max(1, splits), table_ahead=True))
+    return out
+
+
+def paged_long(flush, copy, dev="cuda"):
+    """decode_sweep over PAGED_LONG_CELLS with _paged_long_variants."""
+    return decode_sweep(flush, copy, dev, PAGED_LONG_CELLS, _paged_long_variants)
+
+
 def tma_sweep(flush, copy, dev="cuda"):
     """decode_sweep over TMA_CELLS with _tma_variants (DecodeConfig.use_tma, contiguous)."""
     return decode_sweep(flush, copy, dev, TMA_CELLS, _tma_variants)
@@ -370,7 +389,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("gpu-out"))
     ap.add_argument("--only", nargs="+", choices=("engine", "read_floor", "append", "decode_sweep", "tma_sweep",
-                                                  "profile_b1_4k", "paged_short"),
+                                                  "profile_b1_4k", "paged_short", "paged_long"),
                     default=os.environ.get("AB_ONLY", "").split() or None, help="parts to run (env AB_ONLY)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -380,7 +399,8 @@ def main() -> int:
     result = {"meta": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_gbs": copy,
                        "triton": __import__("triton").__version__, "date": time.strftime("%Y-%m-%d")}}
     parts = (("engine", engine_ab), ("read_floor", read_floor), ("append", append_ab), ("decode_sweep", decode_sweep),
-             ("tma_sweep", tma_sweep), ("profile_b1_4k", profile_small), ("paged_short", paged_short))
+             ("tma_sweep", tma_sweep), ("profile_b1_4k", profile_small), ("paged_short", paged_short),
+             ("paged_long", paged_long))
     for name, fn in parts:
         if args.only and name not in args.only:
             continue
