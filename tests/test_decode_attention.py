@@ -140,10 +140,11 @@ def test_config_heuristic():
     assert decode_config(1, 2, 4096, 256, cpu).block_n == 32
     # several waves of short contiguous caches: 32-key tiles at 4 warps; long: 128
     assert decode_config(64, 8, 1024, 128, cpu) == DecodeConfig(32, 4, 1)
-    # paged: the same short rule, with the table a tile ahead; else 64-key tiles at 4 warps
-    # and the 128-key split count
+    # paged: the same short rule, with the table a tile ahead; else 64-key tiles (4 warps
+    # under two programs an SM before splitting) and the 128-key split count
     assert decode_config(64, 8, 1024, 128, cpu, paged=True) == DecodeConfig(32, 4, 1, table_ahead=True)
-    assert decode_config(32, 8, 4096, 128, cpu, paged=True) == DecodeConfig(64, 4, 1, table_ahead=True)
+    assert decode_config(32, 8, 4096, 128, cpu, paged=True) == DecodeConfig(64, 8, 1, table_ahead=True)  # >= 2 an SM
+    assert decode_config(1, 1, 4096, 128, cpu, paged=True, waves=1) == DecodeConfig(64, 4, 4, table_ahead=True)
     assert decode_config(1, 1, 4096, 128, cpu, paged=True) == DecodeConfig(64, 4, 8, table_ahead=True)
     assert decode_config(64, 8, 4096, 128, cpu).block_n == 128
 

@@ -284,10 +284,12 @@ def decode_config(batch: int, kv_heads: int, max_seq: int, head_dim: int, device
     (``table_ahead``; as launched at head dim 128, 8 warps: 80 registers and two K/V
     buffers in flight, where paged 128-key tiles get one; no spills in either): round 9 (ab-round9-h200-20261121.json) batch 64 x 1K paged-64 86% -> 89%,
     4 x 8K 72% -> 75%, 1 x 128K 88% -> 89%, 1 x 4K 22% -> 22%, at the same split counts.
-    At 4 warps rather than 8 (158 registers, no spills, the same two buffers and 70 KiB):
-    round 12b (ab-round12-h200-20261121.json) batch 1 x 128K paged-64 / paged-256 80% / 90%
-    -> 91% / 91%, 4 x 32K 95% -> 96%, 32 x 2K 93% both; the 8-warp figure of one cell moved
-    by 10 points between runs an hour apart, the 4-warp one did not."""
+    At 4 warps rather than 8 (158 registers, no spills, the same two buffers and 70 KiB)
+    while batch * kv_heads is under two programs an SM: round 12b (ab-round12-h200-20261121.json)
+    batch 1 x 128K paged-64 / paged-256 80% / 90% -> 91% / 91%, 4 x 32K 95% -> 96%, 32 x 2K
+    93% both; the 8-warp figure of one cell moved by 10 points between runs an hour apart,
+    the 4-warp one did not. At batch 64 (512 programs, one split) 4 warps lost 15-18 points
+    in the full bench (8K-128K: 104-107% -> 88-89%), so 8 warps stay there."""
     if waves is None:
         waves = 2 if paged else 1
     if head_dim <= 128:
@@ -300,7 +302,7 @@ def decode_config(batch: int, kv_heads: int, max_seq: int, head_dim: int, device
     if block_n == 128 and rows <= 16 and programs >= 2 * sm_count(device) and max_seq <= 2048:
         return DecodeConfig(32, 4, splits, table_ahead=paged)
     if paged and block_n == 128:  # the split count stays the 128-key one: it won at each cell
-        return DecodeConfig(64, 4, splits, table_ahead=True)
+        return DecodeConfig(64, 4 if programs < 2 * sm_count(device) else 8, splits, table_ahead=True)
     return DecodeConfig(block_n, warps, splits)
 
 
