@@ -248,8 +248,10 @@ ENGINE_VARIANTS = (  # label -> settings ("module.NAME" in onetrip.models / onet
 )
 
 
-def engine_ab(flush, copy, dev="cuda", new_tokens=128, prompt=32):
-    """The decode step at batch 1 (one graph) under each of ENGINE_VARIANTS."""
+def engine_ab(flush, copy, dev="cuda", new_tokens=None, prompt=32):
+    """The decode step at batch 1 (one graph) under each of ENGINE_VARIANTS; new_tokens
+    from env AB_NEW_TOKENS (default 128; the bench's 256 to compare with it)."""
+    new_tokens = new_tokens or int(os.environ.get("AB_NEW_TOKENS", "128"))
     from onetrip.bench.decode import _prompts, build, run_engine
     from onetrip.engine.budget import decode_budget
     from onetrip.engine import generate
