@@ -14,6 +14,9 @@ buffers (so it can be captured once and replayed):
     nxt    = where(done, pad, nxt);  out[:, step] = nxt;  done |= nxt in eos
     tok    = nxt;  lens += 1;  step += 1
 
+The fused backend runs the last two lines (and, greedy, the second stage of the argmax) as
+one kernel, ``ops.advance``; the eager backend op by op.
+
 With ``graphs=True`` on a GPU that is one ``CUDAGraph.replay()`` per token: one launch
 from the host instead of hundreds. One graph is captured per batch-size bucket (powers
 of two) and sampling setting; the KV cache is allocated once for the largest bucket and
