@@ -14,17 +14,17 @@ kernels in a step (default: found as the shortest period of the kernel-name sequ
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import statistics
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from onetrip.profile.trace import iter_events  # noqa: E402 - streams .json / .json.gz
 
 
 def _kernels(path: Path) -> list[dict]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        events = json.load(f)["traceEvents"]
-    return sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    return sorted((e for e in iter_events(path) if e.get("cat") == "kernel"), key=lambda e: e["ts"])
 
 
 def _period(names: list[str]) -> int:

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from conftest import DEVICE, ON_GPU
+from onetrip.graphs import capture
 from onetrip.ops.advance import advance_greedy, advance_ref, advance_tokens
 
 
@@ -113,16 +114,12 @@ def test_cuda_graph_replay(gen):
     want = _clone(state)
     for _ in range(3):
         advance_ref(torch.argmax(logits, -1), **want)
-    torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        warm = _clone(state)
-        advance_greedy(logits, **warm)  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        advance_greedy(logits, **state)
-    for _ in range(3):  # the capture ran nothing: state is still the start state
+    start = _clone(state)
+    graph, _ = capture(lambda: advance_greedy(logits, **state))  # its warm-up call moves state
+    for k, v in start.items():
+        if v is not None:
+            state[k].copy_(v)
+    for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()
     _assert_same(state, want)

@@ -145,7 +145,7 @@ def _check(src: torch.Tensor, greedy: bool, done, eos, out, tok, step, lens) -> 
     if out.dim() != 2 or out.shape[0] != B or out.stride(1) != 1:
         raise ValueError(f"out must be a ({B}, max_len) int64 tensor with unit column stride, got shape "
                          f"{tuple(out.shape)} strides {out.stride()}")
-    if lens is not None and lens.stride(0) != 1 or done.stride(0) != 1 or (not greedy and src.stride(0) != 1):
+    if (lens is not None and lens.stride(0) != 1) or done.stride(0) != 1 or (not greedy and src.stride(0) != 1):
         raise ValueError("done, lens and nxt must be contiguous")
     check_same_device("done", done, src=src, eos=eos, out=out, tok=tok, step=step, lens=lens)
 

@@ -297,12 +297,12 @@ def decode_config(batch: int, kv_heads: int, max_seq: int, head_dim: int, device
     else:
         block_n = 32
         warps = 4 if max(16, triton.next_power_of_2(rows)) * triton.next_power_of_2(head_dim) <= 64 * 128 else 8
-    programs = max(1, batch * kv_heads)
-    splits = max(1, min(waves * sm_count(device) // programs, triton.cdiv(max(max_seq, 1), block_n * MIN_TILES)))
-    if block_n == 128 and rows <= 16 and programs >= 2 * sm_count(device) and max_seq <= 2048:
+    programs, sms = max(1, batch * kv_heads), sm_count(device)
+    splits = max(1, min(waves * sms // programs, triton.cdiv(max(max_seq, 1), block_n * MIN_TILES)))
+    if block_n == 128 and rows <= 16 and programs >= 2 * sms and max_seq <= 2048:
         return DecodeConfig(32, 4, splits, table_ahead=paged)
     if paged and block_n == 128:  # the split count stays the 128-key one: it won at each cell
-        return DecodeConfig(64, 4 if programs < 2 * sm_count(device) else 8, splits, table_ahead=True)
+        return DecodeConfig(64, 4 if programs < 2 * sms else 8, splits, table_ahead=True)
     return DecodeConfig(block_n, warps, splits)
 
 
