@@ -30,11 +30,14 @@ results files.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import functools
 import importlib
 import os
 import itertools
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -242,10 +245,41 @@ def profile_small(flush, copy, dev="cuda"):
     return out
 
 
-ENGINE_VARIANTS = (  # label -> settings ("module.NAME" in onetrip.models / onetrip.engine) for the run
+_EW = {"skinny_matmul.EARLY_WEIGHTS": True}
+ENGINE_VARIANTS = (  # label -> settings ("module.NAME" in onetrip.models / .engine / .ops) for the run
     ("default", {}),
-    ("advance op by op", {"generate.FUSED_ADVANCE": False}),
+    ("early weights", _EW),
+    ("early weights + attention PDL 1", {**_EW, "decode_attention.PDL_MODE": 1}),
+    ("early weights + attention PDL 3", {**_EW, "decode_attention.PDL_MODE": 3}),
+    ("attention PDL 1", {"decode_attention.PDL_MODE": 1}),
+    ("attention PDL 3", {"decode_attention.PDL_MODE": 3}),
 )
+
+
+def _engine_modules() -> dict:
+    from onetrip.engine import generate
+    from onetrip.models import fused
+    return {"fused": fused, "generate": generate,
+            **{m: importlib.import_module(f"onetrip.ops.{m}") for m in ("skinny_matmul", "decode_attention")}}
+
+
+@contextlib.contextmanager
+def _settings(settings: dict):
+    """Set "module.NAME" (bare names: models.fused's) for the duration; restored after."""
+    modules = _engine_modules()
+
+    def target(name):
+        mod, _, attr = name.rpartition(".")
+        return modules[mod or "fused"], attr
+
+    default = {k: getattr(*target(k)) for k in settings}
+    try:
+        for k, v in settings.items():
+            setattr(*target(k), v)
+        yield
+    finally:
+        for k, v in default.items():
+            setattr(*target(k), v)
 
 
 def engine_ab(flush, copy, dev="cuda", new_tokens=None, prompt=32):
@@ -254,14 +288,6 @@ def engine_ab(flush, copy, dev="cuda", new_tokens=None, prompt=32):
     new_tokens = new_tokens or int(os.environ.get("AB_NEW_TOKENS", "128"))
     from onetrip.bench.decode import _prompts, build, run_engine
     from onetrip.engine.budget import decode_budget
-    from onetrip.engine import generate
-    from onetrip.models import fused
-
-    modules = {"fused": fused, "generate": generate}
-
-    def target(name):  # "generate.FUSED_ADVANCE" -> (module, attribute); bare names are models.fused's
-        mod, _, attr = name.rpartition(".")
-        return modules[mod or "fused"], attr
 
     rows = []
     for preset in ENGINE_PRESETS:
@@ -272,28 +298,67 @@ def engine_ab(flush, copy, dev="cuda", new_tokens=None, prompt=32):
         row = {"preset": preset, "limit_tok_s": budget.limit_tok_s}
         ref = None
         for label, settings in ENGINE_VARIANTS:
-            default = {k: getattr(*target(k)) for k in settings}
             try:
-                for k, v in settings.items():
-                    setattr(*target(k), v)
-                best = None
-                for _ in range(2):  # two timed runs, the faster kept
-                    toks, _, decode, _ = run_engine(model, prompts, new_tokens, graphs=True)
-                    best = decode if best is None else min(best, decode)
+                with _settings(settings):
+                    best = None
+                    for _ in range(2):  # two timed runs, the faster kept
+                        toks, _, decode, _ = run_engine(model, prompts, new_tokens, graphs=True)
+                        best = decode if best is None else min(best, decode)
                 ms = best * 1e3 / steps
                 ref = toks if ref is None else ref
                 row[label] = {"ms_per_step": ms, "tok_s": 1e3 / ms, "pct_of_limit": budget.pct_of_limit(ms),
                               "same_tokens": toks == ref, "settings": settings}
             except Exception as exc:  # noqa: BLE001 - recorded
                 row[label] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-            finally:
-                for k, v in default.items():
-                    setattr(*target(k), v)
         rows.append(row)
         print(f"engine {preset}: " + ", ".join(
             f"{v}: " + (f"{r['ms_per_step']:.3f} ms ({r['pct_of_limit']:.1f}%, same {r['same_tokens']})"
                         if "ms_per_step" in r else r["error"])
             for v, r in row.items() if isinstance(r, dict)), flush=True)
+        del model
+        torch.cuda.empty_cache()
+    return rows
+
+
+def engine_traces(flush, copy, dev="cuda", steps=12, out_dir=None):
+    """Per-kernel cost of the batch-1 step (one graph) under the ENGINE_VARIANTS named in env
+    AB_TRACE_VARIANTS ("|"-separated labels; default: the first two): each kernel's end
+    minus the previous kernel's end, median over the traced steps, then per layer
+    (benchmarks/step_kernels.py's reading). Traces saved under out_dir when given."""
+    from onetrip.bench.decode import build
+    from onetrip.engine.generate import Engine
+    from onetrip.profile import run as profile_run
+    from step_kernels import _kernels, _period, step_table
+
+    wanted = os.environ.get("AB_TRACE_VARIANTS", "").split("|") if os.environ.get("AB_TRACE_VARIANTS") else \
+        [label for label, _ in ENGINE_VARIANTS[:2]]
+    variants = [(label, settings) for label, settings in ENGINE_VARIANTS if label in wanted]
+    rows = []
+    for preset in ENGINE_PRESETS:
+        model, _ = build(preset, torch.bfloat16, dev, False)
+        prompts = torch.randint(0, model.config.vocab_size, (1, 32),
+                                generator=torch.Generator().manual_seed(0)).tolist()
+        row = {"preset": preset}
+        for label, settings in variants:
+            with _settings(settings):
+                engine = Engine(model, max_seq=32 + steps + 16, max_batch=1, graphs=True)
+                path = Path(out_dir or "/tmp") / f"trace-{preset}-{label.replace(' ', '_')}.json"
+                profile_run(engine.stepper(prompts, steps + 4), steps=steps, warmup=2, trace_path=path)
+            ev = _kernels(path)
+            per = _period([e["name"] for e in ev])
+            table = step_table(ev, per)
+            first, L = 2, 5
+            attn = table[first + 1][1]
+            layers = [j for j in range(first, per - L + 1, L) if table[j + 1][1] == attn]
+            per_layer = [(table[first + k][1], statistics.median(table[j + k][2] for j in layers))
+                         for k in range(L)]
+            row[label] = {"kernels": per, "step_us": sum(r[2] for r in table), "per_layer_us": per_layer,
+                          "outside_layers_us": sum(r[2] for r in table) - sum(
+                              table[j + k][2] for j in layers for k in range(L))}
+            print(f"trace {preset} {label}: {per} kernels, step {row[label]['step_us']:.1f} us; per layer "
+                  + ", ".join(f"{n[:18]} {t:.2f}" for n, t in per_layer)
+                  + f"; outside the layers {row[label]['outside_layers_us']:.1f} us", flush=True)
+        rows.append(row)
         del model
         torch.cuda.empty_cache()
     return rows
@@ -391,7 +456,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("gpu-out"))
     ap.add_argument("--only", nargs="+", choices=("engine", "read_floor", "append", "decode_sweep", "tma_sweep",
-                                                  "profile_b1_4k", "paged_short", "paged_long"),
+                                                  "profile_b1_4k", "paged_short", "paged_long", "engine_traces"),
                     default=os.environ.get("AB_ONLY", "").split() or None, help="parts to run (env AB_ONLY)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -402,7 +467,7 @@ def main() -> int:
                        "triton": __import__("triton").__version__, "date": time.strftime("%Y-%m-%d")}}
     parts = (("engine", engine_ab), ("read_floor", read_floor), ("append", append_ab), ("decode_sweep", decode_sweep),
              ("tma_sweep", tma_sweep), ("profile_b1_4k", profile_small), ("paged_short", paged_short),
-             ("paged_long", paged_long))
+             ("paged_long", paged_long), ("engine_traces", functools.partial(engine_traces, out_dir=args.out)))
     for name, fn in parts:
         if args.only and name not in args.only:
             continue

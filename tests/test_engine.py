@@ -2,6 +2,8 @@
 the model's own greedy loop, for both backends; ragged batches, on a paged cache too; EOS,
 streaming, errors; on a GPU, graphs on and off give identical tokens."""
 
+import importlib
+
 import pytest
 import torch
 
@@ -170,17 +172,23 @@ def test_graphs_give_identical_tokens(backend, paged):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
-def test_pdl_gives_identical_tokens(monkeypatch):
+@pytest.mark.parametrize("early_weights, attention_pdl", [(False, 0), (True, 0), (True, 1), (True, 3)])
+def test_pdl_gives_identical_tokens(monkeypatch, early_weights, attention_pdl):
     """Programmatic dependent launch (ONETRIP_PDL, on by default) over the whole batch-1
     step in a graph: the GEMVs wait for whatever ran before them (append_kv, decode
     attention split in two over a 600-token context in a 1024-slot cache, its merge), and
-    the argmax for the LM head. The same greedy tokens as without it."""
+    the argmax for the LM head; likewise with the GEMVs' first weight chunk loaded before
+    the wait, and the attention kernel launched early. The same greedy tokens as without."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("programmatic dependent launch needs sm_90 or later")
+    decode_attention = importlib.import_module("onetrip.ops.decode_attention")  # the modules, not the ops
+    skinny_matmul = importlib.import_module("onetrip.ops.skinny_matmul")
     model = _model("llama", "fused", seed=5, dtype=torch.bfloat16)
     prompt = _prompts(torch.Generator(device=DEVICE).manual_seed(1), [600])
     runs = []
     for m in (0, 1):
         monkeypatch.setenv("ONETRIP_PDL", str(m))
+        monkeypatch.setattr(skinny_matmul, "EARLY_WEIGHTS", early_weights and m == 1)
+        monkeypatch.setattr(decode_attention, "PDL_MODE", attention_pdl if m == 1 else 0)
         runs.append(Engine(model, max_seq=1024, max_batch=1, graphs=True).generate(prompt, 24).tokens)
     assert runs[0] == runs[1]

@@ -1,6 +1,8 @@
 """The batch-1 GEMV pair that carries the residual add and RMSNorm: against the op-by-op
 chain (linear, add, HF RMSNorm, linear) in float64, by the 2 x PyTorch-error rule."""
 
+import importlib
+
 import pytest
 import torch
 
@@ -8,6 +10,8 @@ from conftest import DEVICE, ON_GPU, capture
 from onetrip.ops.gemv_norm import (gemv_add_residual, gemv_add_residual_ref, gemv_rms_norm, gemv_rms_norm_ref,
                                    partials)
 from onetrip.testing import assert_close, upcast
+
+skinny_matmul = importlib.import_module("onetrip.ops.skinny_matmul")  # the module, not the op
 
 
 def _rn(gen, *shape, dtype):
@@ -60,11 +64,13 @@ def test_partials_follow_the_tuned_launch():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU (programmatic dependent launch: Hopper)")
-def test_pdl_chain_in_a_graph_matches(monkeypatch):
+@pytest.mark.parametrize("early_weights", [False, True])
+def test_pdl_chain_in_a_graph_matches(monkeypatch, early_weights):
     """Programmatic dependent launch (ONETRIP_PDL) lets each GEMV start while the previous
-    one drains; every read of its outputs waits. A chain of 3 layers (residual, norm,
-    SwiGLU, each reading the last kernel's output) captured in a CUDA graph and replayed
-    with new inputs gives bit for bit what ordinary launches give."""
+    one drains; every read of its outputs waits (with ``early_weights`` after the first
+    weight chunk is in flight). A chain of 3 layers (residual, norm, SwiGLU, each reading
+    the last kernel's output) captured in a CUDA graph and replayed with new inputs gives
+    bit for bit what ordinary launches give."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("programmatic dependent launch needs sm_90 or later")
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -89,6 +95,7 @@ def test_pdl_chain_in_a_graph_matches(monkeypatch):
     x.copy_(rn(1, H))  # captured on other inputs, replayed on x_new, res_new
     res.copy_(rn(1, H))
     monkeypatch.setenv("ONETRIP_PDL", "1")
+    monkeypatch.setattr(skinny_matmul, "EARLY_WEIGHTS", early_weights)
     graph, h = capture(step)
     x.copy_(x_new)
     res.copy_(res_new)

@@ -40,8 +40,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import output, sm_count, use_triton
-from ._jit import cast_out, dot_f32, tanh
+from ._common import output, pdl_args, sm_count, use_triton
+from ._jit import cast_out, dot_f32, gdc_launch_dependents, gdc_wait, pdl_start, tanh
 from ._decode_append import _cache_slot, _new_kv, _rope_rows
 from ._decode_tma import _kv_tile_tma, kv_descriptors
 from ._kv_checks import MAX_Q_LEN, _check_args  # noqa: F401 - MAX_Q_LEN re-exported (models.fused)
@@ -121,11 +121,16 @@ def _decode_kernel(
     BLOCK_Q: tl.constexpr,                          # APPEND: the new tokens as one key tile (>= 16 for tl.dot)
     TABLE_AHEAD: tl.constexpr = False,              # PAGED: load the next tile's table entries early
     USE_TMA: tl.constexpr = False,                  # contiguous: K/V tiles through k_desc, v_desc (_decode_tma)
+    PDL: tl.constexpr = 0,  # launched early (PDL_MODE): 1 wait, then let the next kernel go; 3 wait, let it go at the end
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
     b = pid // kv_heads
     kvh = pid % kv_heads
+    if PDL == 1:
+        pdl_start(PDL)
+    if PDL == 3:
+        gdc_wait()
     L = tl.load(seqlens_ptr + b)
     if APPEND:  # the lengths before the append: the new tokens count from here on
         L = L + Q_LEN
@@ -225,6 +230,23 @@ def _decode_kernel(
         o_off = b.to(tl.int64) * stride_ob + i * stride_os + (kvh * GROUP + g) * stride_oh
         tl.store(o_ptr + o_off[:, None] + d[None, :], cast_out(o, o_ptr.dtype.element_ty),
                  mask=row_ok[:, None] & d_ok[None, :])
+    if PDL == 3:
+        gdc_launch_dependents()
+
+
+# Programmatic dependent launch of the attention kernel (0: an ordinary launch, which waits
+# for the qkv GEMV to finish). 1: launched as the GEMV's last wave starts, waits for it, then
+# lets the next kernel (the o GEMV) be scheduled; 3: the same, letting the next kernel go only
+# after its stores. An experiment until measured (benchmarks/NOTES.md, round 13): round 6b's
+# mode 1 cost Llama-3.1-8B's step 2.6%.
+PDL_MODE = 0
+
+
+def _attention_pdl_args(q: torch.Tensor) -> dict:
+    args = pdl_args(q) if PDL_MODE else {}
+    if args:
+        args["PDL"] = PDL_MODE
+    return args
 
 
 @dataclass(frozen=True)
@@ -363,7 +385,7 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale:
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, MIN_TILES=MIN_TILES,
         APPEND=append is not None, INTERLEAVED=interleaved, BLOCK_Q=max(16, triton.next_power_of_2(Q)),
         TABLE_AHEAD=paged and cfg.table_ahead, USE_TMA=use_tma,
-        num_warps=cfg.num_warps, **stages,
+        num_warps=cfg.num_warps, **stages, **_attention_pdl_args(q),
     )
     if S > 1:
         block_r = min(triton.next_power_of_2(group * Q), 16)

@@ -42,10 +42,13 @@ from ._common import (
     sm_count,
     use_triton,
 )
-from ._jit import cast_out, pdl_start
+from ._jit import cast_out, gdc_launch_dependents, gdc_wait, pdl_start
 from .glu import silu_mul as glu_silu_mul  # the unfused path of silu_mul_matmul
 
 MAX_ROWS = 32  # above this many rows, F.linear (cuBLAS) runs instead
+# Under PDL, one-row GEMVs put their first weight chunk in flight before waiting for the
+# previous kernel (kernel constexpr PDL = 2). An experiment until measured (NOTES round 13).
+EARLY_WEIGHTS = False
 
 
 @triton.jit
@@ -61,6 +64,47 @@ def _rstd(ss_in_ptr, n_ss, K, eps, BLOCK_SS: tl.constexpr, ACC: tl.constexpr):
     j = tl.arange(0, BLOCK_SS)
     ss = tl.sum(tl.load(ss_in_ptr + j, mask=j < n_ss, other=0.0).to(tl.float64), axis=0)
     return (1.0 / tl.sqrt(ss / K + eps)).to(ACC)
+
+
+@triton.jit
+def _row_weights(w_rows, k, k_hi, col_ok, stride_wk, EVEN_K: tl.constexpr):
+    """The (BLOCK_N, BLOCK_K) weight tile at columns ``k`` of a one-row GEMV's K loop."""
+    if EVEN_K:
+        return tl.load(w_rows + k[None, :] * stride_wk, mask=col_ok[:, None], other=0.0)
+    else:
+        return tl.load(w_rows + k[None, :] * stride_wk, mask=col_ok[:, None] & (k < k_hi)[None, :], other=0.0)
+
+
+@triton.jit
+def _row_products(w, x_ptr, nw_ptr, k, k_hi, K, rstd, EVEN_K: tl.constexpr, SILU_MUL: tl.constexpr,
+                  NORM_IN: tl.constexpr, NORM_LATE: tl.constexpr, ACC: tl.constexpr):
+    """w * x[k] for one K chunk of a one-row GEMV, (BLOCK_N, BLOCK_K) in ``ACC``, with x
+    made by the fused prologue: silu(gate) * up (x is [gate | up]), then RMSNorm's gain
+    and (unless NORM_LATE) its rsqrt."""
+    if EVEN_K:
+        x = tl.load(x_ptr + k).to(tl.float32)
+        if SILU_MUL:
+            up = tl.load(x_ptr + K + k).to(tl.float32)
+    else:
+        k_ok = k < k_hi
+        x = tl.load(x_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
+        if SILU_MUL:
+            up = tl.load(x_ptr + K + k, mask=k_ok, other=0.0).to(tl.float32)
+    if SILU_MUL:
+        # SwiGLU's product in the prologue, in float32: every program recomputes its K
+        # chunk (BLOCK_K exps against BLOCK_N * BLOCK_K weights), which costs less than the
+        # launch and the HBM round trip of a separate silu_mul.
+        x = x / (1.0 + tl.exp(-x)) * up
+    x = x.to(ACC)
+    if NORM_IN:  # Llama's RMSNorm (weight after the normalisation), in ACC
+        if EVEN_K:
+            nw = tl.load(nw_ptr + k).to(ACC)
+        else:
+            nw = tl.load(nw_ptr + k, mask=k < k_hi, other=0.0).to(ACC)
+        x = x * nw
+    if NORM_IN and not NORM_LATE:
+        x = x * rstd
+    return w.to(ACC) * x[None, :]
 
 
 @triton.jit
@@ -99,9 +143,6 @@ def _skinny_matmul_kernel(
     # 64-bit column offsets: N * stride_wn exceeds 2**31 for an LM head of 152K x 16K.
     w_rows = w_ptr + cols.to(tl.int64)[:, None] * stride_wn  # (BLOCK_N, 1)
     x_rows = x_ptr + rows[:, None] * stride_xm  # (BLOCK_M, 1)
-    # Launched early under PDL: nothing the previous kernel wrote (x, the residual, the
-    # norm's partials) is read, and nothing is written, before this wait.
-    pdl_start(PDL)
     if BLOCK_M == 1 and not USE_DOT:
         # One row (batch 1): a (BLOCK_N, BLOCK_K) accumulator of products, summed over K
         # once after the loop, so the loop is loads and FMAs only; a sum per chunk costs a
@@ -109,46 +150,36 @@ def _skinny_matmul_kernel(
         # float64 for float32 x: a float32 sum of 5000 products missed the 2 x PyTorch rule
         # on the H200 (cuBLAS's float32 GEMV is that accurate), and Hopper's float64 FMA
         # runs at half the float32 rate, far above what a GEMV's bytes allow.
-        acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=ACC)
+        k = k_lo + ks
+        if PDL == 2:
+            # The weight never depends on the previous kernel: let the next kernel be
+            # scheduled, put this program's first chunk in flight, and only then wait for
+            # the previous kernel's writes (x, the residual, the norm's partials).
+            gdc_launch_dependents()
+            w = _row_weights(w_rows, k, k_hi, col_ok, stride_wk, EVEN_K)
+            gdc_wait()
+        else:
+            # Launched early under PDL: nothing the previous kernel wrote is read, and
+            # nothing is written, before this wait.
+            pdl_start(PDL)
+            w = _row_weights(w_rows, k, k_hi, col_ok, stride_wk, EVEN_K)
         rstd = 1.0
         if NORM_IN and not NORM_LATE:
             # The row's sum of squares arrives as the producer GEMV's per-program partials
             # (n_ss floats, summed here in a fixed order: deterministic, no atomics).
             rstd = _rstd(ss_in_ptr, n_ss, K, eps, BLOCK_SS, ACC)
-        for k0 in range(k_lo, k_hi, BLOCK_K):
+        acc2 = _row_products(w, x_ptr, nw_ptr, k, k_hi, K, rstd, EVEN_K, SILU_MUL, NORM_IN, NORM_LATE, ACC)
+        for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
             k = k0 + ks
-            if EVEN_K:
-                w = tl.load(w_rows + k[None, :] * stride_wk, mask=col_ok[:, None], other=0.0)
-                x = tl.load(x_ptr + k).to(tl.float32)
-                if SILU_MUL:
-                    up = tl.load(x_ptr + K + k).to(tl.float32)
-            else:
-                k_ok = k < k_hi
-                w = tl.load(w_rows + k[None, :] * stride_wk, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-                x = tl.load(x_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
-                if SILU_MUL:
-                    up = tl.load(x_ptr + K + k, mask=k_ok, other=0.0).to(tl.float32)
-            if SILU_MUL:
-                # SwiGLU's product in the prologue, in float32: every program recomputes its
-                # K chunk (BLOCK_K exps against BLOCK_N * BLOCK_K weights), which costs less
-                # than the launch and the HBM round trip of a separate silu_mul.
-                x = x / (1.0 + tl.exp(-x)) * up
-            x = x.to(ACC)
-            if NORM_IN:  # Llama's RMSNorm (weight after the normalisation), in ACC
-                if EVEN_K:
-                    nw = tl.load(nw_ptr + k).to(ACC)
-                else:
-                    nw = tl.load(nw_ptr + k, mask=k < k_hi, other=0.0).to(ACC)
-                x = x * nw
-            if NORM_IN and not NORM_LATE:
-                x = x * rstd
-            acc2 += w.to(ACC) * x[None, :]
+            w = _row_weights(w_rows, k, k_hi, col_ok, stride_wk, EVEN_K)
+            acc2 += _row_products(w, x_ptr, nw_ptr, k, k_hi, K, rstd, EVEN_K, SILU_MUL, NORM_IN, NORM_LATE, ACC)
         acc = tl.sum(acc2, axis=1)[None, :]  # (1, BLOCK_N)
         if NORM_IN and NORM_LATE:
             # rsqrt is one scalar per row, so it factors out of the dot product: its
             # partials load overlaps the whole K loop instead of gating the first FMA.
             acc = acc * _rstd(ss_in_ptr, n_ss, K, eps, BLOCK_SS, ACC)
     else:
+        pdl_start(PDL)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(k_lo, k_hi, BLOCK_K):
             k = k0 + ks
@@ -308,6 +339,15 @@ def _gemv_config(N: int, K: int, fusion: str = "plain") -> SkinnyConfig:
     return SkinnyConfig(1, 16, chunk(256), 1, 4, False, 1)
 
 
+def _gemv_pdl_args(x: torch.Tensor, cfg: SkinnyConfig) -> dict:
+    """``pdl_args``, with PDL = 2 (the first weight chunk before the wait) for one-row
+    launches while ``EARLY_WEIGHTS`` is set."""
+    args = pdl_args(x)
+    if args and EARLY_WEIGHTS and cfg.block_m == 1 and not cfg.use_dot:
+        args["PDL"] = 2
+    return args
+
+
 def _launch(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], y: torch.Tensor,
             cfg: SkinnyConfig, silu_mul: bool = False, residual: Optional[torch.Tensor] = None,
             ss_out: Optional[torch.Tensor] = None, ss_in: Optional[torch.Tensor] = None,
@@ -341,7 +381,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
         EVEN_K=k_per_split % cfg.block_k == 0 and K % k_per_split == 0, SILU_MUL=silu_mul,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         ACC=tl.float64 if x.dtype == torch.float32 and cfg.block_m == 1 and not cfg.use_dot else tl.float32,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(x),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_gemv_pdl_args(x, cfg),
     )
     if split:
         block = 1024
