@@ -245,14 +245,12 @@ def profile_small(flush, copy, dev="cuda"):
     return out
 
 
-_EW = {"skinny_matmul.EARLY_WEIGHTS": True}
+_EW = {"skinny_matmul.EARLY_WEIGHTS": 1}
 ENGINE_VARIANTS = (  # label -> settings ("module.NAME" in onetrip.models / .engine / .ops) for the run
     ("default", {}),
     ("early weights", _EW),
-    ("early weights + attention PDL 1", {**_EW, "decode_attention.PDL_MODE": 1}),
+    ("early weights 2", {"skinny_matmul.EARLY_WEIGHTS": 2}),
     ("early weights + attention PDL 3", {**_EW, "decode_attention.PDL_MODE": 3}),
-    ("attention PDL 1", {"decode_attention.PDL_MODE": 1}),
-    ("attention PDL 3", {"decode_attention.PDL_MODE": 3}),
 )
 
 
@@ -336,6 +334,7 @@ def engine_traces(flush, copy, dev="cuda", steps=12, out_dir=None):
     rows = []
     for preset in ENGINE_PRESETS:
         model, _ = build(preset, torch.bfloat16, dev, False)
+        model.backend = "fused"
         prompts = torch.randint(0, model.config.vocab_size, (1, 32),
                                 generator=torch.Generator().manual_seed(0)).tolist()
         row = {"preset": preset}

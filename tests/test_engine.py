@@ -172,7 +172,7 @@ def test_graphs_give_identical_tokens(backend, paged):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("early_weights, attention_pdl", [(False, 0), (True, 0), (True, 1), (True, 3)])
+@pytest.mark.parametrize("early_weights, attention_pdl", [(0, 0), (1, 0), (2, 0), (1, 1), (1, 3)])
 def test_pdl_gives_identical_tokens(monkeypatch, early_weights, attention_pdl):
     """Programmatic dependent launch (ONETRIP_PDL, on by default) over the whole batch-1
     step in a graph: the GEMVs wait for whatever ran before them (append_kv, decode
@@ -188,7 +188,7 @@ def test_pdl_gives_identical_tokens(monkeypatch, early_weights, attention_pdl):
     runs = []
     for m in (0, 1):
         monkeypatch.setenv("ONETRIP_PDL", str(m))
-        monkeypatch.setattr(skinny_matmul, "EARLY_WEIGHTS", early_weights and m == 1)
+        monkeypatch.setattr(skinny_matmul, "EARLY_WEIGHTS", early_weights if m == 1 else 0)
         monkeypatch.setattr(decode_attention, "PDL_MODE", attention_pdl if m == 1 else 0)
         runs.append(Engine(model, max_seq=1024, max_batch=1, graphs=True).generate(prompt, 24).tokens)
     assert runs[0] == runs[1]

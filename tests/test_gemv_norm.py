@@ -64,11 +64,11 @@ def test_partials_follow_the_tuned_launch():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU (programmatic dependent launch: Hopper)")
-@pytest.mark.parametrize("early_weights", [False, True])
+@pytest.mark.parametrize("early_weights", [0, 1, 2])
 def test_pdl_chain_in_a_graph_matches(monkeypatch, early_weights):
     """Programmatic dependent launch (ONETRIP_PDL) lets each GEMV start while the previous
-    one drains; every read of its outputs waits (with ``early_weights`` after the first
-    weight chunk is in flight). A chain of 3 layers (residual, norm, SwiGLU, each reading
+    one drains; every read of its outputs waits (with ``early_weights`` after the first one or two
+    weight chunks are in flight). A chain of 3 layers (residual, norm, SwiGLU, each reading
     the last kernel's output) captured in a CUDA graph and replayed with new inputs gives
     bit for bit what ordinary launches give."""
     if torch.cuda.get_device_capability()[0] < 9:

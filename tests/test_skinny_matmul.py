@@ -142,6 +142,30 @@ def test_cuda_graph_capture(M, N, K):
     torch.testing.assert_close(captured, eager, rtol=0, atol=0)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU (programmatic dependent launch: Hopper)")
+@pytest.mark.parametrize("N,K", [(17, 5000), (3072, 2048), (1023, 8192), (16384, 2048), (5, 40)])
+def test_early_weights_bit_exact(monkeypatch, N, K):
+    """One-row GEMVs with their first 1 or 2 weight chunks loaded before the PDL wait
+    (skinny_matmul.EARLY_WEIGHTS) give bit for bit what the plain order gives: K in 1, 2 and
+    many chunks, ragged (5000: no 16-byte-aligned chunk) and whole; SwiGLU's prologue too."""
+    import importlib
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs sm_90 or later")
+    sm = importlib.import_module("onetrip.ops.skinny_matmul")
+    g = torch.Generator(device=DEVICE).manual_seed(N + K)
+    x, w, b = _inputs(g, 1, N, K, torch.bfloat16)
+    gu = torch.randn((1, 2 * K), generator=g, device=DEVICE).to(torch.bfloat16)
+    outs = []
+    for early in (0, 1, 2):
+        monkeypatch.setattr(sm, "EARLY_WEIGHTS", early)
+        outs.append((skinny_matmul(x, w, b), silu_mul_matmul(gu, w)))
+    for early, (y, z) in enumerate(outs[1:], 1):
+        torch.testing.assert_close(y, outs[0][0], rtol=0, atol=0, msg=f"EARLY_WEIGHTS={early}")
+        torch.testing.assert_close(z, outs[0][1], rtol=0, atol=0, msg=f"EARLY_WEIGHTS={early}, SwiGLU")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("N,F_,bias", [(1, 1, False), (17, 111, True), (111, 4100, False), (1023, 17, True)])
 def test_silu_mul_matmul_one_row(gen, dtype, N, F_, bias):

@@ -46,9 +46,10 @@ from ._jit import cast_out, gdc_launch_dependents, gdc_wait, pdl_start
 from .glu import silu_mul as glu_silu_mul  # the unfused path of silu_mul_matmul
 
 MAX_ROWS = 32  # above this many rows, F.linear (cuBLAS) runs instead
-# Under PDL, one-row GEMVs put their first weight chunk in flight before waiting for the
-# previous kernel (kernel constexpr PDL = 2). An experiment until measured (NOTES round 13).
-EARLY_WEIGHTS = False
+# Under PDL, one-row GEMVs put their first EARLY_WEIGHTS (0-2) weight chunks in flight before
+# waiting for the previous kernel (kernel constexpr EARLY). An experiment until measured
+# (NOTES round 13).
+EARLY_WEIGHTS = 0
 
 
 @triton.jit
@@ -128,6 +129,7 @@ def _skinny_matmul_kernel(
     BLOCK_K: tl.constexpr,
     ACC: tl.constexpr = tl.float32,  # one row: the dtype of the products and sums (float64 for float32 x)
     PDL: tl.constexpr = 0,  # programmatic dependent launch (_common.pdl_mode)
+    EARLY: tl.constexpr = 0,  # one row under PDL: weight chunks put in flight before the wait (0-2)
 ):
     # HAS_BIAS / SPLIT / USE_DOT are constexpr so each variant compiles to straight-line code
     # without the others' loads and stores: one kernel body instead of four copies.
@@ -151,12 +153,16 @@ def _skinny_matmul_kernel(
         # on the H200 (cuBLAS's float32 GEMV is that accurate), and Hopper's float64 FMA
         # runs at half the float32 rate, far above what a GEMV's bytes allow.
         k = k_lo + ks
-        if PDL == 2:
+        if PDL > 0 and EARLY > 0:
             # The weight never depends on the previous kernel: let the next kernel be
-            # scheduled, put this program's first chunk in flight, and only then wait for
-            # the previous kernel's writes (x, the residual, the norm's partials).
+            # scheduled, put this program's first EARLY chunks in flight, and only then
+            # wait for the previous kernel's writes (x, the residual, the norm's partials).
             gdc_launch_dependents()
             w = _row_weights(w_rows, k, k_hi, col_ok, stride_wk, EVEN_K)
+            if EARLY > 1:  # the second chunk, if the program has one (a scalar test: 16-byte loads stay)
+                k_b = k + BLOCK_K
+                has_b = k_lo + BLOCK_K < k_hi
+                w_b = _row_weights(w_rows, k_b, k_hi, col_ok & has_b, stride_wk, EVEN_K)
             gdc_wait()
         else:
             # Launched early under PDL: nothing the previous kernel wrote is read, and
@@ -169,7 +175,13 @@ def _skinny_matmul_kernel(
             # (n_ss floats, summed here in a fixed order: deterministic, no atomics).
             rstd = _rstd(ss_in_ptr, n_ss, K, eps, BLOCK_SS, ACC)
         acc2 = _row_products(w, x_ptr, nw_ptr, k, k_hi, K, rstd, EVEN_K, SILU_MUL, NORM_IN, NORM_LATE, ACC)
-        for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
+        loop_lo = k_lo + BLOCK_K
+        if PDL > 0 and EARLY > 1:
+            if has_b:
+                acc2 += _row_products(w_b, x_ptr, nw_ptr, k_b, k_hi, K, rstd, EVEN_K, SILU_MUL, NORM_IN, NORM_LATE,
+                                      ACC)
+            loop_lo += BLOCK_K
+        for k0 in range(loop_lo, k_hi, BLOCK_K):
             k = k0 + ks
             w = _row_weights(w_rows, k, k_hi, col_ok, stride_wk, EVEN_K)
             acc2 += _row_products(w, x_ptr, nw_ptr, k, k_hi, K, rstd, EVEN_K, SILU_MUL, NORM_IN, NORM_LATE, ACC)
@@ -340,11 +352,11 @@ def _gemv_config(N: int, K: int, fusion: str = "plain") -> SkinnyConfig:
 
 
 def _gemv_pdl_args(x: torch.Tensor, cfg: SkinnyConfig) -> dict:
-    """``pdl_args``, with PDL = 2 (the first weight chunk before the wait) for one-row
-    launches while ``EARLY_WEIGHTS`` is set."""
+    """``pdl_args``, with EARLY = ``EARLY_WEIGHTS`` (weight chunks before the wait) for
+    one-row launches."""
     args = pdl_args(x)
     if args and EARLY_WEIGHTS and cfg.block_m == 1 and not cfg.use_dot:
-        args["PDL"] = 2
+        args["EARLY"] = int(EARLY_WEIGHTS)
     return args
 
 
