@@ -245,12 +245,17 @@ def profile_small(flush, copy, dev="cuda"):
     return out
 
 
-_EW = {"skinny_matmul.EARLY_WEIGHTS": 1}
+def _early(**chunks) -> dict:  # skinny_matmul.EARLY_CHUNKS: 1 for every role but those given
+    return {"skinny_matmul.EARLY_CHUNKS": {"qkv": 1, "o": 1, "gate_up": 1, "down": 1, "plain": 1, **chunks}}
+
+
 ENGINE_VARIANTS = (  # label -> settings ("module.NAME" in onetrip.models / .engine / .ops) for the run
     ("default", {}),
-    ("early weights", _EW),
-    ("early weights 2", {"skinny_matmul.EARLY_WEIGHTS": 2}),
-    ("early weights + attention PDL 3", {**_EW, "decode_attention.PDL_MODE": 3}),
+    ("no early weights", _early(qkv=0, o=0, gate_up=0, down=0, plain=0)),
+    ("qkv 2", _early(qkv=2)),
+    ("qkv 2, o 2", _early(qkv=2, o=2)),
+    ("qkv 2, down 2", _early(qkv=2, down=2)),
+    ("qkv 2, o 0", _early(qkv=2, o=0)),
 )
 
 

@@ -188,7 +188,7 @@ def test_pdl_gives_identical_tokens(monkeypatch, early_weights, attention_pdl):
     runs = []
     for m in (0, 1):
         monkeypatch.setenv("ONETRIP_PDL", str(m))
-        monkeypatch.setattr(skinny_matmul, "EARLY_WEIGHTS", early_weights if m == 1 else 0)
+        monkeypatch.setattr(skinny_matmul, "EARLY_CHUNKS", dict.fromkeys(skinny_matmul.EARLY_CHUNKS, early_weights))
         monkeypatch.setattr(decode_attention, "PDL_MODE", attention_pdl if m == 1 else 0)
         runs.append(Engine(model, max_seq=1024, max_batch=1, graphs=True).generate(prompt, 24).tokens)
     assert runs[0] == runs[1]

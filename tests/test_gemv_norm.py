@@ -95,7 +95,7 @@ def test_pdl_chain_in_a_graph_matches(monkeypatch, early_weights):
     x.copy_(rn(1, H))  # captured on other inputs, replayed on x_new, res_new
     res.copy_(rn(1, H))
     monkeypatch.setenv("ONETRIP_PDL", "1")
-    monkeypatch.setattr(skinny_matmul, "EARLY_WEIGHTS", early_weights)
+    monkeypatch.setattr(skinny_matmul, "EARLY_CHUNKS", dict.fromkeys(skinny_matmul.EARLY_CHUNKS, early_weights))
     graph, h = capture(step)
     x.copy_(x_new)
     res.copy_(res_new)

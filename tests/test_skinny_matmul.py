@@ -88,6 +88,14 @@ def test_config_heuristic():
     assert skinny_config(1, 4096, 14336, 132, fusion="silu_residual").as_list()[1:5] == [8, 1024, 1, 4]
     with pytest.raises(ValueError, match="fusion"):
         skinny_config(1, 64, 64, 132, fusion="gelu")
+    # the weight chunks put in flight before the PDL wait, by the projection's place in a layer
+    from onetrip.ops.skinny_matmul import EARLY_CHUNKS
+    for (n, k, fusion), role in {(3072, 2048, "norm"): "qkv", (4608, 3584, "norm"): "qkv",
+                                 (16384, 2048, "norm"): "gate_up", (128256, 2048, "norm"): "gate_up",
+                                 (2048, 2048, "residual"): "o", (4096, 14336, "silu_residual"): "down",
+                                 (2048, 2048, "plain"): "plain"}.items():
+        assert skinny_config(1, n, k, 132, fusion=fusion).early == EARLY_CHUNKS[role]
+    assert skinny_config(4, 3072, 2048, 132).early == 0  # several rows: none
     assert skinny_config(1, 16384, 2048, 132).as_list()[1:5] == [32, 256, 1, 4]
     assert skinny_config(1, 16384, 2048, 132, torch.float32, fusion="norm").num_warps == 4  # the table: 16-bit only
     # float32 at batch 1 keeps the general rule, with a split when programs are few.
@@ -147,7 +155,7 @@ def test_cuda_graph_capture(M, N, K):
 @pytest.mark.parametrize("N,K", [(17, 5000), (3072, 2048), (1023, 8192), (16384, 2048), (5, 40)])
 def test_early_weights_bit_exact(monkeypatch, N, K):
     """One-row GEMVs with their first 1 or 2 weight chunks loaded before the PDL wait
-    (skinny_matmul.EARLY_WEIGHTS) give bit for bit what the plain order gives: K in 1, 2 and
+    (SkinnyConfig.early, skinny_matmul.EARLY_CHUNKS) give bit for bit what the plain order gives: K in 1, 2 and
     many chunks, ragged (5000: no 16-byte-aligned chunk) and whole; SwiGLU's prologue too."""
     import importlib
 
@@ -159,11 +167,11 @@ def test_early_weights_bit_exact(monkeypatch, N, K):
     gu = torch.randn((1, 2 * K), generator=g, device=DEVICE).to(torch.bfloat16)
     outs = []
     for early in (0, 1, 2):
-        monkeypatch.setattr(sm, "EARLY_WEIGHTS", early)
+        monkeypatch.setattr(sm, "EARLY_CHUNKS", dict.fromkeys(sm.EARLY_CHUNKS, early))
         outs.append((skinny_matmul(x, w, b), silu_mul_matmul(gu, w)))
     for early, (y, z) in enumerate(outs[1:], 1):
-        torch.testing.assert_close(y, outs[0][0], rtol=0, atol=0, msg=f"EARLY_WEIGHTS={early}")
-        torch.testing.assert_close(z, outs[0][1], rtol=0, atol=0, msg=f"EARLY_WEIGHTS={early}, SwiGLU")
+        torch.testing.assert_close(y, outs[0][0], rtol=0, atol=0, msg=f"early={early}")
+        torch.testing.assert_close(z, outs[0][1], rtol=0, atol=0, msg=f"early={early}, SwiGLU")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

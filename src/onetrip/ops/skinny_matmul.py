@@ -46,10 +46,6 @@ from ._jit import cast_out, gdc_launch_dependents, gdc_wait, pdl_start
 from .glu import silu_mul as glu_silu_mul  # the unfused path of silu_mul_matmul
 
 MAX_ROWS = 32  # above this many rows, F.linear (cuBLAS) runs instead
-# Under PDL, one-row GEMVs put their first EARLY_WEIGHTS (0-2) weight chunks in flight before
-# waiting for the previous kernel (kernel constexpr EARLY). An experiment until measured
-# (NOTES round 13).
-EARLY_WEIGHTS = 0
 
 
 @triton.jit
@@ -254,7 +250,9 @@ class SkinnyConfig:
 
     block_m: rows of x per program (all of them: a power of two >= M; 16 or 32 with use_dot).
     block_n, block_k: the weight tile loaded per step. split_k: programs per column block
-    (1: no split). use_dot: tl.dot on the tile instead of multiply + sum.
+    (1: no split). use_dot: tl.dot on the tile instead of multiply + sum. early: one row
+    under programmatic dependent launch, the weight chunks (0-2) put in flight before
+    waiting for the previous kernel (the weight never depends on it).
     """
 
     block_m: int
@@ -264,14 +262,15 @@ class SkinnyConfig:
     num_warps: int = 4
     use_dot: bool = False
     num_stages: int = 3
+    early: int = 0
 
     def as_list(self) -> list[int]:
         return [self.block_m, self.block_n, self.block_k, self.split_k, self.num_warps, int(self.use_dot),
-                self.num_stages]
+                self.num_stages, self.early]
 
     @classmethod
     def from_list(cls, v: list[int]) -> "SkinnyConfig":
-        return cls(*v[:5], bool(v[5]), *v[6:7])
+        return cls(*v[:5], bool(v[5]), *v[6:8])
 
 
 def skinny_config(M: int, N: int, K: int, sms: int, dtype: torch.dtype = torch.bfloat16, *,
@@ -338,25 +337,44 @@ def _gemv_config(N: int, K: int, fusion: str = "plain") -> SkinnyConfig:
     its norm: 15.2 us at 8 x 512, 4 warps; 18.6 at the plain rule's 16 x 1024, 8 warps)."""
     if fusion not in GEMV_FUSIONS:
         raise ValueError(f"fusion must be one of {GEMV_FUSIONS}, got {fusion!r}")
+    early = EARLY_CHUNKS[_gemv_role(N, K, fusion)]
     if (N, K, fusion) in _TUNED_GEMV:
         bn, bk, warps = _TUNED_GEMV[N, K, fusion]
-        return SkinnyConfig(1, bn, bk, 1, warps, False, 1)
+        return SkinnyConfig(1, bn, bk, 1, warps, False, 1, early)
     def chunk(limit: int) -> int:  # the largest power of two <= limit dividing K (EVEN_K)
         c = limit
         while c > 16 and K % c:
             c //= 2
         return c if K % c == 0 else min(limit, triton.next_power_of_2(max(K, 16)))
     if N <= 8192:
-        return SkinnyConfig(1, min(16, max(4, triton.next_power_of_2(max(1, N // 512)))), chunk(1024), 1, 8, False, 1)
-    return SkinnyConfig(1, 16, chunk(256), 1, 4, False, 1)
+        return SkinnyConfig(1, min(16, max(4, triton.next_power_of_2(max(1, N // 512)))), chunk(1024), 1, 8, False, 1,
+                            early)
+    return SkinnyConfig(1, 16, chunk(256), 1, 4, False, 1, early)
+
+
+# Weight chunks a batch-1 GEMV puts in flight before its PDL wait, by its place in a layer.
+# The chunk loads overlap the previous kernel's last wave. Measured over the whole step
+# (benchmarks/NOTES.md, round 13): one chunk everywhere, 1B 0.817 -> 0.804 ms and 8B
+# 3.878 -> 3.837 ms; two everywhere lost (+3%, +5%: gate_up's extra registers cost it an
+# SM slot, and the prefetch took bandwidth from the kernel draining beside it).
+EARLY_CHUNKS = {"qkv": 1, "o": 1, "gate_up": 1, "down": 1, "plain": 1}
+
+
+def _gemv_role(N: int, K: int, fusion: str) -> str:
+    """A batch-1 GEMV's place in a decoder layer, from its fusion and shape: the RMSNorm
+    prologue carries qkv (N <= 2K: 1.3-1.5 K in Llama and Qwen) or gate_up and the LM head
+    (N >= 7K); the residual epilogue o, with SwiGLU's prologue down."""
+    if fusion == "norm":
+        return "qkv" if N <= 2 * K else "gate_up"
+    return {"residual": "o", "silu_residual": "down"}.get(fusion, "plain")
 
 
 def _gemv_pdl_args(x: torch.Tensor, cfg: SkinnyConfig) -> dict:
-    """``pdl_args``, with EARLY = ``EARLY_WEIGHTS`` (weight chunks before the wait) for
-    one-row launches."""
+    """``pdl_args``, with EARLY = ``cfg.early`` (weight chunks before the wait) for one-row
+    launches."""
     args = pdl_args(x)
-    if args and EARLY_WEIGHTS and cfg.block_m == 1 and not cfg.use_dot:
-        args["EARLY"] = int(EARLY_WEIGHTS)
+    if args and cfg.early and cfg.block_m == 1 and not cfg.use_dot:
+        args["EARLY"] = cfg.early
     return args
 
 
