@@ -251,11 +251,13 @@ def _early(**chunks) -> dict:  # skinny_matmul.EARLY_CHUNKS: 1 for every role bu
 
 ENGINE_VARIANTS = (  # label -> settings ("module.NAME" in onetrip.models / .engine / .ops) for the run
     ("default", {}),
-    ("no early weights", _early(qkv=0, o=0, gate_up=0, down=0, plain=0)),
-    ("qkv 2", _early(qkv=2)),
-    ("qkv 2, o 2", _early(qkv=2, o=2)),
-    ("qkv 2, down 2", _early(qkv=2, down=2)),
-    ("qkv 2, o 0", _early(qkv=2, o=0)),
+    ("attention PDL 1, o late", {"decode_attention.PDL_MODE": 1, "skinny_matmul.LATE_TRIGGER_ROLES": {"o"}}),
+    ("attention PDL 1, o late, o 2", {"decode_attention.PDL_MODE": 1, "skinny_matmul.LATE_TRIGGER_ROLES": {"o"},
+                                      **_early(o=2)}),
+    ("attention PDL 3, o late", {"decode_attention.PDL_MODE": 3, "skinny_matmul.LATE_TRIGGER_ROLES": {"o"}}),
+    ("attention PDL 1, all late", {"decode_attention.PDL_MODE": 1,
+                                   "skinny_matmul.LATE_TRIGGER_ROLES": {"qkv", "o", "gate_up", "down", "plain"}}),
+    ("attention PDL 1", {"decode_attention.PDL_MODE": 1}),
 )
 
 

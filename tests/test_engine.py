@@ -172,8 +172,9 @@ def test_graphs_give_identical_tokens(backend, paged):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("early_weights, attention_pdl", [(0, 0), (1, 0), (2, 0), (1, 1), (1, 3)])
-def test_pdl_gives_identical_tokens(monkeypatch, early_weights, attention_pdl):
+@pytest.mark.parametrize("early_weights, attention_pdl, late", [(0, 0, False), (1, 0, False), (2, 0, False),
+                                                                (1, 1, False), (1, 3, False), (1, 1, True)])
+def test_pdl_gives_identical_tokens(monkeypatch, early_weights, attention_pdl, late):
     """Programmatic dependent launch (ONETRIP_PDL, on by default) over the whole batch-1
     step in a graph: the GEMVs wait for whatever ran before them (append_kv, decode
     attention split in two over a 600-token context in a 1024-slot cache, its merge), and
@@ -189,6 +190,7 @@ def test_pdl_gives_identical_tokens(monkeypatch, early_weights, attention_pdl):
     for m in (0, 1):
         monkeypatch.setenv("ONETRIP_PDL", str(m))
         monkeypatch.setattr(skinny_matmul, "EARLY_CHUNKS", dict.fromkeys(skinny_matmul.EARLY_CHUNKS, early_weights))
+        monkeypatch.setattr(skinny_matmul, "LATE_TRIGGER_ROLES", frozenset(skinny_matmul.EARLY_CHUNKS if late else ()))
         monkeypatch.setattr(decode_attention, "PDL_MODE", attention_pdl if m == 1 else 0)
         runs.append(Engine(model, max_seq=1024, max_batch=1, graphs=True).generate(prompt, 24).tokens)
     assert runs[0] == runs[1]
