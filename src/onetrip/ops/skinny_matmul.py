@@ -126,7 +126,6 @@ def _skinny_matmul_kernel(
     ACC: tl.constexpr = tl.float32,  # one row: the dtype of the products and sums (float64 for float32 x)
     PDL: tl.constexpr = 0,  # programmatic dependent launch (_common.pdl_mode)
     EARLY: tl.constexpr = 0,  # one row under PDL: weight chunks put in flight before the wait (0-2)
-    LATE_TRIGGER: tl.constexpr = False,  # EARLY: let the next kernel be scheduled after the wait, not before
 ):
     # HAS_BIAS / SPLIT / USE_DOT are constexpr so each variant compiles to straight-line code
     # without the others' loads and stores: one kernel body instead of four copies.
@@ -154,16 +153,13 @@ def _skinny_matmul_kernel(
             # The weight never depends on the previous kernel: let the next kernel be
             # scheduled, put this program's first EARLY chunks in flight, and only then
             # wait for the previous kernel's writes (x, the residual, the norm's partials).
-            if not LATE_TRIGGER:
-                gdc_launch_dependents()
+            gdc_launch_dependents()
             w = _row_weights(w_rows, k, k_hi, col_ok, stride_wk, EVEN_K)
             if EARLY > 1:  # the second chunk, if the program has one (a scalar test: 16-byte loads stay)
                 k_b = k + BLOCK_K
                 has_b = k_lo + BLOCK_K < k_hi
                 w_b = _row_weights(w_rows, k_b, k_hi, col_ok & has_b, stride_wk, EVEN_K)
             gdc_wait()
-            if LATE_TRIGGER:  # the next kernel only once the previous one has finished
-                gdc_launch_dependents()
         else:
             # Launched early under PDL: nothing the previous kernel wrote is read, and
             # nothing is written, before this wait.
@@ -267,15 +263,14 @@ class SkinnyConfig:
     use_dot: bool = False
     num_stages: int = 3
     early: int = 0
-    late_trigger: bool = False
 
     def as_list(self) -> list[int]:
         return [self.block_m, self.block_n, self.block_k, self.split_k, self.num_warps, int(self.use_dot),
-                self.num_stages, self.early, int(self.late_trigger)]
+                self.num_stages, self.early]
 
     @classmethod
     def from_list(cls, v: list[int]) -> "SkinnyConfig":
-        return cls(*v[:5], bool(v[5]), *v[6:8], *map(bool, v[8:9]))
+        return cls(*v[:5], bool(v[5]), *v[6:8])
 
 
 def skinny_config(M: int, N: int, K: int, sms: int, dtype: torch.dtype = torch.bfloat16, *,
@@ -342,11 +337,10 @@ def _gemv_config(N: int, K: int, fusion: str = "plain") -> SkinnyConfig:
     its norm: 15.2 us at 8 x 512, 4 warps; 18.6 at the plain rule's 16 x 1024, 8 warps)."""
     if fusion not in GEMV_FUSIONS:
         raise ValueError(f"fusion must be one of {GEMV_FUSIONS}, got {fusion!r}")
-    role = _gemv_role(N, K, fusion)
-    early, late = EARLY_CHUNKS[role], role in LATE_TRIGGER_ROLES
+    early = EARLY_CHUNKS[_gemv_role(N, K, fusion)]
     if (N, K, fusion) in _TUNED_GEMV:
         bn, bk, warps = _TUNED_GEMV[N, K, fusion]
-        return SkinnyConfig(1, bn, bk, 1, warps, False, 1, early, late)
+        return SkinnyConfig(1, bn, bk, 1, warps, False, 1, early)
     def chunk(limit: int) -> int:  # the largest power of two <= limit dividing K (EVEN_K)
         c = limit
         while c > 16 and K % c:
@@ -354,8 +348,8 @@ def _gemv_config(N: int, K: int, fusion: str = "plain") -> SkinnyConfig:
         return c if K % c == 0 else min(limit, triton.next_power_of_2(max(K, 16)))
     if N <= 8192:
         return SkinnyConfig(1, min(16, max(4, triton.next_power_of_2(max(1, N // 512)))), chunk(1024), 1, 8, False, 1,
-                            early, late)
-    return SkinnyConfig(1, 16, chunk(256), 1, 4, False, 1, early, late)
+                            early)
+    return SkinnyConfig(1, 16, chunk(256), 1, 4, False, 1, early)
 
 
 # Weight chunks a batch-1 GEMV puts in flight before its PDL wait, by its place in a layer.
@@ -364,10 +358,6 @@ def _gemv_config(N: int, K: int, fusion: str = "plain") -> SkinnyConfig:
 # 3.878 -> 3.837 ms; two everywhere lost (+3%, +5%: gate_up's extra registers cost it an
 # SM slot, and the prefetch took bandwidth from the kernel draining beside it).
 EARLY_CHUNKS = {"qkv": 1, "o": 1, "gate_up": 1, "down": 1, "plain": 1}
-# Roles whose GEMV lets the next kernel be scheduled only after its own wait (an experiment:
-# with the attention kernel under PDL, o's early chunks overlap attention without the
-# GEMVs after it being scheduled too).
-LATE_TRIGGER_ROLES: frozenset = frozenset()
 
 
 def _gemv_role(N: int, K: int, fusion: str) -> str:
@@ -385,7 +375,6 @@ def _gemv_pdl_args(x: torch.Tensor, cfg: SkinnyConfig) -> dict:
     args = pdl_args(x)
     if args and cfg.early and cfg.block_m == 1 and not cfg.use_dot:
         args["EARLY"] = cfg.early
-        args["LATE_TRIGGER"] = cfg.late_trigger
     return args
 
 
