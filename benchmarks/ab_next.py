@@ -105,21 +105,6 @@ def _tma_variants(heur, layout):
     return variants
 
 
-# Round 13's cells for DecodeConfig.early_tile: short contexts (the engine's), the cells under
-# the issue's bars, and large ones where it must not cost.
-EARLY_TILE_CELLS = ((1, 1024, "contiguous"), (1, 4096, "contiguous"), (1, 4096, "paged-64"), (4, 8192, "contiguous"),
-                    (16, 1024, "contiguous"), (64, 1024, "paged-64"), (1, 131072, "paged-64"),
-                    (64, 8192, "contiguous"))
-
-
-def _early_tile_variants(heur, layout):
-    return [heur, dataclasses.replace(heur, early_tile=True)]
-
-
-def early_tile_sweep(flush, copy, dev="cuda"):
-    return decode_sweep(flush, copy, dev, cells=EARLY_TILE_CELLS, variants_of=_early_tile_variants)
-
-
 def decode_sweep(flush, copy, dev="cuda", cells=CELLS, variants_of=_decode_variants):
     rows = []
     D = HEADS[2]
@@ -266,7 +251,6 @@ def _early(**chunks) -> dict:  # skinny_matmul.EARLY_CHUNKS: 1 for every role bu
 
 ENGINE_VARIANTS = (  # label -> settings ("module.NAME" in onetrip.models / .engine / .ops) for the run
     ("default", {}),
-    ("early tile", {"decode_attention.EARLY_TILE": True}),
     ("no early weights", _early(qkv=0, o=0, gate_up=0, down=0, plain=0)),
 )
 
@@ -476,8 +460,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("gpu-out"))
     ap.add_argument("--only", nargs="+", choices=("engine", "read_floor", "append", "decode_sweep", "tma_sweep",
-                                                  "profile_b1_4k", "paged_short", "paged_long", "engine_traces",
-                                                  "early_tile_sweep"),
+                                                  "profile_b1_4k", "paged_short", "paged_long", "engine_traces"),
                     default=os.environ.get("AB_ONLY", "").split() or None, help="parts to run (env AB_ONLY)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -488,8 +471,7 @@ def main() -> int:
                        "triton": __import__("triton").__version__, "date": time.strftime("%Y-%m-%d")}}
     parts = (("engine", engine_ab), ("read_floor", read_floor), ("append", append_ab), ("decode_sweep", decode_sweep),
              ("tma_sweep", tma_sweep), ("profile_b1_4k", profile_small), ("paged_short", paged_short),
-             ("paged_long", paged_long), ("engine_traces", functools.partial(engine_traces, out_dir=args.out)),
-             ("early_tile_sweep", early_tile_sweep))
+             ("paged_long", paged_long), ("engine_traces", functools.partial(engine_traces, out_dir=args.out)))
     for name, fn in parts:
         if args.only and name not in args.only:
             continue

@@ -5,7 +5,6 @@ The slots the append writes hold NaN beforehand and every slot past the new toke
 NaN too: a write that misses, or a read past the new length, fails the check.
 """
 
-import dataclasses
 import importlib
 
 import pytest
@@ -152,33 +151,3 @@ def test_cuda_graph_replay(gen, page):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, eager_out) and torch.equal(kc.nan_to_num(), eager_k.nan_to_num())
-
-
-@pytest.mark.parametrize("page, config", [(None, None), (16, None), (None, DecodeConfig(16, 4, 3)),
-                                          (16, DecodeConfig(32, 4, 2, table_ahead=True))],
-                         ids=["contiguous", "paged", "contiguous_3_splits", "paged_table_ahead"])
-@pytest.mark.parametrize("q_len, window", [(1, (-1, -1)), (4, (9, -1))])
-def test_early_tile_bit_exact(device, gen, monkeypatch, page, config, q_len, window):
-    """DecodeConfig.early_tile (each split's first cached K/V tile loaded before the queries
-    and the new tokens; decode_config sets it from EARLY_TILE) folds the same tiles in the
-    same order: the same output and caches bit for bit, with splits, a window, the block
-    table a tile ahead, lengths of 0 to 40 keys."""
-    dtype = torch.bfloat16
-    q, k, v, kc, vc, L, table = make_case([0, 1, 17, 40], q_len, 4, 2, 32, 48, dtype, device, gen, page)
-    cos, sin = rope_tables(64, 32, device)
-    results = []
-    for early in (False, True):
-        monkeypatch.setattr(da, "EARLY_TILE", early)
-        kc_run, vc_run = kc.clone(), vc.clone()
-        out, plain = poison_(torch.empty_like(q)), poison_(torch.empty_like(q))
-        if config is None:
-            append_attention(q, k, v, kc_run, vc_run, L, cos, sin, block_table=table, out=out, window=window)
-            da.decode_attention(q, kc_run, vc_run, L, block_table=table, out=plain, window=window)
-        else:
-            cfg = dataclasses.replace(config, early_tile=early)
-            da._launch(q, kc_run, vc_run, L, table, out, 32 ** -0.5, window[0], 0.0, cfg,
-                       append=(k, v, cos, sin, False))
-            da._launch(q, kc_run, vc_run, L, table, plain, 32 ** -0.5, window[0], 0.0, cfg)
-        results.append((out, plain, kc_run, vc_run))
-    for a, b in zip(*results):
-        assert torch.equal(a.nan_to_num(), b.nan_to_num())

@@ -121,7 +121,6 @@ def _decode_kernel(
     BLOCK_Q: tl.constexpr,                          # APPEND: the new tokens as one key tile (>= 16 for tl.dot)
     TABLE_AHEAD: tl.constexpr = False,              # PAGED: load the next tile's table entries early
     USE_TMA: tl.constexpr = False,                  # contiguous: K/V tiles through k_desc, v_desc (_decode_tma)
-    EARLY_TILE: tl.constexpr = False,               # pointer path: the first K/V tile loads before the queries
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -130,6 +129,21 @@ def _decode_kernel(
     L = tl.load(seqlens_ptr + b)
     if APPEND:  # the lengths before the append: the new tokens count from here on
         L = L + Q_LEN
+
+    # -- the (GROUP * Q_LEN, D) queries of this kv head: row r = query i, head kvh*GROUP + g
+    r = tl.arange(0, BLOCK_M)
+    i = r // GROUP
+    g = r % GROUP
+    row_ok = r < GROUP * Q_LEN
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < head_dim
+    q_off = b.to(tl.int64) * stride_qb + i * stride_qs + (kvh * GROUP + g) * stride_qh
+    qpos = L - Q_LEN + i  # (BLOCK_M,) negative when L < Q_LEN: such rows see nothing
+    if APPEND:  # rotated in registers, rounded to q's dtype as append_kv leaves it in memory
+        q = cast_out(_rope_rows(q_ptr, q_off, row_ok & (qpos >= 0), qpos, d, head_dim, cos_ptr, sin_ptr, half,
+                                stride_cos, stride_sin, INTERLEAVED), q_ptr.dtype.element_ty)
+    else:
+        q = tl.load(q_ptr + q_off[:, None] + d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
 
     # -- this split's keys: the visible range [lo, L) in whole tiles, cut into runs of at
     # least MIN_TILES tiles, at most num_splits of them. Splitting the visible range (not
@@ -146,34 +160,6 @@ def _decode_kernel(
     per_split = tl.maximum(tl.cdiv(n_tiles, num_splits), MIN_TILES)
     start = (tile_lo + split * per_split) * BLOCK_N
     end = tl.minimum(start + per_split * BLOCK_N, L_cached)
-
-    # EARLY_TILE: this split's first cached K/V tile is loaded before the queries and the
-    # new tokens, so its HBM round trip overlaps theirs (they come from L2, and the rope
-    # and the append's stores wait on them) instead of following them; it is folded into
-    # the softmax in the loop's order, so the result is the same bit for bit.
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < head_dim
-    loop_start = start
-    if EARLY_TILE:
-        j0 = start + tl.arange(0, BLOCK_N)
-        j0_ok = j0 < end
-        blk0, slot0 = _cache_slot(table_ptr, b, j0, j0_ok, stride_tb, PAGED, PAGE_SIZE)
-        k0, v0 = _kv_tile(k_ptr, v_ptr, blk0, slot0, j0_ok, kvh, d, d_ok, stride_kb, stride_ks, stride_kh,
-                          stride_vb, stride_vs, stride_vh)
-        loop_start = start + BLOCK_N
-
-    # -- the (GROUP * Q_LEN, D) queries of this kv head: row r = query i, head kvh*GROUP + g
-    r = tl.arange(0, BLOCK_M)
-    i = r // GROUP
-    g = r % GROUP
-    row_ok = r < GROUP * Q_LEN
-    q_off = b.to(tl.int64) * stride_qb + i * stride_qs + (kvh * GROUP + g) * stride_qh
-    qpos = L - Q_LEN + i  # (BLOCK_M,) negative when L < Q_LEN: such rows see nothing
-    if APPEND:  # rotated in registers, rounded to q's dtype as append_kv leaves it in memory
-        q = cast_out(_rope_rows(q_ptr, q_off, row_ok & (qpos >= 0), qpos, d, head_dim, cos_ptr, sin_ptr, half,
-                                stride_cos, stride_sin, INTERLEAVED), q_ptr.dtype.element_ty)
-    else:
-        q = tl.load(q_ptr + q_off[:, None] + d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
 
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)  # running max, base-2 units
     l_i = tl.zeros((BLOCK_M,), tl.float32)                  # running sum of 2^(s - m)
@@ -197,18 +183,14 @@ def _decode_kernel(
     # (benchmarks/ptxas_report.py). USE_TMA moves the same tiles through descriptors.
     # (One scalar table entry per tile where a page holds the tile used fewer registers but
     # read slower: paged-256, batch 64, 86-101% -> 77-89% of copy on an H200, NOTES.md.)
-    if EARLY_TILE:
-        if start < end:
-            m_i, l_i, acc = _attend_tile(q, k0, v0, j0, j0_ok, qpos, m_i, l_i, acc, qk_scale, softcap_log2,
-                                         window_left, SOFTCAP, HAS_WINDOW, PRECISION)
     if TABLE_AHEAD:  # paged: each tile's block-table entries load one tile ahead
-        j = loop_start + tl.arange(0, BLOCK_N)
+        j = start + tl.arange(0, BLOCK_N)
         blk_next, _ = _cache_slot(table_ptr, b, j, j < end, stride_tb, PAGED, PAGE_SIZE)
     loop_end = end
     if USE_TMA:  # whole tiles in the loop, the ragged last one after it (max first: a negative
         # number's // rounds toward zero on a GPU, down in the interpreter)
         loop_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
-    for n0 in range(loop_start, loop_end, BLOCK_N):
+    for n0 in range(start, loop_end, BLOCK_N):
         j = n0 + tl.arange(0, BLOCK_N)
         j_ok = j < end  # never read slots at or past L: they may hold anything
         if USE_TMA:  # every key < end: V goes from the copy's buffer to the MMA untouched
@@ -245,11 +227,6 @@ def _decode_kernel(
                  mask=row_ok[:, None] & d_ok[None, :])
 
 
-# decode_config's DecodeConfig.early_tile. An experiment until measured (benchmarks/NOTES.md,
-# round 13).
-EARLY_TILE = False
-
-
 @dataclass(frozen=True)
 class DecodeConfig:
     """Launch shape: keys in tiles of ``block_n``; the sequence cut into ``num_splits``
@@ -261,10 +238,7 @@ class DecodeConfig:
     tiles through Hopper tensor descriptors (``_decode_tma``), launched with ``num_stages``
     so the pipeliner keeps num_stages - 1 tiles in flight; a cache that does not allow it
     is a ValueError. ``num_stages`` applies to the TMA path only: the pointer path keeps
-    Triton's launch default, 3 (on an H200, 2-4 timed alike there: round 6a).
-
-    ``early_tile`` (pointer path): each split's first K/V tile is loaded before the queries
-    and the new tokens, overlapping their round trips; the same result bit for bit."""
+    Triton's launch default, 3 (on an H200, 2-4 timed alike there: round 6a)."""
 
     block_n: int
     num_warps: int
@@ -272,7 +246,6 @@ class DecodeConfig:
     table_ahead: bool = False
     use_tma: bool = False
     num_stages: int = 1
-    early_tile: bool = False
 
 
 def decode_config(batch: int, kv_heads: int, max_seq: int, head_dim: int, device: torch.device, *,
@@ -326,12 +299,11 @@ def decode_config(batch: int, kv_heads: int, max_seq: int, head_dim: int, device
         warps = 4 if max(16, triton.next_power_of_2(rows)) * triton.next_power_of_2(head_dim) <= 64 * 128 else 8
     programs, sms = max(1, batch * kv_heads), sm_count(device)
     splits = max(1, min(waves * sms // programs, triton.cdiv(max(max_seq, 1), block_n * MIN_TILES)))
-    early = EARLY_TILE
     if block_n == 128 and rows <= 16 and programs >= 2 * sms and max_seq <= 2048:
-        return DecodeConfig(32, 4, splits, table_ahead=paged, early_tile=early)
+        return DecodeConfig(32, 4, splits, table_ahead=paged)
     if paged and block_n == 128:  # the split count stays the 128-key one: it won at each cell
-        return DecodeConfig(64, 4 if programs < 2 * sms else 8, splits, table_ahead=True, early_tile=early)
-    return DecodeConfig(block_n, warps, splits, early_tile=early)
+        return DecodeConfig(64, 4 if programs < 2 * sms else 8, splits, table_ahead=True)
+    return DecodeConfig(block_n, warps, splits)
 
 
 def _default_config(q, k_cache, block_table, num_splits: int = 0) -> DecodeConfig:
@@ -390,7 +362,7 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale:
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, MIN_TILES=MIN_TILES,
         APPEND=append is not None, INTERLEAVED=interleaved, BLOCK_Q=max(16, triton.next_power_of_2(Q)),
-        TABLE_AHEAD=paged and cfg.table_ahead, USE_TMA=use_tma, EARLY_TILE=cfg.early_tile and not use_tma,
+        TABLE_AHEAD=paged and cfg.table_ahead, USE_TMA=use_tma,
         num_warps=cfg.num_warps, **stages,
     )
     if S > 1:
