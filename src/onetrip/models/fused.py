@@ -80,21 +80,22 @@ def take_positions(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 def _attention(attn: "Attention", x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                lens: Optional[torch.Tensor], lens_after: Optional[torch.Tensor],
-               positions: Optional[torch.Tensor]) -> torch.Tensor:
+               positions: Optional[torch.Tensor], starts: Optional[list[int]] = None) -> torch.Tensor:
     """x (batch, seq, hidden) normed -> (batch, seq, hidden) before the residual add.
 
     With a cache: ``lens`` (batch,) int32 tokens cached before this call, ``lens_after`` =
     lens + seq. Without: ``positions`` (batch, seq), the tokens' positions, give the rotary
-    angles and attention is causal within the call (only used there).
+    angles and attention is causal within the call (only used there). ``starts``: lens on
+    the host, for a prefill (read once per forward, not once per layer).
     """
     qkv = _linear(x, attn.wqkv.weight, attn.wqkv.bias)  # (batch, seq, q + 2 kv heads x head_dim)
-    out = _attend(attn, qkv.view(*x.shape[:2], -1), cos, sin, lens, lens_after, positions)
+    out = _attend(attn, qkv.view(*x.shape[:2], -1), cos, sin, lens, lens_after, positions, starts)
     return _linear(out, attn.wo.weight)
 
 
 def _attend(attn: "Attention", qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
             lens: Optional[torch.Tensor], lens_after: Optional[torch.Tensor],
-            positions: Optional[torch.Tensor]) -> torch.Tensor:
+            positions: Optional[torch.Tensor], starts: Optional[list[int]] = None) -> torch.Tensor:
     """qkv (batch, seq, (heads + 2 kv_heads) x head_dim) -> attention output (batch, seq,
     heads x head_dim), before the output projection."""
     c = attn.config
@@ -120,7 +121,7 @@ def _attend(attn: "Attention", qkv: torch.Tensor, cos: torch.Tensor, sin: torch.
         if s <= MAX_Q_LEN:
             out = decode_attention(q, cache.k, cache.v, lens_after, block_table=table)
         else:
-            out = _prefill_attention(q, cache.k, cache.v, lens, table)
+            out = _prefill_attention(q, cache.k, cache.v, lens.tolist() if starts is None else starts, table)
     return out.reshape(b, s, q_size)
 
 
@@ -134,16 +135,15 @@ def _prefix(cache: torch.Tensor, table: Optional[torch.Tensor], rows: slice, n: 
     return cache[blocks].flatten(1, 2)[:, :n]
 
 
-def _prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lens: torch.Tensor,
+def _prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, starts: list[int],
                        table: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Causal attention of q (batch, seq, heads, head_dim), already in the cache, over each
-    sequence's cached prefix plus itself. Prefill is not graph-captured, so the lengths are
-    read on the host here (one synchronisation per prefill call): one ``flash_attention``
+    sequence's cached prefix plus itself. Prefill is not graph-captured, so the lengths come
+    from the host (``starts``: read once per forward by forward_fused): one ``flash_attention``
     over the common prefix when every sequence has the same length, else one per sequence.
     A paged cache (``table``) is gathered into contiguous keys first, per call of
     flash_attention: a transient copy of just the prefix that call attends over."""
     s = q.shape[1]
-    starts = lens.tolist()
     if len(set(starts)) == 1:
         n, rows = starts[0] + s, slice(None)
         return flash_attention(q, _prefix(k_cache, table, rows, n), _prefix(v_cache, table, rows, n), causal=True)
@@ -177,9 +177,12 @@ def forward_fused(model: "Model", tokens: torch.Tensor, cache_seqlens: Optional[
     if b * s == 1 and _gemv(x) and lens is not None:
         return _decode_one_row(model, x, cos, sin, lens, lens_after)
     residual = None
+    # A prefill reads the lengths on the host once here, not once a layer: each read waits
+    # for the GPU to drain, so with one a layer the host's launches never ran ahead of it.
+    starts = lens.tolist() if lens is not None and s > MAX_Q_LEN else None
     for layer in model.layers:
         normed, residual = add_rms_norm(x, residual, layer.attn_norm, c.rms_norm_eps)
-        x = _attention(layer.attn, normed, cos, sin, lens, lens_after, positions)
+        x = _attention(layer.attn, normed, cos, sin, lens, lens_after, positions, starts)
         normed, residual = add_rms_norm(x, residual, layer.mlp_norm, c.rms_norm_eps)
         mlp = layer.mlp
         x = _down(_linear(normed, mlp.w_gate_up.weight), mlp.w_down.weight)
