@@ -67,10 +67,10 @@ def test_partials_follow_the_tuned_launch():
 @pytest.mark.parametrize("early_weights", [0, 1, 2])
 def test_pdl_chain_in_a_graph_matches(monkeypatch, early_weights):
     """Programmatic dependent launch (ONETRIP_PDL) lets each GEMV start while the previous
-    one drains; every read of its outputs waits (with ``early_weights`` after the first one or two
-    weight chunks are in flight). A chain of 3 layers (residual, norm, SwiGLU, each reading
-    the last kernel's output) captured in a CUDA graph and replayed with new inputs gives
-    bit for bit what ordinary launches give."""
+    one drains; every read of its outputs waits (after ``early_weights`` weight chunks are
+    in flight). A chain of 3 layers (residual, norm, SwiGLU, each reading the last
+    kernel's output) captured in a CUDA graph and replayed with new inputs gives bit for
+    bit what ordinary launches give."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("programmatic dependent launch needs sm_90 or later")
     gen = torch.Generator(device="cuda").manual_seed(0)
