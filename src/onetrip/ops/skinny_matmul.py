@@ -42,66 +42,11 @@ from ._common import (
     sm_count,
     use_triton,
 )
+from ._gemv_jit import _row_products, _row_weights, _rstd
 from ._jit import cast_out, gdc_launch_dependents, gdc_wait, pdl_start
 from .glu import silu_mul as glu_silu_mul  # the unfused path of silu_mul_matmul
 
 MAX_ROWS = 32  # above this many rows, F.linear (cuBLAS) runs instead
-
-
-@triton.jit
-def _rstd(ss_in_ptr, n_ss, K, eps, BLOCK_SS: tl.constexpr, ACC: tl.constexpr):
-    """rsqrt(mean(h^2) + eps) from the producer's n_ss float32 partial sums, in float64,
-    rounded once to ``ACC`` (the accumulation dtype). The statistic scales every output of
-    the row alike, so its error does not average out over K the way the products'
-    roundings do. In float32 with the fast sqrt and divisions (~2 ulp) float32 outputs
-    reached 2.1-2.4x PyTorch's error on an H200 (tests/test_gemv_norm.py::test_chain, rows
-    of 7 and 17 outputs); with round-to-nearest float32 ones, still in 2 of 12 runs; with
-    the statistic alone in float64, in 6 of 54 test runs (six runs of the file) (the products' float32
-    roundings): hence ACC. One scalar a program."""
-    j = tl.arange(0, BLOCK_SS)
-    ss = tl.sum(tl.load(ss_in_ptr + j, mask=j < n_ss, other=0.0).to(tl.float64), axis=0)
-    return (1.0 / tl.sqrt(ss / K + eps)).to(ACC)
-
-
-@triton.jit
-def _row_weights(w_rows, k, k_hi, col_ok, stride_wk, EVEN_K: tl.constexpr):
-    """The (BLOCK_N, BLOCK_K) weight tile at columns ``k`` of a one-row GEMV's K loop."""
-    if EVEN_K:
-        return tl.load(w_rows + k[None, :] * stride_wk, mask=col_ok[:, None], other=0.0)
-    else:
-        return tl.load(w_rows + k[None, :] * stride_wk, mask=col_ok[:, None] & (k < k_hi)[None, :], other=0.0)
-
-
-@triton.jit
-def _row_products(w, x_ptr, nw_ptr, k, k_hi, K, rstd, EVEN_K: tl.constexpr, SILU_MUL: tl.constexpr,
-                  NORM_IN: tl.constexpr, NORM_LATE: tl.constexpr, ACC: tl.constexpr):
-    """w * x[k] for one K chunk of a one-row GEMV, (BLOCK_N, BLOCK_K) in ``ACC``, with x
-    made by the fused prologue: silu(gate) * up (x is [gate | up]), then RMSNorm's gain
-    and (unless NORM_LATE) its rsqrt."""
-    if EVEN_K:
-        x = tl.load(x_ptr + k).to(tl.float32)
-        if SILU_MUL:
-            up = tl.load(x_ptr + K + k).to(tl.float32)
-    else:
-        k_ok = k < k_hi
-        x = tl.load(x_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
-        if SILU_MUL:
-            up = tl.load(x_ptr + K + k, mask=k_ok, other=0.0).to(tl.float32)
-    if SILU_MUL:
-        # SwiGLU's product in the prologue, in float32: every program recomputes its K
-        # chunk (BLOCK_K exps against BLOCK_N * BLOCK_K weights), which costs less than the
-        # launch and the HBM round trip of a separate silu_mul.
-        x = x / (1.0 + tl.exp(-x)) * up
-    x = x.to(ACC)
-    if NORM_IN:  # Llama's RMSNorm (weight after the normalisation), in ACC
-        if EVEN_K:
-            nw = tl.load(nw_ptr + k).to(ACC)
-        else:
-            nw = tl.load(nw_ptr + k, mask=k < k_hi, other=0.0).to(ACC)
-        x = x * nw
-    if NORM_IN and not NORM_LATE:
-        x = x * rstd
-    return w.to(ACC) * x[None, :]
 
 
 @triton.jit
