@@ -37,7 +37,6 @@ import importlib
 import os
 import itertools
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -56,6 +55,7 @@ from onetrip.bench.decode_attn import DecodeCell, make_inputs  # noqa: E402
 from onetrip.ops.decode_attention import decode_attention  # noqa: E402
 
 da = importlib.import_module("onetrip.ops.decode_attention")
+sm = importlib.import_module("onetrip.ops.skinny_matmul")  # the module (onetrip.ops re-exports the op)
 HEADS = (32, 8, 128)  # query heads, kv heads, head dim
 # (batch, context, layout): cells short of the bars or of SDPA in the final bench
 CELLS = ((1, 4096, "contiguous"), (1, 8192, "contiguous"), (1, 32768, "contiguous"), (4, 8192, "contiguous"),
@@ -246,7 +246,7 @@ def profile_small(flush, copy, dev="cuda"):
 
 
 def _early(**chunks) -> dict:  # skinny_matmul.EARLY_CHUNKS: 1 for every role but those given
-    return {"skinny_matmul.EARLY_CHUNKS": {"qkv": 1, "o": 1, "gate_up": 1, "down": 1, "plain": 1, **chunks}}
+    return {"skinny_matmul.EARLY_CHUNKS": {**dict.fromkeys(sm.EARLY_CHUNKS, 1), **chunks}}
 
 
 ENGINE_VARIANTS = (  # label -> settings ("module.NAME" in onetrip.models / .engine / .ops) for the run
@@ -327,7 +327,7 @@ def engine_traces(flush, copy, dev="cuda", steps=12, out_dir=None):
     from onetrip.bench.decode import build
     from onetrip.engine.generate import Engine
     from onetrip.profile import run as profile_run
-    from step_kernels import _kernels, _period, step_table
+    from step_kernels import _kernels, _period, per_layer, step_table
 
     wanted = os.environ.get("AB_TRACE_VARIANTS", "").split("|") if os.environ.get("AB_TRACE_VARIANTS") else \
         [label for label, _ in ENGINE_VARIANTS[:2]]
@@ -347,16 +347,12 @@ def engine_traces(flush, copy, dev="cuda", steps=12, out_dir=None):
             ev = _kernels(path)
             per = _period([e["name"] for e in ev])
             table = step_table(ev, per)
-            first, L = 2, 5
-            attn = table[first + 1][1]
-            layers = [j for j in range(first, per - L + 1, L) if table[j + 1][1] == attn]
-            per_layer = [(table[first + k][1], statistics.median(table[j + k][2] for j in layers))
-                         for k in range(L)]
-            row[label] = {"kernels": per, "step_us": sum(r[2] for r in table), "per_layer_us": per_layer,
+            layers, medians = per_layer(table)
+            row[label] = {"kernels": per, "step_us": sum(r[2] for r in table), "per_layer_us": medians,
                           "outside_layers_us": sum(r[2] for r in table) - sum(
-                              table[j + k][2] for j in layers for k in range(L))}
+                              table[j + k][2] for j in layers for k in range(len(medians)))}
             print(f"trace {preset} {label}: {per} kernels, step {row[label]['step_us']:.1f} us; per layer "
-                  + ", ".join(f"{n[:18]} {t:.2f}" for n, t in per_layer)
+                  + ", ".join(f"{n[:18]} {t:.2f}" for n, t in medians)
                   + f"; outside the layers {row[label]['outside_layers_us']:.1f} us", flush=True)
         rows.append(row)
         del model

@@ -51,6 +51,16 @@ def step_table(ev: list[dict], per: int) -> list[tuple]:
     return rows
 
 
+def per_layer(rows: list[tuple], first: int = 2, L: int = 5) -> tuple[list[int], list[tuple[str, float]]]:
+    """The layers' first positions in ``step_table``'s rows (every L from ``first`` whose
+    second kernel is the first layer's: one attention kernel a layer), and each of a
+    layer's L kernels with its median cost over them."""
+    starts = [j for j in range(first, len(rows) - L + 1, L) if rows[j + 1][1] == rows[first + 1][1]]
+    return starts, [(rows[first + k][1], statistics.median(rows[j + k][2] for j in starts
+                                                            if rows[j + k][1] == rows[first + k][1]))
+                    for k in range(L)]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("trace", type=Path)
@@ -64,13 +74,10 @@ def main() -> int:
     print(f"{len(ev)} kernels, {len(ev) // per} steps of {per}; step {sum(r[2] for r in rows):.1f} us")
     for r in rows:
         print(f"{r[0]:4d} {r[1]:40s} {r[2]:8.2f} us  {r[3]:6d} programs  {r[4]} registers")
-    L = args.layer
-    n_layers = sum(r[1] == rows[args.first + 1][1] for r in rows)  # one attention kernel a layer
-    layers = range(args.first, args.first + n_layers * L, L)
+    layers, medians = per_layer(rows, args.first, args.layer)
     print(f"per layer (median over {len(layers)} layers):")
-    for k in range(L):
-        costs = [rows[j + k][2] for j in layers if rows[j + k][1] == rows[args.first + k][1]]
-        print(f"  {k} {rows[args.first + k][1]:40s} {statistics.median(costs):8.2f} us")
+    for k, (name, us) in enumerate(medians):
+        print(f"  {k} {name:40s} {us:8.2f} us")
     return 0
 
 

@@ -121,7 +121,7 @@ def _attend(attn: "Attention", qkv: torch.Tensor, cos: torch.Tensor, sin: torch.
         if s <= MAX_Q_LEN:
             out = decode_attention(q, cache.k, cache.v, lens_after, block_table=table)
         else:
-            out = _prefill_attention(q, cache.k, cache.v, lens.tolist() if starts is None else starts, table)
+            out = _prefill_attention(q, cache.k, cache.v, starts, table)
     return out.reshape(b, s, q_size)
 
 

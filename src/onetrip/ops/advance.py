@@ -32,8 +32,7 @@ import triton.language as tl
 
 from ._common import check_same_device, pdl_args, use_triton
 from ._jit import pdl_start
-from .argmax import _key_min, tile_keys
-
+from .argmax import _pick_from_keys, tile_keys
 
 
 @triton.jit
@@ -60,14 +59,8 @@ def _advance_kernel(
     for r0 in range(0, B, BLOCK_B):  # rows in blocks: (BLOCK_B, BLOCK_T) keys stay in registers
         r = r0 + tl.arange(0, BLOCK_B)
         ok = r < B
-        if FROM_KEYS:
-            # argmax's second stage: the largest 64-bit key of the row's tiles (argmax.py)
-            t = tl.arange(0, BLOCK_T)
-            t_ok = t < n_tiles
-            key = tl.load(src_ptr + r[:, None].to(tl.int64) * n_tiles + t[None, :],
-                          mask=ok[:, None] & t_ok[None, :], other=0)
-            key = tl.where(t_ok[None, :], key, _key_min())       # (BLOCK_B, BLOCK_T)
-            pick = 0x7FFFFFFF - (tl.max(key, axis=1) & 0xFFFFFFFF)  # (BLOCK_B,) int64
+        if FROM_KEYS:  # argmax's second stage: the largest 64-bit key of the row's tiles
+            pick = _pick_from_keys(src_ptr, r, ok, n_tiles, BLOCK_T)  # (BLOCK_B,) int64
         else:
             pick = tl.load(src_ptr + r, mask=ok, other=0)
         done = tl.load(done_ptr + r, mask=ok, other=0) != 0

@@ -61,6 +61,18 @@ def _argmax_tiles_kernel(
 
 
 @triton.jit
+def _pick_from_keys(ws_ptr, rows, row_ok, n_tiles, BLOCK_T: tl.constexpr):
+    """The second stage for ``rows`` (R,): each row's largest tile key in ws (rows, n_tiles)
+    int64, decoded to its index: (R,) int64. Shared with advance.py's kernel."""
+    t = tl.arange(0, BLOCK_T)
+    t_ok = t < n_tiles
+    key = tl.load(ws_ptr + rows.to(tl.int64)[:, None] * n_tiles + t[None, :], mask=row_ok[:, None] & t_ok[None, :],
+                  other=0)
+    key = tl.where(t_ok[None, :], key, _key_min())  # (R, BLOCK_T)
+    return 0x7FFFFFFF - (tl.max(key, axis=1) & 0xFFFFFFFF)
+
+
+@triton.jit
 def _argmax_final_kernel(
     ws_ptr, out_ptr,         # ws (rows, n_tiles) int64 keys; out (rows,) int64
     n_tiles,
@@ -68,12 +80,8 @@ def _argmax_final_kernel(
     PDL: tl.constexpr = 0,
 ):
     pdl_start(PDL)
-    r = tl.program_id(0)
-    t = tl.arange(0, BLOCK_T)
-    key = tl.load(ws_ptr + r.to(tl.int64) * n_tiles + t, mask=t < n_tiles, other=0)
-    key = tl.where(t < n_tiles, key, _key_min())
-    best = tl.max(key, axis=0)
-    tl.store(out_ptr + r, 0x7FFFFFFF - (best & 0xFFFFFFFF))
+    r = tl.program_id(0) + tl.arange(0, 1)
+    tl.store(out_ptr + r, _pick_from_keys(ws_ptr, r, r >= 0, n_tiles, BLOCK_T))
 
 
 def tile_keys(x: torch.Tensor) -> torch.Tensor:
