@@ -122,6 +122,44 @@ def test_launch_configs(device, gen, config):
     check((q_out, k_out), q, k, cos, sin)
 
 
+# merge_qk (q and k chunks in one loop, every load before the stores), block_hk (k's own
+# chunk) and the 64-bit token index of the first kernel: one chunk for all heads, several
+# chunks of q heads (4 at a time, 14 heads: a partial last chunk), k chunks wider than
+# kv_heads, and more k chunks than q chunks (2 q heads, k 1 at a time).
+CONFIGS = {
+    "merged-all-heads": RotaryConfig(1, 16, 4, 2, merge_qk=True),
+    "merged-q-chunks": RotaryConfig(4, 4, 2, 1, merge_qk=True),
+    "merged-wide-k": RotaryConfig(8, 2, 1, 4, merge_qk=True),
+    "merged-k-chunks": RotaryConfig(2, 2, 2, 1, merge_qk=True),
+    "split-k-block": RotaryConfig(2, 16, 2, 2),
+    "index64": RotaryConfig(2, 16, 2, index64=True),
+    "merged_config": None,  # rotary.merged_config's pick for the shape
+}
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("tokens, heads, kv_heads, head_dim, rot, interleaved", [
+    (1, 14, 2, 64, 64, False),  # Qwen-0.5B's heads, one token
+    (17, 14, 2, 64, 64, True),
+    (17, 3, 3, 128, 64, False),  # partial rotary: dims 64..127 pass through
+    (17, 5, 1, 128, 64, True),
+    (17, 2, 6, 34, 18, False),  # more kv heads than q heads; tail 16, half 9 (padded to 16)
+])
+def test_configs(device, gen, config, tokens, heads, kv_heads, head_dim, rot, interleaved):
+    q = randn((1, tokens, heads, head_dim), torch.bfloat16, device, gen)
+    k = randn((1, tokens, kv_heads, head_dim), torch.bfloat16, device, gen)
+    cos, sin = rope_tables(64, rot, device)
+    pos = torch.randint(0, 64, (tokens,), device=device, generator=gen, dtype=torch.int32)
+    cfg = CONFIGS[config] or rotary.merged_config(tokens, heads, kv_heads, rot // 2, head_dim - rot, q.device)
+    q_out, k_out = poison_(torch.empty_like(q)), poison_(torch.empty_like(k))
+    rotary._launch(q, k, cos, sin, pos, q_out, k_out, interleaved, cfg)
+    check((q_out, k_out), q, k, cos, sin, pos[None], interleaved)
+    q0, k0 = q.clone(), k.clone()
+    rotary._launch(q, k, cos, sin, pos, q, k, interleaved, cfg)  # in place: the tail is not touched
+    check((q, k), q0, k0, cos, sin, pos[None], interleaved)
+    assert torch.equal(q[..., rot:], q0[..., rot:]) and torch.equal(k[..., rot:], k0[..., rot:])
+
+
 def test_reference_fallback(device, gen, monkeypatch):
     monkeypatch.setattr(rotary, "use_triton", lambda t: False)  # CPU without the interpreter
     q = randn((2, 5, 4, 16), torch.bfloat16, device, gen)

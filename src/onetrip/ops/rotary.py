@@ -25,9 +25,63 @@ import triton
 import triton.language as tl
 
 from ._jit import cast_out
-from ._common import check_dtype_match, check_same_device, check_shape, check_tensor, output, sm_count, use_triton
+from ._common import (call_op, check_dtype_match, check_same_device, check_shape, check_tensor, output, sm_count,
+                      use_triton)
 
 POSITION_DTYPES = (torch.int32, torch.int64)
+
+
+@triton.jit
+def _pair_cols(INTERLEAVED: tl.constexpr, BLOCK_HALF: tl.constexpr, half):
+    """Columns (BLOCK_HALF,) of x1 and x2 in a head. Both layouts are the same rotation of
+    (x1, x2); only the columns of the pair differ. Constexpr, so that each layout compiles
+    to straight-line address arithmetic."""
+    i = tl.arange(0, BLOCK_HALF)
+    if INTERLEAVED:  # GPT-J: pairs (x[2i], x[2i+1])
+        return 2 * i, 2 * i + 1
+    else:  # NeoX: x1 = x[:rot/2], x2 = x[rot/2:rot]
+        return i, i + half
+
+
+@triton.jit
+def _head_rows(ptr, tok_off, tok_ok, stride_h, n_heads, h0, BLOCK_H: tl.constexpr):
+    """Pointers (BLOCK_T, BLOCK_H, 1) to the first element of heads h0 .. h0 + BLOCK_H - 1
+    of each token, and their mask."""
+    h = h0 + tl.arange(0, BLOCK_H)
+    ok = tok_ok[:, None, None] & (h < n_heads)[None, :, None]
+    return ptr + tok_off[:, None, None] + (h * stride_h)[None, :, None], ok
+
+
+@triton.jit
+def _load_pair(s, ok, half, INTERLEAVED: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    """x1, x2 (BLOCK_T, BLOCK_H, BLOCK_HALF) float32 of the rows at ``s``."""
+    c1, c2 = _pair_cols(INTERLEAVED, BLOCK_HALF, half)
+    mask = ok & (tl.arange(0, BLOCK_HALF) < half)[None, None, :]
+    x1 = tl.load(s + c1[None, None, :], mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(s + c2[None, None, :], mask=mask, other=0.0).to(tl.float32)
+    return x1, x2
+
+
+@triton.jit
+def _store_pair(d, ok, half, x1, x2, cos, sin, INTERLEAVED: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    """out1 = x1 cos - x2 sin, out2 = x2 cos + x1 sin into the rows at ``d``."""
+    c1, c2 = _pair_cols(INTERLEAVED, BLOCK_HALF, half)
+    mask = ok & (tl.arange(0, BLOCK_HALF) < half)[None, None, :]
+    tl.store(d + c1[None, None, :], cast_out(x1 * cos - x2 * sin, d.dtype.element_ty), mask=mask)
+    tl.store(d + c2[None, None, :], cast_out(x2 * cos + x1 * sin, d.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _load_tail(s, ok, half, tail, BLOCK_TAIL: tl.constexpr):
+    """The pass-through dims rot .. head_dim (BLOCK_T, BLOCK_H, BLOCK_TAIL) of the rows at ``s``."""
+    j = tl.arange(0, BLOCK_TAIL)
+    return tl.load(s + 2 * half + j[None, None, :], mask=ok & (j < tail)[None, None, :])
+
+
+@triton.jit
+def _store_tail(d, ok, half, tail, x, BLOCK_TAIL: tl.constexpr):
+    j = tl.arange(0, BLOCK_TAIL)
+    tl.store(d + 2 * half + j[None, None, :], x, mask=ok & (j < tail)[None, None, :])
 
 
 @triton.jit
@@ -39,30 +93,15 @@ def _rotate_heads(
     INTERLEAVED: tl.constexpr, COPY_TAIL: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr,
 ):
-    i = tl.arange(0, BLOCK_HALF)
-    # Both layouts are the same rotation of (x1, x2); only the columns of the pair differ.
-    # Constexpr, so that each layout compiles to straight-line address arithmetic.
-    if INTERLEAVED:  # GPT-J: pairs (x[2i], x[2i+1])
-        c1 = 2 * i
-        c2 = 2 * i + 1
-    else:  # NeoX: x1 = x[:rot/2], x2 = x[rot/2:rot]
-        c1 = i
-        c2 = i + half
-    j = tl.arange(0, BLOCK_TAIL)
+    """One tensor's heads, BLOCK_H at a time: each chunk's rotated pairs are loaded and
+    stored, then its pass-through dims (partial rotary, out of place) copied."""
     for h0 in range(0, n_heads, BLOCK_H):
-        h = h0 + tl.arange(0, BLOCK_H)
-        row_ok = tok_ok[:, None, None] & (h < n_heads)[None, :, None]
-        mask = row_ok & (i < half)[None, None, :]
-        s = src + tok_src[:, None, None] + (h * stride_sh)[None, :, None]  # (BLOCK_T, BLOCK_H, 1)
-        d = dst + tok_dst[:, None, None] + (h * stride_dh)[None, :, None]
-        x1 = tl.load(s + c1[None, None, :], mask=mask, other=0.0).to(tl.float32)
-        x2 = tl.load(s + c2[None, None, :], mask=mask, other=0.0).to(tl.float32)
-        tl.store(d + c1[None, None, :], cast_out(x1 * cos - x2 * sin, dst.dtype.element_ty), mask=mask)
-        tl.store(d + c2[None, None, :], cast_out(x2 * cos + x1 * sin, dst.dtype.element_ty), mask=mask)
-        if COPY_TAIL:  # partial rotary, out of place: dims rot.. pass through
-            tmask = row_ok & (j < tail)[None, None, :]
-            x = tl.load(s + 2 * half + j[None, None, :], mask=tmask)
-            tl.store(d + 2 * half + j[None, None, :], x, mask=tmask)
+        s, ok = _head_rows(src, tok_src, tok_ok, stride_sh, n_heads, h0, BLOCK_H)
+        d, _ = _head_rows(dst, tok_dst, tok_ok, stride_dh, n_heads, h0, BLOCK_H)
+        x1, x2 = _load_pair(s, ok, half, INTERLEAVED, BLOCK_HALF)
+        _store_pair(d, ok, half, x1, x2, cos, sin, INTERLEAVED, BLOCK_HALF)
+        if COPY_TAIL:
+            _store_tail(d, ok, half, tail, _load_tail(s, ok, half, tail, BLOCK_TAIL), BLOCK_TAIL)
 
 
 @triton.jit
@@ -85,34 +124,79 @@ def _rotary_kernel(
     stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
     stride_qob, stride_qos, stride_qoh, stride_kob, stride_kos, stride_koh,
     stride_cos, stride_sin,
-    INTERLEAVED: tl.constexpr, HAS_POS: tl.constexpr, COPY_TAIL: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr,
+    INTERLEAVED: tl.constexpr, HAS_POS: tl.constexpr, COPY_TAIL: tl.constexpr, MERGE_QK: tl.constexpr,
+    TOK64: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HK: tl.constexpr,
+    BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr,
 ):
-    # 64-bit token offsets: b * stride exceeds 2**31 elements for activations over 4 GiB.
-    tok = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    # Token indices in 32 bits unless n_tokens + BLOCK_T reaches 2**31 (TOK64): the 64-bit
+    # divisions took the partial-rotary tile from 80 to 97 registers on sm_90a (3 -> 2
+    # programs per SM). Offsets are 64-bit: b * stride exceeds 2**31 elements over 4 GiB.
+    pid = tl.program_id(0)
+    if TOK64:
+        pid = pid.to(tl.int64)
+    tok = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     tok_ok = tok < n_tokens
-    b = tok // seq
-    s = tok % seq
+    b = (tok // seq).to(tl.int64)
+    s = (tok % seq).to(tl.int64)
     if HAS_POS:
         pos = tl.load(pos_ptr + tok % n_pos, mask=tok_ok, other=0).to(tl.int64)
     else:
         pos = s
-    cos, sin = _cos_sin_rows(cos_ptr, sin_ptr, pos, tok_ok, half, stride_cos, stride_sin, BLOCK_HALF)
-    _rotate_heads(q_ptr, qo_ptr, b * stride_qb + s * stride_qs, b * stride_qob + s * stride_qos, tok_ok,
-                  stride_qh, stride_qoh, q_heads, half, tail, cos, sin,
-                  INTERLEAVED, COPY_TAIL, BLOCK_H, BLOCK_HALF, BLOCK_TAIL)
-    _rotate_heads(k_ptr, ko_ptr, b * stride_kb + s * stride_ks, b * stride_kob + s * stride_kos, tok_ok,
-                  stride_kh, stride_koh, k_heads, half, tail, cos, sin,
-                  INTERLEAVED, COPY_TAIL, BLOCK_H, BLOCK_HALF, BLOCK_TAIL)
+    q_src, q_dst = b * stride_qb + s * stride_qs, b * stride_qob + s * stride_qos
+    k_src, k_dst = b * stride_kb + s * stride_ks, b * stride_kob + s * stride_kos
+    if MERGE_QK:
+        # One loop over chunks of BLOCK_H q heads and BLOCK_HK k heads, every load of a chunk
+        # (q and k, rotated pairs and pass-through dims) issued before its first store: one
+        # trip to memory per chunk, not one per tensor and part. Stores do not block, but a
+        # load after a store that may alias it cannot be hoisted above it by the compiler.
+        n_chunks = tl.maximum(tl.cdiv(q_heads, BLOCK_H), tl.cdiv(k_heads, BLOCK_HK))
+        for c in range(0, n_chunks):
+            qs, q_ok = _head_rows(q_ptr, q_src, tok_ok, stride_qh, q_heads, c * BLOCK_H, BLOCK_H)
+            ks, k_ok = _head_rows(k_ptr, k_src, tok_ok, stride_kh, k_heads, c * BLOCK_HK, BLOCK_HK)
+            qd, _ = _head_rows(qo_ptr, q_dst, tok_ok, stride_qoh, q_heads, c * BLOCK_H, BLOCK_H)
+            kd, _ = _head_rows(ko_ptr, k_dst, tok_ok, stride_koh, k_heads, c * BLOCK_HK, BLOCK_HK)
+            q1, q2 = _load_pair(qs, q_ok, half, INTERLEAVED, BLOCK_HALF)
+            k1, k2 = _load_pair(ks, k_ok, half, INTERLEAVED, BLOCK_HALF)
+            if COPY_TAIL:
+                q_tail = _load_tail(qs, q_ok, half, tail, BLOCK_TAIL)
+                k_tail = _load_tail(ks, k_ok, half, tail, BLOCK_TAIL)
+            # The rows after q and k's loads: when their layout differs from the tiles' (Qwen-
+            # 0.5B's 8 tokens x 32 pairs at 8 warps), a shared-memory exchange waits for them,
+            # and issued first it held back q and k's loads by a whole trip to memory.
+            cos, sin = _cos_sin_rows(cos_ptr, sin_ptr, pos, tok_ok, half, stride_cos, stride_sin, BLOCK_HALF)
+            _store_pair(qd, q_ok, half, q1, q2, cos, sin, INTERLEAVED, BLOCK_HALF)
+            _store_pair(kd, k_ok, half, k1, k2, cos, sin, INTERLEAVED, BLOCK_HALF)
+            if COPY_TAIL:
+                _store_tail(qd, q_ok, half, tail, q_tail, BLOCK_TAIL)
+                _store_tail(kd, k_ok, half, tail, k_tail, BLOCK_TAIL)
+    else:  # q's chunks, then k's: two or more trips to memory (four with a tail, and one
+        # more first for Qwen-0.5B's tile, whose cos/sin rows go through shared memory)
+        cos, sin = _cos_sin_rows(cos_ptr, sin_ptr, pos, tok_ok, half, stride_cos, stride_sin, BLOCK_HALF)
+        _rotate_heads(q_ptr, qo_ptr, q_src, q_dst, tok_ok, stride_qh, stride_qoh, q_heads, half, tail, cos, sin,
+                      INTERLEAVED, COPY_TAIL, BLOCK_H, BLOCK_HALF, BLOCK_TAIL)
+        _rotate_heads(k_ptr, ko_ptr, k_src, k_dst, tok_ok, stride_kh, stride_koh, k_heads, half, tail, cos, sin,
+                      INTERLEAVED, COPY_TAIL, BLOCK_HK, BLOCK_HALF, BLOCK_TAIL)
 
 
 @dataclass(frozen=True)
 class RotaryConfig:
-    """Launch shape: ``block_t`` tokens per program, heads in chunks of ``block_h``."""
+    """Launch shape: ``block_t`` tokens per program; q's heads in chunks of ``block_h``, k's
+    in chunks of ``block_hk`` (0: ``block_h``, the first layout, which pads 2 kv heads to 16
+    lanes beside 14 q heads).
+
+    ``merge_qk`` False: q's chunks, then k's, each chunk's rotated dims loaded and stored
+    before its pass-through dims are copied: a program waits on memory twice (four times
+    with partial rotary), the later trips with few bytes in flight (2 of 16 heads for
+    Qwen-0.5B). True: one loop over (q chunk, k chunk) pairs that issues every load of a
+    pair before its first store; with ``block_h`` >= heads and ``block_hk`` >= kv_heads,
+    one trip per program."""
 
     block_t: int
     block_h: int
     num_warps: int
+    block_hk: int = 0
+    merge_qk: bool = False
+    index64: bool = False  # token indices in 64 bits, as first written (A/B only; forced past 2**31 tokens)
 
 
 def rotary_config(tokens: int, heads: int, half: int, device: torch.device, *, tile: int = 4096) -> RotaryConfig:
@@ -128,6 +212,32 @@ def rotary_config(tokens: int, heads: int, half: int, device: torch.device, *, t
     return RotaryConfig(block_t, block_h, max(1, min(8, block_t * per_token // 256)))
 
 
+def merged_config(tokens: int, heads: int, kv_heads: int, half: int, tail: int, device: torch.device, *,
+                  tile: int = 8192, per_thread: int = 32) -> RotaryConfig:
+    """A ``merge_qk`` launch: a token's q and k heads in one chunk (each padded to a power of
+    two; both halved until a token's lanes fit in ``tile``), about ``tile`` loaded lanes
+    (rotated pairs and pass-through dims) per program, at least ~4 programs per SM when
+    there are enough tokens, and warps for about ``per_thread`` lanes a thread, rounded
+    down to a power of two (1 to 8). On an H200's three bench shapes: 1 x 32/8 heads at 4
+    warps (llama-8b), 4 x 16/2 at 4 (qwen-0.5b), 1 x 32/32 at 8 (partial); compiled for
+    sm_90a, 96, 96 and 53 registers, no spills. Measured there (H200, bf16,
+    ``results/tune-rotary-h200-20261121.json``): 95.5% / 94.3% / 91.8% of copy against
+    ``rotary_config``'s 95.0% / 83.6% / 90.4%; so ``apply_rotary`` launches this, and
+    ``append_kv`` keeps ``rotary_config``."""
+    block_h, block_hk = triton.next_power_of_2(max(heads, 1)), triton.next_power_of_2(max(kv_heads, 1))
+    cols = 2 * triton.next_power_of_2(max(half, 1)) + (triton.next_power_of_2(tail) if tail > 0 else 0)
+    while (block_h + block_hk) * cols > tile and max(block_h, block_hk) > 1:
+        block_h, block_hk = max(1, block_h // 2), max(1, block_hk // 2)
+    per_token = (block_h + block_hk) * cols
+    limit = max(1, tokens // (4 * sm_count(device)))
+    block_t = 1
+    while 2 * block_t * per_token <= tile and 2 * block_t <= limit:
+        block_t *= 2
+    warps = max(1, block_t * per_token // (32 * per_thread))
+    warps = min(8, 1 << (warps.bit_length() - 1))
+    return RotaryConfig(block_t, block_h, warps, block_hk, merge_qk=True)
+
+
 def _launch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
             positions: Optional[torch.Tensor], q_out: torch.Tensor, k_out: torch.Tensor, interleaved: bool,
             config: RotaryConfig | None = None):
@@ -141,8 +251,8 @@ def _launch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     n_tokens = B * S
     if n_tokens == 0 or H + Hkv == 0:
         return None
-    cfg = config or rotary_config(n_tokens, max(H, Hkv), half, q.device)
     tail = D - 2 * half
+    cfg = config or merged_config(n_tokens, H, Hkv, half, tail, q.device)
     inplace = q_out.data_ptr() == q.data_ptr() and k_out.data_ptr() == k.data_ptr()
     return _rotary_kernel[(triton.cdiv(n_tokens, cfg.block_t),)](
         q, k, q_out, k_out, cos, sin, positions if positions is not None else cos,
@@ -150,7 +260,8 @@ def _launch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
         *q.stride()[:3], *k.stride()[:3], *q_out.stride()[:3], *k_out.stride()[:3],
         cos.stride(0), sin.stride(0),
         INTERLEAVED=interleaved, HAS_POS=positions is not None, COPY_TAIL=tail > 0 and not inplace,
-        BLOCK_T=cfg.block_t, BLOCK_H=cfg.block_h,
+        MERGE_QK=cfg.merge_qk, TOK64=cfg.index64 or n_tokens + cfg.block_t >= 2**31,
+        BLOCK_T=cfg.block_t, BLOCK_H=cfg.block_h, BLOCK_HK=cfg.block_hk or cfg.block_h,
         BLOCK_HALF=triton.next_power_of_2(half), BLOCK_TAIL=triton.next_power_of_2(max(tail, 1)),
         num_warps=cfg.num_warps,
     )
@@ -294,11 +405,11 @@ def apply_rotary(
     qw, q_scratch = _work(q_out, batch, inplace)
     kw, k_scratch = _work(k_out, batch, inplace)
     if inplace:
-        _rotary_op(qw, kw, cos, sin, pos, None, None, bool(interleaved))
+        call_op(_rotary_op, qw, kw, cos, sin, pos, None, None, bool(interleaved))
     else:
         qi, _ = _work(q, batch, True)
         ki, _ = _work(k, batch, True)
-        _rotary_op(qw, kw, cos, sin, pos, qi, ki, bool(interleaved))
+        call_op(_rotary_op, qw, kw, cos, sin, pos, qi, ki, bool(interleaved))
     if q_scratch:
         q_out.copy_(qw.view(q_out.shape))
     if k_scratch:
