@@ -66,6 +66,23 @@ def norm_candidates(width):
                 yield norm.NormConfig("loop", 1, chunk, warps)
 
 
+def focus_candidates(width, rows, is_rms, residual):
+    """--focus: today's pick, the coop split, and "loop" at three chunk / warp pairs with
+    and without its L2 hints and, with a residual, h stashed in pass 1."""
+    pick = norm.norm_config(rows, width, torch.device("cuda"), is_rms=is_rms, has_residual=residual)
+    yield pick
+    coop = norm.NormConfig("coop", 1, 8192, 4)
+    if width > 8192 and coop != pick:
+        yield coop
+    for chunk, warps in ((8192, 8), (16384, 16), (32768, 32)):
+        if chunk >= width:
+            continue
+        for hints, stash in itertools.product((True, False), (False, True) if residual else (False,)):
+            cfg = norm.NormConfig("loop", 1, chunk, warps, hints=hints, stash=stash)
+            if cfg != pick:
+                yield cfg
+
+
 def report(kernel):
     if kernel is None:
         return {}
@@ -105,6 +122,8 @@ def main():
     ap.add_argument("--widths", default=None, help="comma-separated widths (default: all, or the quick five)")
     ap.add_argument("--modes", default=None, help="norm modes to sweep, comma-separated (default: all of "
                     "rows,coop,two_pass,loop)")
+    ap.add_argument("--focus", action="store_true", help="norms: only today's pick, coop and the loop variants "
+                    "(focus_candidates)")
     ap.add_argument("--elems", type=int, default=ELEMS, help=f"elements per tensor (default {ELEMS}; the "
                     "bench's shapes have 2**24)")
     args = ap.parse_args()
@@ -152,7 +171,8 @@ def main():
                                          1e-6, is_rms, False, cfg)
                 return f, f
             nbytes = (4 if res else 2) * E + (1 if is_rms else 2) * W
-            cands = [c for c in norm_candidates(width) if modes is None or c.mode in modes]
+            cands = list(focus_candidates(width, rows, is_rms, res) if args.focus else norm_candidates(width))
+            cands = [c for c in cands if modes is None or c.mode in modes]
             best[(fam, width)] = sweep_family(fam, width, mk, cands, nbytes, copy, results, rows)
         del x, r, y, h
         torch.cuda.empty_cache()

@@ -89,17 +89,20 @@ def test_no_weight_and_fp32_weight(device, gen, kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("mode", ["rows", "two_pass", "loop"] + (["coop"] if ON_GPU else []))
+@pytest.mark.parametrize("mode", ["rows", "two_pass", "loop", "loop hints", "loop stash"]
+                         + (["coop"] if ON_GPU else []))
 def test_modes(device, gen, kind, mode):
     """Every mode on one awkward width: tiles of 2 rows (the last half past the end);
-    chunks of 128 split 1023 into 8 with a ragged last one."""
+    chunks of 128 split 1023 into 8 with a ragged last one. "loop stash" re-reads h as
+    stored (with a residual; without one it is plain "loop")."""
     rows, width = 11, 1023
     x = strided_like((rows, width), torch.bfloat16, device, generator=gen)
     r = strided_like((rows, width), torch.bfloat16, device, generator=gen) + 2.0
     w, b = _params(kind, width, torch.bfloat16, device, gen)
     cfg = {"rows": NormConfig("rows", 2, 1024, 4),
            "two_pass": NormConfig("two_pass", 1, 128, 4), "coop": NormConfig("coop", 1, 128, 4),
-           "loop": NormConfig("loop", 1, 128, 4)}[mode]
+           "loop": NormConfig("loop", 1, 128, 4), "loop hints": NormConfig("loop", 1, 128, 4, hints=True),
+           "loop stash": NormConfig("loop", 1, 128, 4, hints=True, stash=True)}[mode]
     for res in (r, None):  # with and without the residual add
         y = poison_(torch.empty_like(x))
         h = poison_(torch.empty_like(x)) if res is not None else None
@@ -117,9 +120,10 @@ def test_layer_norm_far_from_zero(device, gen, width, dtype):
     _check("layer", x, r, w, b, 1e-5, *_run("layer", x, r, w, b, 1e-5))
     _check("layer", x, None, w, b, 1e-5, *_run("layer", x, None, w, b, 1e-5))
     # Split rows (chunks of 128 combined with Chan's formula) must hold up as well.
-    for mode in ("two_pass", "loop"):
+    for cfg in (NormConfig("two_pass", 1, 128, 4), NormConfig("loop", 1, 128, 4),
+                NormConfig("loop", 1, 128, 4, stash=True)):
         y, h = poison_(torch.empty_like(x)), poison_(torch.empty_like(x))
-        norm_mod._launch(x, r, w, b, y, h, 1e-5, False, False, NormConfig(mode, 1, 128, 4))
+        norm_mod._launch(x, r, w, b, y, h, 1e-5, False, False, cfg)
         _check("layer", x, r, w, b, 1e-5, y, h)
 
 
@@ -135,15 +139,24 @@ def test_in_place_residual(device, gen):
 
 
 def test_config_rule():
-    cpu = torch.device("cpu")
+    cpu = torch.device("cpu")  # sm_count: 4 "SMs" on the CPU
+    L = NormConfig
     assert norm_mod.norm_config(64, 4096, cpu).mode == "rows"
-    assert norm_mod.norm_config(64, 32768, cpu).mode == "rows"  # RMSNorm: whole rows to 32K
+    assert norm_mod.norm_config(64, 32768, cpu).mode == "rows"  # add + RMSNorm: whole rows to 32K
+    assert norm_mod.norm_config(64, 32768, cpu, has_residual=False) == L("loop", 1, 16384, 16, hints=True)
+    assert norm_mod.norm_config(3, 32768, cpu, has_residual=False).mode == "rows"  # fewer rows than SMs
     # LayerNorm without a residual from 16K wide: a program per row, two passes
-    assert norm_mod.norm_config(64, 16384, cpu, is_rms=False, has_residual=False) == NormConfig("loop", 1, 8192, 8)
-    assert norm_mod.norm_config(64, 65536, cpu, is_rms=False, has_residual=False) == NormConfig("loop", 1, 16384, 16)
+    assert norm_mod.norm_config(64, 16384, cpu, is_rms=False, has_residual=False) == L("loop", 1, 8192, 8, hints=True)
+    assert norm_mod.norm_config(64, 32768, cpu, is_rms=False, has_residual=False) == L("loop", 1, 8192, 8, hints=True)
+    assert norm_mod.norm_config(64, 65536, cpu, is_rms=False, has_residual=False) == \
+        L("loop", 1, 32768, 32, hints=True)
     assert norm_mod.norm_config(3, 65536, cpu, is_rms=False, has_residual=False).mode == "two_pass"  # < 4 SMs' rows
     assert norm_mod.norm_config(64, 16384, cpu, is_rms=False).mode == "rows"
-    assert norm_mod.norm_config(64, 65536, cpu, is_rms=False).mode == "two_pass"  # coop needs a GPU
+    # With a residual: h stashed in pass 1; past 128K the split rows
+    assert norm_mod.norm_config(64, 32768, cpu, is_rms=False) == L("loop", 1, 16384, 16, stash=True)
+    assert norm_mod.norm_config(64, 131072, cpu) == L("loop", 1, 32768, 32, hints=True, stash=True)
+    assert norm_mod.norm_config(64, 262144, cpu).mode == "two_pass"  # coop needs a GPU
+    assert norm_mod.norm_config(3, 65536, cpu, is_rms=False).mode == "two_pass"
 
 
 def test_empty(device):
@@ -172,3 +185,17 @@ def test_bad_input(device):
         onetrip.add_rms_norm(x, None, w, residual_out=torch.empty_like(x))
     with pytest.raises(TypeError, match="out has dtype torch.float16"):
         onetrip.rms_norm(x, w, out=torch.empty(4, 8, device=device, dtype=torch.float16))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_loop_stash_in_place(device, gen, kind):
+    """Mode "loop" with ``stash``: pass 1 writes h over the residual it is still reading
+    (``residual_out=residual``), pass 2 re-reads h; chunks of 16 over 111 columns."""
+    x = strided_like((5, 111), torch.bfloat16, device, generator=gen)
+    r = strided_like((5, 111), torch.bfloat16, device, generator=gen)
+    w, b = _params(kind, 111, torch.bfloat16, device, gen)
+    x0, r0 = x.clone(), r.clone()
+    y = poison_(torch.empty_like(x))
+    norm_mod._launch(x, r, w, b, y, r, 1e-6, kind != "layer", kind == "gemma",
+                     NormConfig("loop", 1, 16, 4, hints=True, stash=True))
+    _check(kind, x0, r0, w, b, 1e-6, y, r)

@@ -25,8 +25,10 @@ How rows are covered (``NormConfig.mode``):
     chunk. Used under Triton's interpreter, which runs programs one after another and so
     cannot wait on a sibling, and for C above the SM count.
   * "loop": a program per row walks its chunks twice, statistics then apply; the second
-    pass finds the row in L2 while the rows of the programs in flight fit there. No
-    program waits on another. Chosen for LayerNorm without a residual (norm_config).
+    pass finds the row in L2 while the rows of the programs in flight fit there (eviction
+    hints keep them; with a residual, pass 1 stores h and pass 2 re-reads h alone). No
+    program waits on another. Chosen from 32K wide where there is a row for every SM
+    (``norm_config``).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import triton
 import triton.language as tl
 
 from ._common import (
+    call_op,
     FLOAT_DTYPES,
     acc_dtype,
     as_rows,
@@ -60,22 +63,27 @@ _ROWS, _COOP, _STATS, _APPLY, _LOOP = 0, 1, 2, 3, 4  # the kernel's PHASE
 
 @triton.jit
 def _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm,
-            HAS_RESIDUAL: tl.constexpr, STORE_H: tl.constexpr):
+            HAS_RESIDUAL: tl.constexpr, STORE_H: tl.constexpr, EVICT: tl.constexpr = tl.constexpr(""),
+            EVICT_H: tl.constexpr = tl.constexpr("")):
     """h = x + r of a (rows, cols) tile in float32 (unrounded: the statistics use the exact
-    sum); stores h rounded to its dtype when STORE_H."""
+    sum); stores h rounded to its dtype when STORE_H. EVICT, EVICT_H: L2 eviction hints of
+    the loads and of h's store ("" for none)."""
     rows64 = rows.to(tl.int64)[:, None]  # rows * stride exceeds 2**31 for tensors over 4 GiB
-    h = tl.load(x_ptr + rows64 * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    h = tl.load(x_ptr + rows64 * stride_xm + cols[None, :], mask=mask, other=0.0,
+                eviction_policy=EVICT).to(tl.float32)
     if HAS_RESIDUAL:
-        h += tl.load(r_ptr + rows64 * stride_rm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        h += tl.load(r_ptr + rows64 * stride_rm + cols[None, :], mask=mask, other=0.0,
+                     eviction_policy=EVICT).to(tl.float32)
         if STORE_H:
-            tl.store(h_ptr + rows64 * stride_hm + cols[None, :], cast_out(h, h_ptr.dtype.element_ty), mask=mask)
+            tl.store(h_ptr + rows64 * stride_hm + cols[None, :], cast_out(h, h_ptr.dtype.element_ty), mask=mask,
+                     eviction_policy=EVICT_H)
     return h
 
 
 @triton.jit
 def _store_y(y_ptr, h, mean, rstd, w, b, rows, cols, mask, stride_ym,
              IS_RMS: tl.constexpr, GEMMA: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
-             mean_lo=0.0, TWO_PART: tl.constexpr = False):
+             mean_lo=0.0, TWO_PART: tl.constexpr = False, EVICT: tl.constexpr = tl.constexpr("")):
     """y = norm(h) from its statistics (scalars, or (BLOCK_M, 1) columns), stored rounded.
     TWO_PART: the mean is mean + mean_lo, kept as two float32s (see ``_mean_rstd``)."""
     if IS_RMS:
@@ -95,7 +103,7 @@ def _store_y(y_ptr, h, mean, rstd, w, b, rows, cols, mask, stride_ym,
         if HAS_BIAS:
             y += b.to(tl.float32)[None, :]
     tl.store(y_ptr + rows.to(tl.int64)[:, None] * stride_ym + cols[None, :], cast_out(y, y_ptr.dtype.element_ty),
-             mask=mask)
+             mask=mask, eviction_policy=EVICT)
 
 
 @triton.jit
@@ -148,13 +156,34 @@ def _chunk_stats(h, mask, n_here, FP32: tl.constexpr):
 
 
 @triton.jit
+def _pass1_chunk(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm,
+                 HAS_RESIDUAL: tl.constexpr, STASH: tl.constexpr, KEEP: tl.constexpr, DROP: tl.constexpr):
+    """h of one chunk in pass 1 of mode "loop" (float32). STASH: x and r are read for the
+    last time (DROP) and h is stored rounded (KEEP: pass 2 reads it), then used as stored;
+    else x (and r) are read with KEEP, for pass 2 to find them in L2."""
+    if STASH:
+        h = cast_out(_load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, True, False,
+                             DROP), h_ptr.dtype.element_ty)
+        tl.store(h_ptr + rows.to(tl.int64)[:, None] * stride_hm + cols[None, :], h, mask=mask, eviction_policy=KEEP)
+        return h.to(tl.float32)
+    return _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL, False, KEEP)
+
+
+@triton.jit
 def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, row, N, stride_xm, stride_rm, stride_ym, stride_hm, eps,
               IS_RMS: tl.constexpr, GEMMA: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-              HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr):
+              HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, HINTS: tl.constexpr, STASH: tl.constexpr):
     """Mode "loop": one program per row, two passes over its chunks of BLOCK_N. Pass 1 sums
     the statistics; pass 2 reads each chunk again, which a row of <= 512 KB finds in L2 (two
     programs an SM hold 132 x 2 x 256 KB at 64K wide: 68 MB for the H200's 60 MB L2, most
     of it), and writes h and y. No program waits on another: nothing to deadlock.
+
+    HINTS: pass 1 loads with evict_last (the lines are read again), pass 2 loads and every
+    store with evict_first (never read again), so the row being re-read is the last thing
+    the L2 gives up. STASH (with a residual): pass 1 also stores h = x + r (evict_last) and
+    pass 2 re-reads h alone: half the bytes kept in L2 between the passes, the same bytes
+    to HBM; y is then normalized from h as stored (rounded to its dtype, as PyTorch's
+    ``x + residual`` is), so pass 1 takes its statistics from the rounded h too.
 
     LayerNorm sums d = h - c around c = h[0] (the shifted-data algorithm): with c within a
     few standard deviations of the mean, sum(d^2) - sum(d)^2 / N does not cancel, and y =
@@ -162,18 +191,26 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, row, N, stride_xm, strid
     running Chan combine of chunk means instead drew 2.8x PyTorch's float32 error on rows
     100 standard deviations from zero (5000 wide, chunks of 128: ~40 roundings of a mean
     near 100)."""
+    KEEP: tl.constexpr = "evict_last" if HINTS else ""
+    DROP: tl.constexpr = "evict_first" if HINTS else ""
     rows = row + tl.arange(0, 1)
-    one = tl.arange(0, 1) < 1
     c = 0.0
     if not IS_RMS:
-        c = tl.sum(_load_h(x_ptr, r_ptr, h_ptr, rows, tl.arange(0, 1), one[None, :], stride_xm, stride_rm,
-                           stride_hm, HAS_RESIDUAL, False))
+        # (Taking c from the first chunk instead of this load of its own, with the chunk
+        # peeled off the loop, measured -4 to +3 points: 16K / 32K wide, H200.)
+        one = tl.arange(0, 1) < 1
+        c = _pass1_chunk(x_ptr, r_ptr, h_ptr, rows, tl.arange(0, 1), one[None, :], stride_xm, stride_rm, stride_hm,
+                         HAS_RESIDUAL, False, "", "")
+        if STASH:
+            c = cast_out(c, h_ptr.dtype.element_ty).to(tl.float32)
+        c = tl.sum(c)
     s1 = 0.0
     s2 = 0.0
     for c0 in range(0, N, BLOCK_N):
         cols = c0 + tl.arange(0, BLOCK_N)
         mask = (cols < N)[None, :]
-        h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL, False)
+        h = _pass1_chunk(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL,
+                         STASH, KEEP, DROP)
         d = tl.where(mask, h - c, 0.0)
         s1 += tl.sum(d)
         s2 += tl.sum(d * d)
@@ -182,14 +219,20 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, row, N, stride_xm, strid
         rstd = tl.rsqrt(s2 / N + eps)
     else:
         rstd = tl.rsqrt(tl.maximum(s2 / N - mean_lo * mean_lo, 0.0) + eps)
+    if STASH:
+        tl.debug_barrier()  # pass 2 reads h as this program's other threads stored it
     for c0 in range(0, N, BLOCK_N):
         cols = c0 + tl.arange(0, BLOCK_N)
         col_ok = cols < N
         mask = col_ok[None, :]
-        h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL, True)
+        if STASH:
+            h = _load_h(h_ptr, r_ptr, h_ptr, rows, cols, mask, stride_hm, stride_rm, stride_hm, False, False, DROP)
+        else:
+            h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL, True,
+                        DROP, DROP)
         w, b = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS)
         _store_y(y_ptr, h, c, rstd, w, b, rows, cols, mask, stride_ym, IS_RMS, GEMMA, HAS_WEIGHT, HAS_BIAS,
-                 mean_lo, TWO_PART=not IS_RMS)
+                 mean_lo, TWO_PART=not IS_RMS, EVICT=DROP)
 
 
 @triton.jit
@@ -204,10 +247,11 @@ def _norm_kernel(
     HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
     PHASE: tl.constexpr,              # _ROWS, _COOP, _STATS, _APPLY or _LOOP
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
+    HINTS: tl.constexpr = False, STASH: tl.constexpr = False,  # mode "loop" only: see _loop_row
 ):
     if PHASE == 4:
         _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, tl.program_id(0), N, stride_xm, stride_rm, stride_ym,
-                  stride_hm, eps, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_N)
+                  stride_hm, eps, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_N, HINTS, STASH)
         return
     # -- which chunk of columns (and, split, which row) this program owns -------------------
     if PHASE == 1:
@@ -299,32 +343,44 @@ class NormConfig:
     block_m: int
     block_n: int
     num_warps: int
+    hints: bool = False  # "loop": L2 eviction hints (evict_last on the pass read again)
+    stash: bool = False  # "loop" with a residual: pass 1 stores h, pass 2 re-reads h alone
 
 
 def norm_config(rows: int, width: int, device: torch.device, *, is_rms: bool = True,
                 has_residual: bool = True, chunk: int = 8192, chunk_warps: int = 4) -> NormConfig:
-    """Whole rows up to 16K elements (32K for RMSNorm), else chunks of ``chunk`` elements.
+    """Whole rows up to 16K elements (32K for add + RMSNorm), then a program per row
+    ("loop") where there is a row for every SM, else chunks of ``chunk`` ("coop").
 
-    From sweeps on an H200 (benchmarks/NOTES.md): whole rows run at 94-99% of copy
-    bandwidth up to 16K wide (RMSNorm to 32K, with 32 warps) with tiles of two rows up to
-    4K wide (and for LayerNorm to 16K) and about 32 elements per warp-thread group
-    (tile / 1024 warps); single-row programs past that spill and fall to 17-62%, so wider
-    rows are split. With or without a residual, one rule was within 2-3% of the best.
-    Split rows: chunks of 8192 with 4 warps were the best or within 1% of it at 32K-256K.
-    LayerNorm without a residual from 16K wide and with a row for every SM: a program per
-    row ("loop"), 82% / 72% / 58-61% of copy at 16K / 32K / 64K-256K against 77% / 64%
-    (whole rows) and 51-55% (coop) (tune-ops-loop-h200-20261121.json); with a residual,
-    or RMSNorm, it lost; and 64 rows of 256K (64 programs on 132 SMs) fell 41% -> 27%
-    (ops-nvidia-h200-bf16-20261121-layer_norm-loop.json), so fewer rows stay with coop.
+    From sweeps on an H200 at 2**26 elements (benchmarks/NOTES.md, tenth session,
+    ``tune-ops-focus-h200-20261121-*.json``), % of copy:
+      * whole rows: 94-99% up to 16K wide with tiles of two rows up to 4K (LayerNorm to 16K)
+        and ~32 elements per thread; add + RMSNorm 96% at 32K with 32 warps. Wider single-row
+        programs spill (17-62%).
+      * "loop" with L2 hints (pass 1 evict_last, pass 2 evict_first): rms_norm 32K 90%
+        (whole rows 89%), 64K 83% (coop 67%); layer_norm 16K 86% (82% without hints), 32K 74%,
+        64K 71% (coop 55%). With a residual, h stashed in pass 1: add + LayerNorm 32K 89%
+        (coop 81%), add + RMSNorm / add + LayerNorm 64K 88% / 87% and 128K 87% / 84% (coop
+        84% / 80%); at 256K coop stays (83% / 79% against 79% / 78%). At 32K the stash ran
+        best without hints (89% against 87%).
+      * "loop" needs a row for every SM: 64 rows of 256K (64 programs on 132 SMs) fell 41%
+        -> 27% (ops-nvidia-h200-bf16-20261121-layer_norm-loop.json); fewer rows take coop.
     """
     block_n = triton.next_power_of_2(max(width, 1))
-    if not is_rms and not has_residual and block_n >= 16384 and rows >= sm_count(device):
-        return NormConfig("loop", 1, 8192, 8) if block_n == 16384 else NormConfig("loop", 1, 16384, 16)
-    if block_n <= (32768 if is_rms else 16384):
+    loop_ok = rows >= sm_count(device)
+    if not is_rms and not has_residual and block_n == 16384 and loop_ok:
+        return NormConfig("loop", 1, 8192, 8, hints=True)
+    if block_n <= 16384 or (block_n == 32768 and is_rms and (has_residual or not loop_ok)):
         pair = 2 if block_n <= 4096 or not is_rms else 1
         block_m = max(1, min(triton.next_power_of_2(max(rows, 1)), max(pair, 2048 // block_n)))
         warps = max(4, min(16 if block_n <= 16384 else 32, block_m * block_n // 1024))
         return NormConfig("rows", block_m, block_n, warps)
+    if loop_ok and not (has_residual and block_n > 131072):
+        if block_n == 32768:
+            if has_residual:
+                return NormConfig("loop", 1, 16384, 16, stash=True)
+            return NormConfig("loop", 1, 16384, 16, hints=True) if is_rms else NormConfig("loop", 1, 8192, 8, hints=True)
+        return NormConfig("loop", 1, 32768, 32, hints=True, stash=has_residual)
     n_chunks = triton.cdiv(width, chunk)
     coop = not is_interpreting() and device.type == "cuda" and n_chunks <= sm_count(device)
     return NormConfig("coop" if coop else "two_pass", 1, chunk, chunk_warps)
@@ -359,7 +415,7 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
             IS_RMS=is_rms, GEMMA=gemma,
             HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
             PHASE=phase, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_C=max(2, triton.next_power_of_2(C)),
-            num_warps=cfg.num_warps,
+            HINTS=cfg.hints, STASH=cfg.stash and residual is not None, num_warps=cfg.num_warps,
         )
     return kernel
 
@@ -409,7 +465,7 @@ def _norm(x, residual, weight, bias, eps, is_rms, gemma, out, residual_out):
     if residual is not None:
         residual_out = output("residual_out", residual_out, x.shape, x.dtype, x.device)
         h2, h_scratch = rows_out(residual_out, N)
-    _norm_op(as_rows(x, N), as_rows(residual, N) if residual is not None else None,
+    call_op(_norm_op, as_rows(x, N), as_rows(residual, N) if residual is not None else None,
              weight.contiguous() if weight is not None else None, bias.contiguous() if bias is not None else None,
              y2, h2, float(eps), is_rms, gemma)
     if y_scratch:
