@@ -105,6 +105,50 @@ def rows_out(out: torch.Tensor, width: int) -> tuple[torch.Tensor, bool]:
     return torch.empty((rows, width), dtype=out.dtype, device=out.device), True
 
 
+def _dispatch_mode() -> str:
+    value = os.environ.get("ONETRIP_DISPATCH", "direct") or "direct"
+    if value not in ("direct", "op"):
+        raise ValueError(f"ONETRIP_DISPATCH must be 'direct' or 'op', got {value!r}")
+    return value
+
+
+_DIRECT = _dispatch_mode() == "direct"
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _direct_ok(args: tuple) -> bool:
+    """True when calling a custom op's Python implementation directly does exactly what the
+    dispatcher would: nothing traces (torch.compile, export, fake tensors, functorch), no
+    mode intercepts calls, and autograd records nothing (no input requires a gradient)."""
+    if not _DIRECT or torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() \
+            or torch._C._is_torch_function_mode_enabled() or torch._C._are_functorch_transforms_active():
+        return False
+    grad = torch.is_grad_enabled()
+    for a in args:
+        if isinstance(a, torch.Tensor) and (type(a) not in _PLAIN or (grad and a.requires_grad)):
+            return False
+    return True
+
+
+def call_op(op, *args):
+    """Call the custom op ``op`` (a ``torch.library.custom_op``) with positional ``args``.
+
+    Outside tracing this calls its implementation directly: the Python layers of a custom
+    op's dispatch (autograd, ADInplaceOrView with its ``fill_defaults``, the backend
+    wrapper) cost ~50 us a call on a CPU-only dev machine (benchmarks/NOTES.md, tenth
+    session), as much as the kernel launch, and an eager model or a prefill pays it for
+    every op. torch.compile, export, fake tensors and autograd still see the custom op.
+    So does the profiler: a trace then names each call as a ``cpu_op`` that the kernels it
+    launched link to (``onetrip.profile`` reads them so), at the price of profiled runs
+    without CUDA graphs showing the dispatch's host time that unprofiled ones do not pay.
+    ONETRIP_DISPATCH=op sends every call through the dispatcher (for A/B timing).
+    """
+    fn = getattr(op, "_init_fn", None)  # a private attribute: without it, the dispatcher
+    if fn is not None and not torch.autograd.profiler._is_profiler_enabled and _direct_ok(args):
+        return fn(*args)
+    return op(*args)
+
+
 def is_interpreting() -> bool:
     """True when Triton kernels run through Triton's CPU interpreter (``TRITON_INTERPRET=1``)."""
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import check_same_device, pdl_args, use_triton
+from ._common import call_op, check_same_device, pdl_args, use_triton
 from ._jit import pdl_start
 from .argmax import _pick_from_keys, tile_keys
 
@@ -161,7 +161,7 @@ def advance_tokens(nxt: torch.Tensor, done: torch.Tensor, eos: torch.Tensor, out
     One launch, no host synchronisation: CUDA-graph capturable. Equals ``advance_ref``.
     """
     _check(nxt, False, done, eos, out, tok, step, lens)
-    _advance_op(nxt, False, done, eos, out, tok, step, lens)
+    call_op(_advance_op, nxt, False, done, eos, out, tok, step, lens)
 
 
 def advance_greedy(logits: torch.Tensor, done: torch.Tensor, eos: torch.Tensor, out: torch.Tensor,
@@ -169,7 +169,7 @@ def advance_greedy(logits: torch.Tensor, done: torch.Tensor, eos: torch.Tensor, 
     """``advance_tokens`` with the picks the argmax of ``logits`` (B, vocab), float, unit
     stride along vocab: two launches (argmax's tiles, then this op with its final stage)."""
     _check(logits, True, done, eos, out, tok, step, lens)
-    _advance_op(logits, True, done, eos, out, tok, step, lens)
+    call_op(_advance_op, logits, True, done, eos, out, tok, step, lens)
 
 
 def advance_ref(nxt: torch.Tensor, done: torch.Tensor, eos: torch.Tensor, out: torch.Tensor, tok: torch.Tensor,

@@ -26,7 +26,7 @@ from typing import Optional
 
 import torch
 
-from ._common import use_triton
+from ._common import call_op, use_triton
 from .append_kv import _check_new_kv, append_kv_ref
 from ._kv_checks import _check_args
 from .decode_attention import _default_config, _into_out, _launch, decode_attention_ref
@@ -103,8 +103,8 @@ def append_attention(
 
     def launch(work):
         (qw, _), (kw, _), (vw, _) = (_work(t, B, True) for t in (q, k, v))
-        _append_attention_op(qw, kw, vw, k_cache, v_cache, cache_seqlens, cos, sin, block_table, work,
-                             bool(interleaved), softmax_scale, int(window[0]), float(softcap), num_splits or 0)
+        call_op(_append_attention_op, qw, kw, vw, k_cache, v_cache, cache_seqlens, cos, sin, block_table, work,
+                bool(interleaved), softmax_scale, int(window[0]), float(softcap), num_splits or 0)
     return _into_out(out, q, launch)
 
 

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import check_dtype_match, check_same_device, check_shape, check_tensor, sm_count, use_triton
+from ._common import call_op, check_dtype_match, check_same_device, check_shape, check_tensor, sm_count, use_triton
 from ._kv_checks import _check_cache
 from .rotary import RotaryConfig, _cos_sin_rows, _rotate_heads, _work, apply_rotary_ref, rotary_config
 
@@ -205,7 +205,7 @@ def append_kv(
     qw, q_scratch = _work(q, B, True)
     kw, _ = _work(k, B, True)
     vw, _ = _work(v, B, True)
-    _append_kv_op(qw, kw, vw, k_cache, v_cache, cache_seqlens, cos, sin, block_table, bool(interleaved))
+    call_op(_append_kv_op, qw, kw, vw, k_cache, v_cache, cache_seqlens, cos, sin, block_table, bool(interleaved))
     if q_scratch:
         q.copy_(qw)
     return q

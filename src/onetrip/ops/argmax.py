@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import check_tensor, pdl_args, use_triton
+from ._common import call_op, check_tensor, pdl_args, use_triton
 from ._jit import pdl_start
 
 # 2048 values per program: a 128256-wide row is 63 programs, about half an H200's SMs at
@@ -138,7 +138,7 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     rows = x.reshape(-1, V)
     if rows.stride(-1) != 1 and V > 1:
         rows = rows.contiguous()
-    return _argmax_op(rows).reshape(lead)
+    return call_op(_argmax_op, rows).reshape(lead)
 
 
 def argmax_ref(x: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,7 @@ import triton.language as tl
 
 from ._jit import cast_out, gelu, row_tile
 from ._common import (
+    call_op,
     TileConfig,
     as_rows,
     check_dtype_match,
@@ -116,7 +117,7 @@ def bias_gelu(
         bias = bias.contiguous()
     out = output("out", out, x.shape, x.dtype, x.device)
     y2, scratch = rows_out(out, N)
-    _bias_gelu_op(as_rows(x, N), bias, y2, approximate)
+    call_op(_bias_gelu_op, as_rows(x, N), bias, y2, approximate)
     if scratch:
         out.copy_(y2.view(out.shape))
     return out

@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import output, sm_count, use_triton
+from ._common import call_op, output, sm_count, use_triton
 from ._jit import cast_out, dot_f32, tanh
 from ._decode_append import _cache_slot, _new_kv, _rope_rows
 from ._decode_tma import _kv_tile_tma, kv_descriptors
@@ -447,7 +447,7 @@ def decode_attention(
     softmax_scale = _check_args(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, window, softcap,
                                 num_splits)
     qc = q if q.stride(-1) == 1 or q.shape[-1] == 1 else q.contiguous()
-    return _into_out(out, q, lambda work: _decode_op(qc, k_cache, v_cache, cache_seqlens, block_table, work,
+    return _into_out(out, q, lambda work: call_op(_decode_op, qc, k_cache, v_cache, cache_seqlens, block_table, work,
                                                      softmax_scale, int(window[0]), float(softcap), num_splits or 0))
 
 

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from ._common import check_dtype_match, check_same_device, check_shape, check_tensor, sm_count, use_triton
+from ._common import call_op, check_dtype_match, check_same_device, check_shape, check_tensor, sm_count, use_triton
 from .skinny_matmul import _launch, skinny_config
 
 
@@ -121,7 +121,7 @@ def gemv_add_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Ten
     check_same_device("x", x, weight=weight, residual=residual)
     h = torch.empty((1, n), dtype=x.dtype, device=x.device)
     ss = torch.empty((partials(n, k, x.device, x.dtype, silu_mul),), dtype=torch.float32, device=x.device)
-    _residual_op(x2, weight, r2, h, ss, silu_mul)
+    call_op(_residual_op, x2, weight, r2, h, ss, silu_mul)
     return h, ss
 
 
@@ -155,8 +155,8 @@ def gemv_rms_norm(h: torch.Tensor, ss: torch.Tensor, norm_weight: torch.Tensor, 
         check_dtype_match("bias", bias, "h", h)
     check_same_device("h", h, ss=ss, norm_weight=norm_weight, weight=weight, bias=bias)
     out = torch.empty((1, n), dtype=h.dtype, device=h.device)
-    _norm_op(h2, ss, norm_weight.contiguous(), float(eps), weight, bias.contiguous() if bias is not None else None,
-             out, rstd_late)
+    call_op(_norm_op, h2, ss, norm_weight.contiguous(), float(eps), weight,
+            bias.contiguous() if bias is not None else None, out, rstd_late)
     return out
 
 

@@ -23,6 +23,7 @@ import triton.language as tl
 
 from ._jit import cast_out, gelu, row_tile, silu
 from ._common import (
+    call_op,
     TileConfig,
     as_rows,
     check_dtype_match,
@@ -126,7 +127,7 @@ def _glu(gate_up: torch.Tensor, up: Optional[torch.Tensor], activation: str,
     else:
         gate2, up2 = as_rows(gate_up, N), as_rows(up, N)
     y2, scratch = rows_out(out, N)
-    _glu_op(gate2, up2, y2, activation)
+    call_op(_glu_op, gate2, up2, y2, activation)
     if scratch:
         out.copy_(y2.view(out.shape))
     return out

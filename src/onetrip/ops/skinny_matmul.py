@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from ._common import (
+    call_op,
     as_rows,
     check_dtype_match,
     check_same_device,
@@ -456,8 +457,8 @@ def skinny_matmul(
     if x2.shape[0] > MAX_ROWS:
         out.copy_(F.linear(x, weight, bias))
         return out
-    return _into_rows(out, N, lambda y2: _skinny_op(x2, weight, bias, y2,
-                                                    config.as_list() if config is not None else None))
+    return _into_rows(out, N, lambda y2: call_op(_skinny_op, x2, weight, bias, y2,
+                                                 config.as_list() if config is not None else None))
 
 
 def silu_mul_matmul(
@@ -492,8 +493,8 @@ def silu_mul_matmul(
         out.copy_(F.linear(glu_silu_mul(gate_up), weight, bias))
         return out
     cfg = config or skinny_config(1, N, F_, sm_count(gate_up.device), gate_up.dtype)
-    return _into_rows(out, N, lambda y2: _skinny_op(x2, weight, bias, y2,
-                                                    dataclasses.replace(cfg, split_k=1).as_list(), True))
+    return _into_rows(out, N, lambda y2: call_op(_skinny_op, x2, weight, bias, y2,
+                                                 dataclasses.replace(cfg, split_k=1).as_list(), True))
 
 
 def skinny_matmul_ref(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
