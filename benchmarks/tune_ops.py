@@ -67,18 +67,21 @@ def norm_candidates(width):
 
 
 def focus_candidates(width, rows, is_rms, residual):
-    """--focus: today's pick, the coop split, and "loop" at three chunk / warp pairs with
-    and without its L2 hints and, with a residual, h stashed in pass 1."""
+    """--focus: today's pick, the coop split, and "loop" with its L2 hints at five chunk /
+    warp pairs (torch.compile's own reductions run a program of 16-32 warps per row),
+    block-wide or per-lane sums (vec), one or two chunks an iteration (unroll), and with a
+    residual h stashed in pass 1 (with and without the hints)."""
     pick = norm.norm_config(rows, width, torch.device("cuda"), is_rms=is_rms, has_residual=residual)
     yield pick
     coop = norm.NormConfig("coop", 1, 8192, 4)
     if width > 8192 and coop != pick:
         yield coop
-    for chunk, warps in ((8192, 8), (16384, 16), (32768, 32)):
+    for chunk, warps in ((4096, 16), (8192, 16), (8192, 32), (16384, 16), (16384, 32)):
         if chunk >= width:
             continue
-        for hints, stash in itertools.product((True, False), (False, True) if residual else (False,)):
-            cfg = norm.NormConfig("loop", 1, chunk, warps, hints=hints, stash=stash)
+        variants = ((True, True), (False, True)) if residual else ((True, False),)
+        for (hints, stash), vec, unroll in itertools.product(variants, (False, True), (1, 2)):
+            cfg = norm.NormConfig("loop", 1, chunk, warps, hints=hints, stash=stash, vec=vec, unroll=unroll)
             if cfg != pick:
                 yield cfg
 

@@ -89,7 +89,7 @@ def test_no_weight_and_fp32_weight(device, gen, kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("mode", ["rows", "two_pass", "loop", "loop hints", "loop stash"]
+@pytest.mark.parametrize("mode", ["rows", "two_pass", "loop", "loop hints", "loop stash", "loop vec", "loop unroll"]
                          + (["coop"] if ON_GPU else []))
 def test_modes(device, gen, kind, mode):
     """Every mode on one awkward width: tiles of 2 rows (the last half past the end);
@@ -102,7 +102,9 @@ def test_modes(device, gen, kind, mode):
     cfg = {"rows": NormConfig("rows", 2, 1024, 4),
            "two_pass": NormConfig("two_pass", 1, 128, 4), "coop": NormConfig("coop", 1, 128, 4),
            "loop": NormConfig("loop", 1, 128, 4), "loop hints": NormConfig("loop", 1, 128, 4, hints=True),
-           "loop stash": NormConfig("loop", 1, 128, 4, hints=True, stash=True)}[mode]
+           "loop stash": NormConfig("loop", 1, 128, 4, hints=True, stash=True),
+           "loop vec": NormConfig("loop", 1, 128, 4, hints=True, stash=True, vec=True),
+           "loop unroll": NormConfig("loop", 1, 128, 4, hints=True, stash=True, vec=True, unroll=3)}[mode]
     for res in (r, None):  # with and without the residual add
         y = poison_(torch.empty_like(x))
         h = poison_(torch.empty_like(x)) if res is not None else None
@@ -121,7 +123,7 @@ def test_layer_norm_far_from_zero(device, gen, width, dtype):
     _check("layer", x, None, w, b, 1e-5, *_run("layer", x, None, w, b, 1e-5))
     # Split rows (chunks of 128 combined with Chan's formula) must hold up as well.
     for cfg in (NormConfig("two_pass", 1, 128, 4), NormConfig("loop", 1, 128, 4),
-                NormConfig("loop", 1, 128, 4, stash=True)):
+                NormConfig("loop", 1, 128, 4, stash=True), NormConfig("loop", 1, 128, 4, vec=True)):
         y, h = poison_(torch.empty_like(x)), poison_(torch.empty_like(x))
         norm_mod._launch(x, r, w, b, y, h, 1e-5, False, False, cfg)
         _check("layer", x, r, w, b, 1e-5, y, h)
@@ -140,23 +142,24 @@ def test_in_place_residual(device, gen):
 
 def test_config_rule():
     cpu = torch.device("cpu")  # sm_count: 4 "SMs" on the CPU
-    L = NormConfig
+    picks = norm_mod.LOOP_PICKS
     assert norm_mod.norm_config(64, 4096, cpu).mode == "rows"
     assert norm_mod.norm_config(64, 32768, cpu).mode == "rows"  # add + RMSNorm: whole rows to 32K
-    assert norm_mod.norm_config(64, 32768, cpu, has_residual=False) == L("loop", 1, 16384, 16, hints=True)
+    assert norm_mod.norm_config(64, 32768, cpu, has_residual=False) == picks[(True, False)][32768]
+    assert norm_mod.norm_config(64, 20000, cpu, has_residual=False) == picks[(True, False)][32768]
     assert norm_mod.norm_config(3, 32768, cpu, has_residual=False).mode == "rows"  # fewer rows than SMs
-    # LayerNorm without a residual from 16K wide: a program per row, two passes
-    assert norm_mod.norm_config(64, 16384, cpu, is_rms=False, has_residual=False) == L("loop", 1, 8192, 8, hints=True)
-    assert norm_mod.norm_config(64, 32768, cpu, is_rms=False, has_residual=False) == L("loop", 1, 8192, 8, hints=True)
-    assert norm_mod.norm_config(64, 65536, cpu, is_rms=False, has_residual=False) == \
-        L("loop", 1, 32768, 32, hints=True)
+    # LayerNorm without a residual from 16K wide: a program per row; the widest pick serves wider rows
+    assert norm_mod.norm_config(64, 16384, cpu, is_rms=False, has_residual=False) == picks[(False, False)][16384]
+    assert norm_mod.norm_config(64, 262144, cpu, is_rms=False, has_residual=False) == picks[(False, False)][131072]
     assert norm_mod.norm_config(3, 65536, cpu, is_rms=False, has_residual=False).mode == "two_pass"  # < 4 SMs' rows
     assert norm_mod.norm_config(64, 16384, cpu, is_rms=False).mode == "rows"
     # With a residual: h stashed in pass 1; past 128K the split rows
-    assert norm_mod.norm_config(64, 32768, cpu, is_rms=False) == L("loop", 1, 16384, 16, stash=True)
-    assert norm_mod.norm_config(64, 131072, cpu) == L("loop", 1, 32768, 32, hints=True, stash=True)
+    assert norm_mod.norm_config(64, 32768, cpu, is_rms=False) == picks[(False, True)][32768]
+    assert norm_mod.norm_config(64, 131072, cpu).stash
     assert norm_mod.norm_config(64, 262144, cpu).mode == "two_pass"  # coop needs a GPU
     assert norm_mod.norm_config(3, 65536, cpu, is_rms=False).mode == "two_pass"
+    for table in picks.values():  # every pick a loop whose chunk is narrower than its rows
+        assert all(c.mode == "loop" and c.block_n < w for w, c in table.items())
 
 
 def test_empty(device):

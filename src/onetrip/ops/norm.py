@@ -172,7 +172,8 @@ def _pass1_chunk(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, st
 @triton.jit
 def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, row, N, stride_xm, stride_rm, stride_ym, stride_hm, eps,
               IS_RMS: tl.constexpr, GEMMA: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-              HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, HINTS: tl.constexpr, STASH: tl.constexpr):
+              HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, HINTS: tl.constexpr, STASH: tl.constexpr,
+              VEC: tl.constexpr, UNROLL: tl.constexpr):
     """Mode "loop": one program per row, two passes over its chunks of BLOCK_N. Pass 1 sums
     the statistics; pass 2 reads each chunk again, which a row of <= 512 KB finds in L2 (two
     programs an SM hold 132 x 2 x 256 KB at 64K wide: 68 MB for the H200's 60 MB L2, most
@@ -204,16 +205,27 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, row, N, stride_xm, strid
         if STASH:
             c = cast_out(c, h_ptr.dtype.element_ty).to(tl.float32)
         c = tl.sum(c)
-    s1 = 0.0
-    s2 = 0.0
-    for c0 in range(0, N, BLOCK_N):
+    if VEC:  # per-lane partial sums, reduced once after the loop
+        s1 = tl.zeros((1, BLOCK_N), tl.float32)
+        s2 = tl.zeros((1, BLOCK_N), tl.float32)
+    else:  # a block-wide sum per chunk
+        s1 = 0.0
+        s2 = 0.0
+    for c0 in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
         cols = c0 + tl.arange(0, BLOCK_N)
         mask = (cols < N)[None, :]
         h = _pass1_chunk(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL,
                          STASH, KEEP, DROP)
         d = tl.where(mask, h - c, 0.0)
-        s1 += tl.sum(d)
-        s2 += tl.sum(d * d)
+        if VEC:
+            s1 += d
+            s2 += d * d
+        else:
+            s1 += tl.sum(d)
+            s2 += tl.sum(d * d)
+    if VEC:
+        s1 = tl.sum(s1)
+        s2 = tl.sum(s2)
     mean_lo = s1 / N
     if IS_RMS:
         rstd = tl.rsqrt(s2 / N + eps)
@@ -221,7 +233,7 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, row, N, stride_xm, strid
         rstd = tl.rsqrt(tl.maximum(s2 / N - mean_lo * mean_lo, 0.0) + eps)
     if STASH:
         tl.debug_barrier()  # pass 2 reads h as this program's other threads stored it
-    for c0 in range(0, N, BLOCK_N):
+    for c0 in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
         cols = c0 + tl.arange(0, BLOCK_N)
         col_ok = cols < N
         mask = col_ok[None, :]
@@ -247,11 +259,12 @@ def _norm_kernel(
     HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
     PHASE: tl.constexpr,              # _ROWS, _COOP, _STATS, _APPLY or _LOOP
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
-    HINTS: tl.constexpr = False, STASH: tl.constexpr = False,  # mode "loop" only: see _loop_row
+    HINTS: tl.constexpr = False, STASH: tl.constexpr = False, VEC: tl.constexpr = False,  # "loop": _loop_row
+    UNROLL: tl.constexpr = 1,
 ):
     if PHASE == 4:
         _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, tl.program_id(0), N, stride_xm, stride_rm, stride_ym,
-                  stride_hm, eps, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_N, HINTS, STASH)
+                  stride_hm, eps, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_N, HINTS, STASH, VEC, UNROLL)
         return
     # -- which chunk of columns (and, split, which row) this program owns -------------------
     if PHASE == 1:
@@ -345,42 +358,56 @@ class NormConfig:
     num_warps: int
     hints: bool = False  # "loop": L2 eviction hints (evict_last on the pass read again)
     stash: bool = False  # "loop" with a residual: pass 1 stores h, pass 2 re-reads h alone
+    vec: bool = False  # "loop": per-lane partial sums in pass 1, reduced once after it
+    unroll: int = 1  # "loop": chunks per loop iteration (tl.range's loop_unroll_factor)
+
+
+def _loop(block_n: int, warps: int, **flags) -> NormConfig:
+    return NormConfig("loop", 1, block_n, warps, **flags)
+
+
+# Mode "loop" by (is_rms, has_residual) and row width rounded up to a power of two: the best
+# of sweeps on an H200 at 2**26 bf16 elements (tune_ops.py --focus, three runs, tenth session;
+# % of copy, the sweep's own harness): rms_norm 32K 91% (whole rows 89%), 64K 84% (coop
+# 67%), 128K 72%; layer_norm 16K 87% (whole rows 77%), 32K 77%, 64K 76% (coop 55%), 128K
+# 67%; add_rms_norm 64K 89% (coop 85%), 128K 87%; add_layer_norm 32K 89% (coop 81%), 64K
+# 87%, 128K 84%. Narrower rows run whole (94-99%); without a residual the widest entry
+# also serves wider rows, with one coop does (at 256K: 83% / 79% against loop's 79% / 78%).
+LOOP_PICKS = {
+    (True, False): {32768: _loop(8192, 32, hints=True, vec=True, unroll=2), 65536: _loop(16384, 32, hints=True),
+                    131072: _loop(32768, 16, hints=True, vec=True)},
+    (False, False): {16384: _loop(8192, 8, hints=True), 32768: _loop(4096, 16, hints=True, vec=True, unroll=2),
+                     65536: _loop(16384, 32, hints=True), 131072: _loop(32768, 32, hints=True)},
+    (True, True): {65536: _loop(8192, 16, hints=True, stash=True, vec=True),
+                   131072: _loop(16384, 32, hints=True, stash=True, vec=True)},
+    (False, True): {32768: _loop(8192, 16, stash=True, vec=True),  # at 32K the stash ran best without hints
+                    65536: _loop(8192, 16, hints=True, stash=True, vec=True),
+                    131072: _loop(16384, 32, hints=True, stash=True, vec=True)},
+}
 
 
 def norm_config(rows: int, width: int, device: torch.device, *, is_rms: bool = True,
                 has_residual: bool = True, chunk: int = 8192, chunk_warps: int = 4) -> NormConfig:
-    """Whole rows up to 16K elements (32K for add + RMSNorm), then a program per row
-    ("loop") where there is a row for every SM, else chunks of ``chunk`` ("coop").
+    """Whole rows up to 16K elements (32K for RMSNorm), then a program per row ("loop",
+    ``LOOP_PICKS``) where there is a row for every SM, else chunks of ``chunk`` ("coop").
 
-    From sweeps on an H200 at 2**26 elements (benchmarks/NOTES.md, tenth session,
-    ``tune-ops-focus-h200-20261121-*.json``), % of copy:
-      * whole rows: 94-99% up to 16K wide with tiles of two rows up to 4K (LayerNorm to 16K)
-        and ~32 elements per thread; add + RMSNorm 96% at 32K with 32 warps. Wider single-row
-        programs spill (17-62%).
-      * "loop" with L2 hints (pass 1 evict_last, pass 2 evict_first): rms_norm 32K 90%
-        (whole rows 89%), 64K 83% (coop 67%); layer_norm 16K 86% (82% without hints), 32K 74%,
-        64K 71% (coop 55%). With a residual, h stashed in pass 1: add + LayerNorm 32K 89%
-        (coop 81%), add + RMSNorm / add + LayerNorm 64K 88% / 87% and 128K 87% / 84% (coop
-        84% / 80%); at 256K coop stays (83% / 79% against 79% / 78%). At 32K the stash ran
-        best without hints (89% against 87%).
-      * "loop" needs a row for every SM: 64 rows of 256K (64 programs on 132 SMs) fell 41%
-        -> 27% (ops-nvidia-h200-bf16-20261121-layer_norm-loop.json); fewer rows take coop.
+    Whole rows: 94-99% of copy up to 16K wide with tiles of two rows up to 4K (LayerNorm to
+    16K) and ~32 elements a thread; add + RMSNorm 96% at 32K with 32 warps; wider
+    single-row programs spill (17-62%). "loop" needs a row for every SM: 64 rows of 256K (64
+    programs on 132 SMs) fell 41% -> 27% (ops-nvidia-h200-bf16-20261121-layer_norm-loop.json),
+    so fewer rows take coop (or whole rows where they fit).
     """
     block_n = triton.next_power_of_2(max(width, 1))
-    loop_ok = rows >= sm_count(device)
-    if not is_rms and not has_residual and block_n == 16384 and loop_ok:
-        return NormConfig("loop", 1, 8192, 8, hints=True)
-    if block_n <= 16384 or (block_n == 32768 and is_rms and (has_residual or not loop_ok)):
+    picks = LOOP_PICKS[(is_rms, has_residual)]
+    if rows >= sm_count(device):
+        pick = picks.get(block_n if has_residual else min(block_n, max(picks)))
+        if pick is not None:
+            return pick
+    if block_n <= 16384 or (block_n == 32768 and is_rms):
         pair = 2 if block_n <= 4096 or not is_rms else 1
         block_m = max(1, min(triton.next_power_of_2(max(rows, 1)), max(pair, 2048 // block_n)))
         warps = max(4, min(16 if block_n <= 16384 else 32, block_m * block_n // 1024))
         return NormConfig("rows", block_m, block_n, warps)
-    if loop_ok and not (has_residual and block_n > 131072):
-        if block_n == 32768:
-            if has_residual:
-                return NormConfig("loop", 1, 16384, 16, stash=True)
-            return NormConfig("loop", 1, 16384, 16, hints=True) if is_rms else NormConfig("loop", 1, 8192, 8, hints=True)
-        return NormConfig("loop", 1, 32768, 32, hints=True, stash=has_residual)
     n_chunks = triton.cdiv(width, chunk)
     coop = not is_interpreting() and device.type == "cuda" and n_chunks <= sm_count(device)
     return NormConfig("coop" if coop else "two_pass", 1, chunk, chunk_warps)
@@ -415,7 +442,8 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
             IS_RMS=is_rms, GEMMA=gemma,
             HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
             PHASE=phase, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_C=max(2, triton.next_power_of_2(C)),
-            HINTS=cfg.hints, STASH=cfg.stash and residual is not None, num_warps=cfg.num_warps,
+            HINTS=cfg.hints, STASH=cfg.stash and residual is not None, VEC=cfg.vec,
+            UNROLL=cfg.unroll, num_warps=cfg.num_warps,
         )
     return kernel
 
