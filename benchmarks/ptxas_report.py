@@ -176,12 +176,12 @@ NORM_INTS = dict(M=1024, N=65536, C=8, stride_xm=65536, stride_rm=65536, stride_
 
 
 def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: int = 8192,
-                hints: bool = False, stash: bool = False) -> str:
+                hints: bool = False, stash: bool = False, vec: bool = False, unroll: int = 1) -> str:
     """The split-row norm kernel at ``phase`` (norm._COOP, _STATS, _APPLY, _LOOP)."""
     fn = importlib.import_module("onetrip.ops.norm")._norm_kernel
     const = dict(IS_RMS=is_rms, GEMMA=False, HAS_RESIDUAL=residual, HAS_WEIGHT=True, HAS_BIAS=not is_rms,
                  PHASE=phase, BLOCK_M=1, BLOCK_N=block_n, BLOCK_C=max(2, NORM_INTS["N"] // block_n),
-                 HINTS=hints, STASH=stash and residual)
+                 HINTS=hints, STASH=stash and residual, VEC=vec, UNROLL=unroll)
     sig, attrs = {}, {}
     for i, n in enumerate(fn.arg_names):
         if n in const:
@@ -205,13 +205,14 @@ def norm_main() -> None:
             for warps in (4, 8):
                 label = f"{'add_' if residual else ''}{'rms' if is_rms else 'layer'}_norm {mode} 8192"
                 print(f"norm {label:40s} {warps} warps: {norm_report(phase, is_rms, residual, warps)}")
-    for is_rms, residual in kinds:  # the loop's L2 hints, and h stashed in pass 1
-        for block_n, warps in ((4096, 4), (8192, 8), (16384, 16), (32768, 32)):
-            for stash in (False, True) if residual else (False,):
-                label = f"{'add_' if residual else ''}{'rms' if is_rms else 'layer'}_norm loop {block_n} hints" + \
-                    (" stash" if stash else "")
-                print(f"norm {label:40s} {warps} warps: "
-                      f"{norm_report(4, is_rms, residual, warps, block_n, hints=True, stash=stash)}")
+    norm = importlib.import_module("onetrip.ops.norm")
+    for (is_rms, residual), picks in norm.LOOP_PICKS.items():  # the loop configs norm_config launches
+        for width, c in picks.items():
+            label = f"{'add_' if residual else ''}{'rms' if is_rms else 'layer'}_norm loop {width // 1024}K: " \
+                f"{c.block_n}{' hints' if c.hints else ''}{' stash' if c.stash else ''}{' vec' if c.vec else ''}" \
+                f"{' unroll ' + str(c.unroll) if c.unroll > 1 else ''}"
+            print(f"norm {label:52s} {c.num_warps:2d} warps: "
+                  f"{norm_report(4, is_rms, residual, c.num_warps, c.block_n, c.hints, c.stash, c.vec, c.unroll)}")
 
 
 def main() -> int:
