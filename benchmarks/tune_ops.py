@@ -11,6 +11,7 @@ memory). The chosen heuristics in the ops come from this table (benchmarks/NOTES
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import sys
@@ -67,22 +68,23 @@ def norm_candidates(width):
 
 
 def focus_candidates(width, rows, is_rms, residual):
-    """--focus: today's pick, the coop split, and "loop" with its L2 hints at five chunk /
-    warp pairs (torch.compile's own reductions run a program of 16-32 warps per row),
-    block-wide or per-lane sums (vec), one or two chunks an iteration (unroll), and with a
-    residual h stashed in pass 1 (with and without the hints)."""
+    """--focus: today's pick (and it with the width as a constant), the coop split, and
+    "loop" with its L2 hints (a residual: h stashed) at six chunk / warp pairs (torch.compile's
+    own reductions run a program of 16-32 warps per row, with the shapes as constants), with
+    block-wide or per-lane sums (vec), and with the width a runtime value or a constant."""
     pick = norm.norm_config(rows, width, torch.device("cuda"), is_rms=is_rms, has_residual=residual)
     yield pick
+    if pick.mode == "loop":
+        yield dataclasses.replace(pick, const_n=True)
     coop = norm.NormConfig("coop", 1, 8192, 4)
     if width > 8192 and coop != pick:
         yield coop
-    for chunk, warps in ((4096, 16), (8192, 16), (8192, 32), (16384, 16), (16384, 32)):
+    for chunk, warps in ((2048, 16), (4096, 16), (8192, 16), (8192, 32), (16384, 16), (16384, 32)):
         if chunk >= width:
             continue
-        variants = ((True, True), (False, True)) if residual else ((True, False),)
-        for (hints, stash), vec, unroll in itertools.product(variants, (False, True), (1, 2)):
-            cfg = norm.NormConfig("loop", 1, chunk, warps, hints=hints, stash=stash, vec=vec, unroll=unroll)
-            if cfg != pick:
+        for vec, const_n in itertools.product((False, True), (False, True)):
+            cfg = norm.NormConfig("loop", 1, chunk, warps, hints=True, stash=residual, vec=vec, const_n=const_n)
+            if cfg != pick and cfg != dataclasses.replace(pick, const_n=True):
                 yield cfg
 
 

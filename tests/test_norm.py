@@ -89,7 +89,8 @@ def test_no_weight_and_fp32_weight(device, gen, kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("mode", ["rows", "two_pass", "loop", "loop hints", "loop stash", "loop vec", "loop unroll"]
+@pytest.mark.parametrize("mode", ["rows", "two_pass", "loop", "loop hints", "loop stash", "loop vec", "loop unroll",
+                                  "loop const"]
                          + (["coop"] if ON_GPU else []))
 def test_modes(device, gen, kind, mode):
     """Every mode on one awkward width: tiles of 2 rows (the last half past the end);
@@ -104,7 +105,8 @@ def test_modes(device, gen, kind, mode):
            "loop": NormConfig("loop", 1, 128, 4), "loop hints": NormConfig("loop", 1, 128, 4, hints=True),
            "loop stash": NormConfig("loop", 1, 128, 4, hints=True, stash=True),
            "loop vec": NormConfig("loop", 1, 128, 4, hints=True, stash=True, vec=True),
-           "loop unroll": NormConfig("loop", 1, 128, 4, hints=True, stash=True, vec=True, unroll=3)}[mode]
+           "loop unroll": NormConfig("loop", 1, 128, 4, hints=True, stash=True, vec=True, unroll=3),
+           "loop const": NormConfig("loop", 1, 128, 4, hints=True, vec=True, unroll=2, const_n=True)}[mode]
     for res in (r, None):  # with and without the residual add
         y = poison_(torch.empty_like(x))
         h = poison_(torch.empty_like(x)) if res is not None else None
@@ -202,3 +204,20 @@ def test_loop_stash_in_place(device, gen, kind):
     norm_mod._launch(x, r, w, b, y, r, 1e-6, kind != "layer", kind == "gemma",
                      NormConfig("loop", 1, 16, 4, hints=True, stash=True))
     _check(kind, x0, r0, w, b, 1e-6, y, r)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_loop_const_n(device, gen, kind):
+    """Mode "loop" with the width as a constant: dense rows take it (1023 wide, chunks of
+    128, two an iteration), a strided x falls back to runtime strides."""
+    w, b = _params(kind, 1023, torch.bfloat16, device, gen)
+    cfg = NormConfig("loop", 1, 128, 4, hints=True, stash=True, vec=True, unroll=2, const_n=True)
+    for x in (torch.randn(7, 1023, generator=gen, device=device).to(torch.bfloat16),
+              strided_like((7, 1023), torch.bfloat16, device, generator=gen)):
+        r = torch.randn(7, 1023, generator=gen, device=device).to(torch.bfloat16)
+        y, h = poison_(torch.empty_like(r)), poison_(torch.empty_like(r))
+        norm_mod._launch(x, r, w, b, y, h, 1e-6, kind != "layer", kind == "gemma", cfg)
+        _check(kind, x, r, w, b, 1e-6, y, h)
+        y = poison_(torch.empty_like(r))
+        norm_mod._launch(x, None, w, b, y, None, 1e-6, kind != "layer", kind == "gemma", cfg)
+        _check(kind, x, None, w, b, 1e-6, y, None)

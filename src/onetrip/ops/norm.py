@@ -75,10 +75,17 @@ def _norm_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
     HINTS: tl.constexpr = False, STASH: tl.constexpr = False, VEC: tl.constexpr = False,  # "loop": _loop_row
     UNROLL: tl.constexpr = 1,
+    CONST_N: tl.constexpr = 0,  # "loop": the width, when every row stride equals it (0: runtime)
 ):
     if PHASE == 4:
-        _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, tl.program_id(0), N, stride_xm, stride_rm, stride_ym,
-                  stride_hm, eps, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_N, HINTS, STASH, VEC, UNROLL)
+        if CONST_N > 0:  # the trip count, masks and row addresses known to the compiler
+            _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, tl.program_id(0), CONST_N, CONST_N, CONST_N, CONST_N,
+                      CONST_N, eps, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_N, HINTS, STASH, VEC,
+                      UNROLL)
+        else:
+            _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, tl.program_id(0), N, stride_xm, stride_rm, stride_ym,
+                      stride_hm, eps, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_N, HINTS, STASH, VEC,
+                      UNROLL)
         return
     # -- which chunk of columns (and, split, which row) this program owns -------------------
     if PHASE == 1:
@@ -174,6 +181,7 @@ class NormConfig:
     stash: bool = False  # "loop" with a residual: pass 1 stores h, pass 2 re-reads h alone
     vec: bool = False  # "loop": per-lane partial sums in pass 1, reduced once after it
     unroll: int = 1  # "loop": chunks per loop iteration (tl.range's loop_unroll_factor)
+    const_n: bool = False  # "loop": the width as a compile-time constant where the rows are dense
 
 
 def _loop(block_n: int, warps: int, **flags) -> NormConfig:
@@ -181,18 +189,26 @@ def _loop(block_n: int, warps: int, **flags) -> NormConfig:
 
 
 # Mode "loop" by (is_rms, has_residual) and row width rounded up to a power of two: the best
-# of sweeps on an H200 at 2**26 bf16 elements (tune_ops.py --focus, three runs, tenth session;
-# % of copy, the sweep's own harness): rms_norm 32K 91% (whole rows 89%), 64K 84% (coop
-# 67%), 128K 72%; layer_norm 16K 87% (whole rows 77%), 32K 77%, 64K 76% (coop 55%), 128K
-# 67%; add_rms_norm 64K 89% (coop 85%), 128K 87%; add_layer_norm 32K 89% (coop 81%), 64K
-# 87%, 128K 84%. Narrower rows run whole (94-99%); without a residual the widest entry
-# also serves wider rows, with one coop does (at 256K: 83% / 79% against loop's 79% / 78%).
+# of sweeps on an H200 at 2**26 bf16 elements (tune_ops.py --focus, tenth session; % of copy,
+# the sweep's own harness). With the width a compile-time constant (const_n: the loop's trip
+# count, masks and row addresses folded, as torch.compile's kernels have them) and 16-32
+# warps a row: rms_norm 16K 96% (whole rows 94%), 32K 95% (runtime width 91%), 64K 89%
+# (84%); layer_norm 16K 94% (86%), 32K 93% (77%), 64K 80% (75%). With a residual, h is
+# stashed in pass 1 (the constant width was worth 0-1 point there): add_rms_norm 64K 90%
+# (coop 85%), 128K 87%; add_layer_norm 32K 89% (coop 81%), 64K 88%, 128K 84%. Narrower
+# rows run whole (94-99%); without a residual the widest entry also serves wider rows, with
+# one coop does (at 256K: 83% / 79% against loop's 79% / 78%). The 128K entries without a
+# residual are the 64K picks carried over (see BENCHMARKS.md for what they measured).
 LOOP_PICKS = {
-    (True, False): {32768: _loop(8192, 32, hints=True, vec=True, unroll=2), 65536: _loop(16384, 32, hints=True),
-                    131072: _loop(32768, 16, hints=True, vec=True)},
-    (False, False): {16384: _loop(8192, 8, hints=True), 32768: _loop(4096, 16, hints=True, vec=True, unroll=2),
-                     65536: _loop(16384, 32, hints=True), 131072: _loop(32768, 32, hints=True)},
-    (True, True): {65536: _loop(8192, 16, hints=True, stash=True, vec=True),
+    (True, False): {16384: _loop(8192, 16, hints=True, vec=True, const_n=True),
+                    32768: _loop(8192, 32, hints=True, vec=True, unroll=2, const_n=True),
+                    65536: _loop(16384, 32, hints=True, vec=True, const_n=True),
+                    131072: _loop(16384, 32, hints=True, vec=True, const_n=True)},
+    (False, False): {16384: _loop(4096, 16, hints=True, vec=True, const_n=True),
+                     32768: _loop(8192, 32, hints=True, vec=True, const_n=True),
+                     65536: _loop(16384, 32, hints=True, vec=True, const_n=True),
+                     131072: _loop(16384, 32, hints=True, vec=True, const_n=True)},
+    (True, True): {65536: _loop(8192, 16, hints=True, stash=True, vec=True, const_n=True),
                    131072: _loop(16384, 32, hints=True, stash=True, vec=True)},
     (False, True): {32768: _loop(8192, 16, stash=True, vec=True),  # at 32K the stash ran best without hints
                     65536: _loop(8192, 16, hints=True, stash=True, vec=True),
@@ -217,7 +233,7 @@ def norm_config(rows: int, width: int, device: torch.device, *, is_rms: bool = T
         pick = picks.get(block_n if has_residual else min(block_n, max(picks)))
         if pick is not None:
             return pick
-    if block_n <= 16384 or (block_n == 32768 and is_rms):
+    if block_n <= 16384 or (block_n == 32768 and is_rms):  # (a 16K pick needs a row per SM)
         pair = 2 if block_n <= 4096 or not is_rms else 1
         block_m = max(1, min(triton.next_power_of_2(max(rows, 1)), max(pair, 2048 // block_n)))
         warps = max(4, min(16 if block_n <= 16384 else 32, block_m * block_n // 1024))
@@ -245,6 +261,7 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
     sync = torch.zeros(1 + M, dtype=torch.int32, device=x.device) if cfg.mode == "coop" else dummy
     phases = {"rows": (_ROWS,), "coop": (_COOP,), "two_pass": (_STATS, _APPLY), "loop": (_LOOP,)}[cfg.mode]
     grid = (M,) if cfg.mode == "loop" else (triton.cdiv(M, cfg.block_m) * C,)
+    dense = all(t is None or t.stride(0) == N for t in (x, residual, y, h))
     for phase in phases:
         kernel = _norm_kernel[grid](
             x, residual if residual is not None else dummy, weight if weight is not None else dummy,
@@ -257,7 +274,7 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
             HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
             PHASE=phase, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_C=max(2, triton.next_power_of_2(C)),
             HINTS=cfg.hints, STASH=cfg.stash and residual is not None, VEC=cfg.vec,
-            UNROLL=cfg.unroll, num_warps=cfg.num_warps,
+            UNROLL=cfg.unroll, CONST_N=N if cfg.const_n and dense else 0, num_warps=cfg.num_warps,
         )
     return kernel
 
