@@ -176,12 +176,13 @@ NORM_INTS = dict(M=1024, N=65536, C=8, stride_xm=65536, stride_rm=65536, stride_
 
 
 def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: int = 8192,
-                hints: bool = False, stash: bool = False, vec: bool = False, unroll: int = 1) -> str:
+                hints: bool = False, stash: bool = False, vec: bool = False, unroll: int = 1,
+                const_n: int = 0) -> str:
     """The split-row norm kernel at ``phase`` (norm._COOP, _STATS, _APPLY, _LOOP)."""
     fn = importlib.import_module("onetrip.ops.norm")._norm_kernel
     const = dict(IS_RMS=is_rms, GEMMA=False, HAS_RESIDUAL=residual, HAS_WEIGHT=True, HAS_BIAS=not is_rms,
                  PHASE=phase, BLOCK_M=1, BLOCK_N=block_n, BLOCK_C=max(2, NORM_INTS["N"] // block_n),
-                 HINTS=hints, STASH=stash and residual, VEC=vec, UNROLL=unroll)
+                 HINTS=hints, STASH=stash and residual, VEC=vec, UNROLL=unroll, CONST_N=const_n)
     sig, attrs = {}, {}
     for i, n in enumerate(fn.arg_names):
         if n in const:
@@ -210,9 +211,9 @@ def norm_main() -> None:
         for width, c in picks.items():
             label = f"{'add_' if residual else ''}{'rms' if is_rms else 'layer'}_norm loop {width // 1024}K: " \
                 f"{c.block_n}{' hints' if c.hints else ''}{' stash' if c.stash else ''}{' vec' if c.vec else ''}" \
-                f"{' unroll ' + str(c.unroll) if c.unroll > 1 else ''}"
+                f"{' unroll ' + str(c.unroll) if c.unroll > 1 else ''}{' const' if c.const_n else ''}"
             print(f"norm {label:52s} {c.num_warps:2d} warps: "
-                  f"{norm_report(4, is_rms, residual, c.num_warps, c.block_n, c.hints, c.stash, c.vec, c.unroll)}")
+                  f"{norm_report(4, is_rms, residual, c.num_warps, c.block_n, c.hints, c.stash, c.vec, c.unroll, width if c.const_n else 0)}")
 
 
 def main() -> int:
