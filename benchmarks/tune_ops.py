@@ -13,14 +13,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
-import json
 import sys
-from pathlib import Path
 
 import torch
 import triton
 
-from onetrip.bench.harness import copy_bandwidth_gbs, device_info, time_ms
+from onetrip.bench.harness import copy_bandwidth_gbs, device_info, sweep_path, time_ms, write_sweep
 import importlib
 
 bg = importlib.import_module("onetrip.ops.bias_gelu")  # the package re-exports a function of that name
@@ -141,9 +139,7 @@ def main():
         widths = [int(w) for w in args.widths.split(",")]
     fams = args.families.split(",")
     modes = set(args.modes.split(",")) if args.modes else None
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"tune-{info.get('gpu', 'gpu').replace(' ', '_')}-{info.get('date', '')[:10]}.json"
+    path = sweep_path(args.out, info, "tune")
     results, best = [], {}
     g = torch.Generator(device=dev).manual_seed(0)
     for width in widths:
@@ -181,8 +177,7 @@ def main():
             best[(fam, width)] = sweep_family(fam, width, mk, cands, nbytes, copy, results, rows)
         del x, r, y, h
         torch.cuda.empty_cache()
-        # written after every width, so that a run cut off by a time limit keeps what it measured
-        path.write_text(json.dumps({"meta": {**info, "copy_gbs": copy}, "results": results}, indent=1))
+        write_sweep(path, info, copy, results)  # after every step: a cut-off run keeps what it measured
     print(f"wrote {path}")
     return 0
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import json
 import sys
 from pathlib import Path
 
@@ -160,22 +159,19 @@ def main() -> int:
                 print(f"  {label:15s} {cfg}")
         return 0
 
-    from onetrip.bench.harness import copy_bandwidth_gbs, device_info, time_ms
+    from onetrip.bench.harness import copy_bandwidth_gbs, device_info, sweep_path, time_ms, write_sweep
 
     dev = torch.device("cuda")
     info = device_info(dev)
     copy = copy_bandwidth_gbs(dev)
     print(f"{info.get('gpu')}  copy {copy:.0f} GB/s", flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"tune-rotary-{(info.get('gpu') or 'gpu').replace(' ', '_')}-{info.get('date', '')[:10]}.json"
+    path = sweep_path(args.out, info, "tune-rotary")
     results = []
     gen = torch.Generator(device=dev).manual_seed(0)
     for s in rotary_shapes():
         results += sweep_shape(s, dev, gen, copy, time_ms)
         torch.cuda.empty_cache()
-        # written after every shape, so that a run cut off by a time limit keeps what it measured
-        path.write_text(json.dumps({"meta": {**info, "copy_gbs": copy}, "results": results}, indent=1))
+        write_sweep(path, info, copy, results)  # after every step: a cut-off run keeps what it measured
     print(f"wrote {path}")
     return 0
 

@@ -267,6 +267,20 @@ def _clean(value):
     return value
 
 
+def sweep_path(out: str | Path, info: dict, prefix: str = "tune") -> Path:
+    """``out/<prefix>-<GPU>-<date>.json`` for a tuning sweep (``out`` created)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    return out / f"{prefix}-{(info.get('gpu') or 'gpu').replace(' ', '_')}-{info.get('date', '')[:10]}.json"
+
+
+def write_sweep(path: Path, info: dict, copy_gbs: float, results: list[dict]) -> None:
+    """A sweep's records so far, with the device facts and the copy bandwidth of its run;
+    sweeps call it after every step, so that a run cut off by a time limit keeps what it
+    measured."""
+    path.write_text(json.dumps({"meta": {**info, "copy_gbs": copy_gbs}, "results": results}, indent=1))
+
+
 def write_results(records: list[dict], meta: dict, stem: Path) -> tuple[Path, Path]:
     """Write ``stem``.json ({"meta": ..., "results": [...]}) and ``stem``.csv (one row per record).
 
