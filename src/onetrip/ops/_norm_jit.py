@@ -109,10 +109,8 @@ def _pass1_chunk(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, st
     last time (DROP) and h is stored rounded (KEEP: pass 2 reads it), then used as stored;
     else x (and r) are read with KEEP, for pass 2 to find them in L2."""
     if STASH:
-        h = cast_out(_load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, True, False,
-                             DROP), h_ptr.dtype.element_ty)
-        tl.store(h_ptr + rows.to(tl.int64)[:, None] * stride_hm + cols[None, :], h, mask=mask, eviction_policy=KEEP)
-        return h.to(tl.float32)
+        h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, True, True, DROP, KEEP)
+        return cast_out(h, h_ptr.dtype.element_ty).to(tl.float32)
     return _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL, False, KEEP)
 
 

@@ -16,9 +16,9 @@ import triton.language as tl
 
 from ._jit import cast_out, gelu, row_tile
 from ._common import (
-    call_op,
     TileConfig,
     as_rows,
+    call_op,
     check_dtype_match,
     check_same_device,
     check_shape,

@@ -447,8 +447,9 @@ def decode_attention(
     softmax_scale = _check_args(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, window, softcap,
                                 num_splits)
     qc = q if q.stride(-1) == 1 or q.shape[-1] == 1 else q.contiguous()
-    return _into_out(out, q, lambda work: call_op(_decode_op, qc, k_cache, v_cache, cache_seqlens, block_table, work,
-                                                     softmax_scale, int(window[0]), float(softcap), num_splits or 0))
+    return _into_out(out, q, lambda work: call_op(_decode_op, qc, k_cache, v_cache, cache_seqlens, block_table,
+                                                  work, softmax_scale, int(window[0]), float(softcap),
+                                                  num_splits or 0))
 
 
 def _into_out(out: Optional[torch.Tensor], q: torch.Tensor, launch) -> torch.Tensor:

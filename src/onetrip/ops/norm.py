@@ -27,8 +27,8 @@ How rows are covered (``NormConfig.mode``):
   * "loop": a program per row walks its chunks twice, statistics then apply; the second
     pass finds the row in L2 while the rows of the programs in flight fit there (eviction
     hints keep them; with a residual, pass 1 stores h and pass 2 re-reads h alone). No
-    program waits on another. Chosen from 32K wide where there is a row for every SM
-    (``norm_config``).
+    program waits on another. Chosen where ``LOOP_PICKS`` has the width (from 16K wide
+    without a residual, 32K-64K with one) and there is a row for every SM (``norm_config``).
 """
 
 from __future__ import annotations
@@ -42,10 +42,10 @@ import triton
 import triton.language as tl
 
 from ._common import (
-    call_op,
     FLOAT_DTYPES,
     acc_dtype,
     as_rows,
+    call_op,
     check_dtype_match,
     check_same_device,
     check_shape,
@@ -218,8 +218,9 @@ LOOP_PICKS = {
 
 def norm_config(rows: int, width: int, device: torch.device, *, is_rms: bool = True,
                 has_residual: bool = True, chunk: int = 8192, chunk_warps: int = 4) -> NormConfig:
-    """Whole rows up to 16K elements (32K for RMSNorm), then a program per row ("loop",
-    ``LOOP_PICKS``) where there is a row for every SM, else chunks of ``chunk`` ("coop").
+    """A program per row ("loop") where ``LOOP_PICKS`` has the width and there is a row for
+    every SM; else whole rows up to 16K elements (32K for RMSNorm); else chunks of ``chunk``
+    ("coop", "two_pass").
 
     Whole rows: 94-99% of copy up to 16K wide with tiles of two rows up to 4K (LayerNorm to
     16K) and ~32 elements a thread; add + RMSNorm 96% at 32K with 32 warps; wider
@@ -233,7 +234,7 @@ def norm_config(rows: int, width: int, device: torch.device, *, is_rms: bool = T
         pick = picks.get(block_n if has_residual else min(block_n, max(picks)))
         if pick is not None:
             return pick
-    if block_n <= 16384 or (block_n == 32768 and is_rms):  # (a 16K pick needs a row per SM)
+    if block_n <= 16384 or (block_n == 32768 and is_rms):
         pair = 2 if block_n <= 4096 or not is_rms else 1
         block_m = max(1, min(triton.next_power_of_2(max(rows, 1)), max(pair, 2048 // block_n)))
         warps = max(4, min(16 if block_n <= 16384 else 32, block_m * block_n // 1024))
@@ -325,8 +326,8 @@ def _norm(x, residual, weight, bias, eps, is_rms, gemma, out, residual_out):
         residual_out = output("residual_out", residual_out, x.shape, x.dtype, x.device)
         h2, h_scratch = rows_out(residual_out, N)
     call_op(_norm_op, as_rows(x, N), as_rows(residual, N) if residual is not None else None,
-             weight.contiguous() if weight is not None else None, bias.contiguous() if bias is not None else None,
-             y2, h2, float(eps), is_rms, gemma)
+            weight.contiguous() if weight is not None else None, bias.contiguous() if bias is not None else None,
+            y2, h2, float(eps), is_rms, gemma)
     if y_scratch:
         out.copy_(y2.view(out.shape))
     if h_scratch:

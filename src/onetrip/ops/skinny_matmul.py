@@ -30,8 +30,8 @@ import triton
 import triton.language as tl
 
 from ._common import (
-    call_op,
     as_rows,
+    call_op,
     check_dtype_match,
     check_same_device,
     check_shape,
