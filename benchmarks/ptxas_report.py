@@ -172,17 +172,21 @@ def attention_report(head_dim: int, tile: tuple, use_tma: bool) -> str:
 
 # Split-row norms as launched on rows of 65536 bf16 (2**26 elements: M = 1024, C = 8 chunks
 # of 8192): the ints Triton marks divisible by 16 get the mark here too; C = 8 does not.
-NORM_INTS = dict(M=1024, N=65536, C=8, stride_xm=65536, stride_rm=65536, stride_ym=65536, stride_hm=65536)
+NORM_INTS = dict(M=1024, N=65536, C=8, seg_n=65536, stride_xm=65536, stride_rm=65536, stride_ym=65536,
+                 stride_hm=65536)
 
 
 def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: int = 8192,
                 hints: bool = False, stash: bool = False, vec: bool = False, unroll: int = 1,
-                const_n: int = 0) -> str:
-    """The split-row norm kernel at ``phase`` (norm._COOP, _STATS, _APPLY, _LOOP)."""
+                const_n: int = 0, split: int = 1, block_m: int = 1, hold: int = 0) -> str:
+    """The split-row norm kernel at ``phase`` (norm._COOP, _STATS, _APPLY, _LOOP); ``split``
+    programs a row of ``const_n`` (or 65536) columns in mode "loop", waiting on each other;
+    ``block_m`` rows a program; ``hold`` chunks held in registers between the passes."""
     fn = importlib.import_module("onetrip.ops.norm")._norm_kernel
     const = dict(IS_RMS=is_rms, GEMMA=False, HAS_RESIDUAL=residual, HAS_WEIGHT=True, HAS_BIAS=not is_rms,
-                 PHASE=phase, BLOCK_M=1, BLOCK_N=block_n, BLOCK_C=max(2, NORM_INTS["N"] // block_n),
-                 HINTS=hints, STASH=stash and residual, VEC=vec, UNROLL=unroll, CONST_N=const_n)
+                 PHASE=phase, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_C=max(2, NORM_INTS["N"] // block_n),
+                 HINTS=hints, STASH=stash and residual, VEC=vec, UNROLL=unroll, CONST_N=const_n, SPLIT=split,
+                 SEG_N=(const_n // split if const_n else 0), LOOP_PART=0, HOLD=hold)
     sig, attrs = {}, {}
     for i, n in enumerate(fn.arg_names):
         if n in const:
@@ -211,9 +215,26 @@ def norm_main() -> None:
         for width, c in picks.items():
             label = f"{'add_' if residual else ''}{'rms' if is_rms else 'layer'}_norm loop {width // 1024}K: " \
                 f"{c.block_n}{' hints' if c.hints else ''}{' stash' if c.stash else ''}{' vec' if c.vec else ''}" \
-                f"{' unroll ' + str(c.unroll) if c.unroll > 1 else ''}{' const' if c.const_n else ''}"
-            print(f"norm {label:52s} {c.num_warps:2d} warps: "
-                  f"{norm_report(4, is_rms, residual, c.num_warps, c.block_n, c.hints, c.stash, c.vec, c.unroll, width if c.const_n else 0)}")
+                f"{' unroll ' + str(c.unroll) if c.unroll > 1 else ''}{' const' if c.const_n else ''}" \
+                f"{' split ' + str(c.split) if c.split > 1 else ''}{' hold ' + str(c.hold) if c.hold else ''}"
+            regs = norm_report(4, is_rms, residual, c.num_warps, c.block_n, c.hints, c.stash, c.vec, c.unroll,
+                               width if c.const_n else 0, c.split, c.block_m, c.hold)
+            print(f"norm {label:52s} {c.num_warps:2d} warps: {regs}")
+    for is_rms, residual in kinds:  # "loop" split: 4 programs a 256K row, 16 warps, chunks of 8192
+        for const_n in (0, 262144):
+            label = f"{'add_' if residual else ''}{'rms' if is_rms else 'layer'}_norm loop split 4 256K" \
+                f"{' const' if const_n else ''}"
+            print(f"norm {label:52s} 16 warps: "
+                  f"{norm_report(4, is_rms, residual, 16, 8192, True, True, True, 1, const_n, 4)}")
+    for is_rms, residual in kinds:  # "loop", 2 rows a program: 64K rows, 32 warps, chunks of 8192
+        label = f"{'add_' if residual else ''}{'rms' if is_rms else 'layer'}_norm loop 2 rows 64K const"
+        print(f"norm {label:52s} 32 warps: "
+              f"{norm_report(4, is_rms, residual, 32, 8192, True, True, True, 1, 65536, 1, 2)}")
+    for is_rms, residual in kinds:  # "loop", chunks held in registers: 128K rows, 32 warps, chunks of 16384
+        for hold in (1, 2):
+            label = f"{'add_' if residual else ''}{'rms' if is_rms else 'layer'}_norm loop hold {hold} 128K const"
+            print(f"norm {label:52s} 32 warps: "
+                  f"{norm_report(4, is_rms, residual, 32, 16384, True, True, True, 1, 131072, 1, 1, hold)}")
 
 
 def main() -> int:

@@ -65,19 +65,47 @@ def norm_candidates(width):
                 yield norm.NormConfig("loop", 1, chunk, warps)
 
 
-def focus_candidates(width, rows, is_rms, residual):
+def focus_candidates(width, rows, is_rms, residual, splits=(), block_ms=(), unrolls=(), holds=()):
     """--focus: today's pick (and it with the width as a constant), the coop split, and
     "loop" with its L2 hints (a residual: h stashed) at six chunk / warp pairs (torch.compile's
     own reductions run a program of 16-32 warps per row, with the shapes as constants), with
-    block-wide or per-lane sums (vec), and with the width a runtime value or a constant."""
+    block-wide or per-lane sums (vec), and with the width a runtime value or a constant.
+    ``splits`` (--split): instead of that grid, "loop" with each of these programs a row
+    (per-lane sums, constant width) at three chunk / warp pairs; ``block_ms`` (--block-m):
+    "loop" over that many rows a program, at up to 16 elements a thread; ``unrolls``
+    (--unroll): "loop" with that many chunks an iteration; ``holds`` (--hold): "loop" with
+    that many chunks held in registers between the passes, a row a program and split as
+    the pick is (no 32-warp programs with a residual: they spill)."""
     pick = norm.norm_config(rows, width, torch.device("cuda"), is_rms=is_rms, has_residual=residual)
     yield pick
     if pick.mode == "loop":
         yield dataclasses.replace(pick, const_n=True)
+    if splits:
+        for split, (chunk, warps) in itertools.product(splits, ((8192, 16), (8192, 32), (16384, 32))):
+            if chunk * split <= width:
+                yield norm.NormConfig("loop", 1, chunk, warps, hints=True, stash=residual, vec=True, const_n=True,
+                                      split=split)
+    for bm, (chunk, warps) in itertools.product(block_ms, ((4096, 16), (4096, 32), (8192, 16), (8192, 32),
+                                                           (16384, 32))):
+        if chunk < width and bm * chunk // (32 * warps) <= 16:
+            yield norm.NormConfig("loop", bm, chunk, warps, hints=True, stash=residual, vec=True, const_n=True)
+    for unroll, (chunk, warps) in itertools.product(unrolls, ((4096, 16), (4096, 32), (8192, 16), (8192, 32),
+                                                              (16384, 32))):
+        if chunk * unroll <= width:
+            yield norm.NormConfig("loop", 1, chunk, warps, hints=True, stash=residual, vec=True, const_n=True,
+                                  unroll=unroll)
+    for hold, (chunk, warps), split in itertools.product(holds, ((8192, 16), (8192, 32), (16384, 32)),
+                                                         sorted({1, pick.split})):
+        if chunk * split * (hold + 1) <= width and not (residual and warps == 32):
+            yield norm.NormConfig("loop", 1, chunk, warps, hints=True, stash=residual, vec=True, const_n=True,
+                                  split=split, hold=hold)
+    if splits or block_ms or unrolls or holds:
+        return
     coop = norm.NormConfig("coop", 1, 8192, 4)
     if width > 8192 and coop != pick:
         yield coop
-    for chunk, warps in ((2048, 16), (4096, 16), (8192, 16), (8192, 32), (16384, 16), (16384, 32)):
+    for chunk, warps in ((1024, 8), (2048, 8), (2048, 16), (4096, 16), (8192, 16), (8192, 32), (16384, 16),
+                         (16384, 32)):
         if chunk >= width:
             continue
         for vec, const_n in itertools.product((False, True), (False, True)):
@@ -127,6 +155,14 @@ def main():
                     "rows,coop,two_pass,loop)")
     ap.add_argument("--focus", action="store_true", help="norms: only today's pick, coop and the loop variants "
                     "(focus_candidates)")
+    ap.add_argument("--split", default="", help="with --focus: programs a row to sweep in mode loop, "
+                    "comma-separated (e.g. 2,4,8), in place of the single-program grid")
+    ap.add_argument("--block-m", default="", help="with --focus: rows a program to sweep in mode loop, "
+                    "comma-separated (e.g. 2,4), in place of the single-row grid")
+    ap.add_argument("--unroll", default="", help="with --focus: chunks an iteration to sweep in mode loop, "
+                    "comma-separated (e.g. 2,4), in place of the single-row grid")
+    ap.add_argument("--hold", default="", help="with --focus: chunks held in registers to sweep in mode loop, "
+                    "comma-separated (e.g. 1,2), in place of the single-row grid")
     ap.add_argument("--elems", type=int, default=ELEMS, help=f"elements per tensor (default {ELEMS}; the "
                     "bench's shapes have 2**24)")
     args = ap.parse_args()
@@ -172,7 +208,12 @@ def main():
                                          1e-6, is_rms, False, cfg)
                 return f, f
             nbytes = (4 if res else 2) * E + (1 if is_rms else 2) * W
-            cands = list(focus_candidates(width, rows, is_rms, res) if args.focus else norm_candidates(width))
+            splits = [int(k) for k in args.split.split(",") if k]
+            block_ms = [int(k) for k in args.block_m.split(",") if k]
+            unrolls = [int(k) for k in args.unroll.split(",") if k]
+            holds = [int(k) for k in args.hold.split(",") if k]
+            cands = list(focus_candidates(width, rows, is_rms, res, splits, block_ms, unrolls, holds) if args.focus
+                         else norm_candidates(width))
             cands = [c for c in cands if modes is None or c.mode in modes]
             best[(fam, width)] = sweep_family(fam, width, mk, cands, nbytes, copy, results, rows)
         del x, r, y, h

@@ -90,12 +90,18 @@ def test_no_weight_and_fp32_weight(device, gen, kind):
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("mode", ["rows", "two_pass", "loop", "loop hints", "loop stash", "loop vec", "loop unroll",
-                                  "loop const"]
+                                  "loop const", "loop split", "loop split const", "loop 2 rows", "loop 4 rows const",
+                                  "loop hold", "loop hold 2 const", "loop hold split"]
                          + (["coop"] if ON_GPU else []))
 def test_modes(device, gen, kind, mode):
     """Every mode on one awkward width: tiles of 2 rows (the last half past the end);
     chunks of 128 split 1023 into 8 with a ragged last one. "loop stash" re-reads h as
-    stored (with a residual; without one it is plain "loop")."""
+    stored (with a residual; without one it is plain "loop"). "loop split": 3 programs a
+    row over segments of 3, 3 and 2 chunks (the last ragged), 8 of one chunk (with the
+    constant width); on a GPU they wait on each other, under the interpreter the passes
+    are two launches. "loop 2 rows" / "4 rows": a program over several rows (the last
+    block ragged: 11 rows). "loop hold": the first chunk(s) kept in registers for pass 2
+    (h from the stash's rounding, or without it in float32)."""
     rows, width = 11, 1023
     x = strided_like((rows, width), torch.bfloat16, device, generator=gen)
     r = strided_like((rows, width), torch.bfloat16, device, generator=gen) + 2.0
@@ -106,7 +112,14 @@ def test_modes(device, gen, kind, mode):
            "loop stash": NormConfig("loop", 1, 128, 4, hints=True, stash=True),
            "loop vec": NormConfig("loop", 1, 128, 4, hints=True, stash=True, vec=True),
            "loop unroll": NormConfig("loop", 1, 128, 4, hints=True, stash=True, vec=True, unroll=3),
-           "loop const": NormConfig("loop", 1, 128, 4, hints=True, vec=True, unroll=2, const_n=True)}[mode]
+           "loop const": NormConfig("loop", 1, 128, 4, hints=True, vec=True, unroll=2, const_n=True),
+           "loop split": NormConfig("loop", 1, 128, 4, hints=True, stash=True, vec=True, split=3),
+           "loop split const": NormConfig("loop", 1, 128, 4, hints=True, stash=True, const_n=True, split=8),
+           "loop 2 rows": NormConfig("loop", 2, 128, 4, hints=True, stash=True, vec=True),
+           "loop 4 rows const": NormConfig("loop", 4, 128, 4, hints=True, const_n=True, unroll=2),
+           "loop hold": NormConfig("loop", 2, 128, 4, hints=True, stash=True, vec=True, hold=1),
+           "loop hold 2 const": NormConfig("loop", 1, 128, 4, hints=True, const_n=True, hold=2),
+           "loop hold split": NormConfig("loop", 1, 128, 4, hints=True, stash=True, vec=True, split=3, hold=2)}[mode]
     for res in (r, None):  # with and without the residual add
         y = poison_(torch.empty_like(x))
         h = poison_(torch.empty_like(x)) if res is not None else None
@@ -125,7 +138,9 @@ def test_layer_norm_far_from_zero(device, gen, width, dtype):
     _check("layer", x, None, w, b, 1e-5, *_run("layer", x, None, w, b, 1e-5))
     # Split rows (chunks of 128 combined with Chan's formula) must hold up as well.
     for cfg in (NormConfig("two_pass", 1, 128, 4), NormConfig("loop", 1, 128, 4),
-                NormConfig("loop", 1, 128, 4, stash=True), NormConfig("loop", 1, 128, 4, vec=True)):
+                NormConfig("loop", 1, 128, 4, stash=True), NormConfig("loop", 1, 128, 4, vec=True),
+                NormConfig("loop", 1, 128, 4, stash=True, split=4), NormConfig("loop", 2, 128, 4, vec=True),
+                NormConfig("loop", 1, 128, 4, hold=2), NormConfig("loop", 1, 128, 4, stash=True, hold=1)):
         y, h = poison_(torch.empty_like(x)), poison_(torch.empty_like(x))
         norm_mod._launch(x, r, w, b, y, h, 1e-5, False, False, cfg)
         _check("layer", x, r, w, b, 1e-5, y, h)
@@ -150,16 +165,23 @@ def test_config_rule():
     assert norm_mod.norm_config(64, 32768, cpu, has_residual=False) == picks[(True, False)][32768]
     assert norm_mod.norm_config(64, 20000, cpu, has_residual=False) == picks[(True, False)][32768]
     assert norm_mod.norm_config(3, 32768, cpu, has_residual=False).mode == "rows"  # fewer rows than SMs
+    # RMSNorm at 8K: the loop with the width a constant, so dense rows only
+    assert norm_mod.norm_config(64, 8192, cpu, has_residual=False) == picks[(True, False)][8192]
+    assert norm_mod.norm_config(64, 8192, cpu, has_residual=False, dense=False).mode == "rows"
+    assert norm_mod.norm_config(64, 8192, cpu, is_rms=False, has_residual=False).mode == "rows"
     # LayerNorm without a residual from 16K wide: a program per row; the widest pick serves wider rows
     assert norm_mod.norm_config(64, 16384, cpu, is_rms=False, has_residual=False) == picks[(False, False)][16384]
-    assert norm_mod.norm_config(64, 262144, cpu, is_rms=False, has_residual=False) == picks[(False, False)][131072]
+    assert norm_mod.norm_config(64, 524288, cpu, is_rms=False, has_residual=False) == picks[(False, False)][262144]
     assert norm_mod.norm_config(3, 65536, cpu, is_rms=False, has_residual=False).mode == "two_pass"  # < 4 SMs' rows
     assert norm_mod.norm_config(64, 16384, cpu, is_rms=False).mode == "rows"
-    # With a residual: h stashed in pass 1; past 128K the split rows
+    # With a residual: h stashed in pass 1; 256K rows split over programs, wider ones coop
     assert norm_mod.norm_config(64, 32768, cpu, is_rms=False) == picks[(False, True)][32768]
     assert norm_mod.norm_config(64, 131072, cpu).stash
-    assert norm_mod.norm_config(64, 262144, cpu).mode == "two_pass"  # coop needs a GPU
+    assert norm_mod.norm_config(64, 262144, cpu).split > 1
+    assert norm_mod.norm_config(64, 524288, cpu).mode == "two_pass"  # coop needs a GPU
     assert norm_mod.norm_config(3, 65536, cpu, is_rms=False).mode == "two_pass"
+    # a split row's programs fill the chip from half the SMs (2 here): 1 row of 256K in 2-8
+    assert norm_mod.norm_config(1, 262144, cpu).mode == "loop"
     for table in picks.values():  # every pick a loop whose chunk is narrower than its rows
         assert all(c.mode == "loop" and c.block_n < w for w, c in table.items())
 
@@ -195,26 +217,32 @@ def test_bad_input(device):
 @pytest.mark.parametrize("kind", KINDS)
 def test_loop_stash_in_place(device, gen, kind):
     """Mode "loop" with ``stash``: pass 1 writes h over the residual it is still reading
-    (``residual_out=residual``), pass 2 re-reads h; chunks of 16 over 111 columns."""
+    (``residual_out=residual``), pass 2 re-reads h; chunks of 16 over 111 columns, a
+    program a row and 3 a row (each segment's LayerNorm shift read before its own h is
+    stored, never another's), and with two chunks held in registers."""
     x = strided_like((5, 111), torch.bfloat16, device, generator=gen)
     r = strided_like((5, 111), torch.bfloat16, device, generator=gen)
     w, b = _params(kind, 111, torch.bfloat16, device, gen)
     x0, r0 = x.clone(), r.clone()
-    y = poison_(torch.empty_like(x))
-    norm_mod._launch(x, r, w, b, y, r, 1e-6, kind != "layer", kind == "gemma",
-                     NormConfig("loop", 1, 16, 4, hints=True, stash=True))
-    _check(kind, x0, r0, w, b, 1e-6, y, r)
+    for split, hold in ((1, 0), (3, 0), (1, 2)):
+        r.copy_(r0)
+        y = poison_(torch.empty_like(x))
+        norm_mod._launch(x, r, w, b, y, r, 1e-6, kind != "layer", kind == "gemma",
+                         NormConfig("loop", 1, 16, 4, hints=True, stash=True, split=split, hold=hold))
+        _check(kind, x0, r0, w, b, 1e-6, y, r)
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_loop_const_n(device, gen, kind):
+@pytest.mark.parametrize("width, split", [(1023, 1), (1024, 4)])
+def test_loop_const_n(device, gen, kind, width, split):
     """Mode "loop" with the width as a constant: dense rows take it (1023 wide, chunks of
-    128, two an iteration), a strided x falls back to runtime strides."""
-    w, b = _params(kind, 1023, torch.bfloat16, device, gen)
-    cfg = NormConfig("loop", 1, 128, 4, hints=True, stash=True, vec=True, unroll=2, const_n=True)
-    for x in (torch.randn(7, 1023, generator=gen, device=device).to(torch.bfloat16),
-              strided_like((7, 1023), torch.bfloat16, device, generator=gen)):
-        r = torch.randn(7, 1023, generator=gen, device=device).to(torch.bfloat16)
+    128, two an iteration; 1024 in 4 segments of whole chunks, where the masks fold away),
+    a strided x falls back to runtime strides."""
+    w, b = _params(kind, width, torch.bfloat16, device, gen)
+    cfg = NormConfig("loop", 1, 128, 4, hints=True, stash=True, vec=True, unroll=2, const_n=True, split=split)
+    for x in (torch.randn(7, width, generator=gen, device=device).to(torch.bfloat16),
+              strided_like((7, width), torch.bfloat16, device, generator=gen)):
+        r = torch.randn(7, width, generator=gen, device=device).to(torch.bfloat16)
         y, h = poison_(torch.empty_like(r)), poison_(torch.empty_like(r))
         norm_mod._launch(x, r, w, b, y, h, 1e-6, kind != "layer", kind == "gemma", cfg)
         _check(kind, x, r, w, b, 1e-6, y, h)

@@ -115,14 +115,120 @@ def _pass1_chunk(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, st
 
 
 @triton.jit
-def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, row, N, stride_xm, stride_rm, stride_ym, stride_hm, eps,
+def _loop_shift(x_ptr, r_ptr, h_ptr, rows, M, col, N, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL: tl.constexpr,
+                STASH: tl.constexpr, BLOCK_M: tl.constexpr):
+    """LayerNorm's shift c = h[rows, col] (``_row_sums``' shape; 0.0 past the row's end),
+    rounded to h's dtype when STASH (pass 1 then sums h as stored)."""
+    cols = col + tl.arange(0, 1)
+    c = _pass1_chunk(x_ptr, r_ptr, h_ptr, rows, cols, _tile_mask(rows, M, cols < N, BLOCK_M), stride_xm, stride_rm,
+                     stride_hm, HAS_RESIDUAL, False, "", "")
+    if STASH:
+        c = cast_out(c, h_ptr.dtype.element_ty).to(tl.float32)
+    return _row_sums(c, BLOCK_M)
+
+
+@triton.jit
+def _row_sums(v, BLOCK_M: tl.constexpr):
+    """Per-row sums of a (BLOCK_M, n) tile: a scalar for one row (statistics kept scalar
+    keep the chunk's own layout; see norm.py's split rows), else a (BLOCK_M, 1) column."""
+    if BLOCK_M == 1:
+        s = tl.sum(v)
+    else:
+        s = tl.sum(v, axis=1, keep_dims=True)
+    return s
+
+
+@triton.jit
+def _tile_mask(rows, M, col_ok, BLOCK_M: tl.constexpr):
+    """(BLOCK_M, n) mask of rows < M and col_ok; one row is always inside (grid = M)."""
+    if BLOCK_M == 1:
+        mask = col_ok[None, :]
+    else:
+        mask = (rows < M)[:, None] & col_ok[None, :]
+    return mask
+
+
+@triton.jit
+def _chunk_cols(col0, i, N, BLOCK_N: tl.constexpr, EVEN: tl.constexpr):
+    """Columns col0 + i + [0, BLOCK_N) and which are inside the row; EVEN: all of them (a
+    constant mask the compiler drops, where col0 is not a constant)."""
+    cols = col0 + i + tl.arange(0, BLOCK_N)
+    if EVEN:
+        col_ok = tl.full((BLOCK_N,), 1, tl.int1)
+    else:
+        col_ok = cols < N
+    return cols, col_ok
+
+
+@triton.jit
+def _split_combine(part_ptr, row, N, SEG, SPLIT: tl.constexpr, BLOCK_S: tl.constexpr, IS_RMS: tl.constexpr):
+    """A row's statistics from the partials (c_j, s1_j, s2_j) of its SPLIT segments (sums of
+    d = h - c_j over n_j columns): moved to the common shift c_0,
+        S1 = sum_j s1_j + n_j (c_j - c_0),   S2 = sum_j s2_j + (c_j - c_0)(2 s1_j + n_j (c_j - c_0)).
+    Every segment shifts by its own first value because with the stash (and h written over
+    the residual) another segment's first value may already be overwritten when it is read.
+    Returns (c_0, S1, S2); RMSNorm sums s2 alone."""
+    j = tl.arange(0, BLOCK_S)
+    ok = j < SPLIT
+    pp = part_ptr + (row.to(tl.int64) * SPLIT + j) * 3  # (BLOCK_S,)
+    s2 = tl.load(pp + 2, mask=ok, other=0.0, volatile=True)
+    if IS_RMS:
+        return 0.0, 0.0, tl.sum(s2)
+    cj = tl.load(pp, mask=ok, other=0.0, volatile=True)
+    s1 = tl.load(pp + 1, mask=ok, other=0.0, volatile=True)
+    nj = tl.minimum(tl.maximum(N - j * SEG, 0), SEG).to(tl.float32)
+    c0 = tl.sum(tl.where(j == 0, cj, 0.0))
+    dc = tl.where(ok, cj - c0, 0.0)
+    return c0, tl.sum(s1 + nj * dc), tl.sum(s2 + dc * (2.0 * s1 + nj * dc))
+
+
+@triton.jit
+def _held_pass1(x_ptr, r_ptr, h_ptr, rows, M, col0, i, N, c, stride_xm, stride_rm, stride_hm,
+                HAS_RESIDUAL: tl.constexpr, STASH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                EVEN: tl.constexpr, DROP: tl.constexpr):
+    """Pass 1 of a chunk that pass 2 takes from registers: read once (DROP), h stored now,
+    returned as held (x's dtype where that is exact: no residual, or h as the stash stores
+    it; else float32) with its d = h - c (masked)."""
+    cols, col_ok = _chunk_cols(col0, i, N, BLOCK_N, EVEN)
+    mask = _tile_mask(rows, M, col_ok, BLOCK_M)
+    h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL, True, DROP,
+                DROP)
+    if STASH or not HAS_RESIDUAL:
+        held = cast_out(h, x_ptr.dtype.element_ty)
+    else:
+        held = h
+    return held, tl.where(mask, held.to(tl.float32) - c, 0.0)
+
+
+@triton.jit
+def _held_pass2(y_ptr, w_ptr, b_ptr, held, rows, M, col0, i, N, c, rstd, mean_lo, stride_ym,
+                IS_RMS: tl.constexpr, GEMMA: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr, DROP: tl.constexpr):
+    """Pass 2 of a held chunk: y from the registers, no load of x (or h)."""
+    cols, col_ok = _chunk_cols(col0, i, N, BLOCK_N, EVEN)
+    w, b = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS)
+    _store_y(y_ptr, held.to(tl.float32), c, rstd, w, b, rows, cols, _tile_mask(rows, M, col_ok, BLOCK_M), stride_ym,
+             IS_RMS, GEMMA, HAS_WEIGHT, HAS_BIAS, mean_lo, TWO_PART=not IS_RMS, EVICT=DROP)
+
+
+@triton.jit
+def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row, seg, M, N, SEG,
+              stride_xm, stride_rm, stride_ym, stride_hm, eps,
               IS_RMS: tl.constexpr, GEMMA: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-              HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, HINTS: tl.constexpr, STASH: tl.constexpr,
-              VEC: tl.constexpr, UNROLL: tl.constexpr):
-    """Mode "loop": one program per row, two passes over its chunks of BLOCK_N. Pass 1 sums
-    the statistics; pass 2 reads each chunk again, which a row of <= 512 KB finds in L2 (two
-    programs an SM hold 132 x 2 x 256 KB at 64K wide: 68 MB for the H200's 60 MB L2, most
-    of it), and writes h and y. No program waits on another: nothing to deadlock.
+              HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HINTS: tl.constexpr,
+              STASH: tl.constexpr, VEC: tl.constexpr, UNROLL: tl.constexpr, SPLIT: tl.constexpr,
+              BLOCK_S: tl.constexpr, LOOP_PART: tl.constexpr, EVEN: tl.constexpr, HOLD: tl.constexpr = 0):
+    """Mode "loop": a program per BLOCK_M rows (per segment of SEG columns of a row with
+    SPLIT > 1), two passes over its chunks of BLOCK_N. Pass 1 sums the statistics; pass 2
+    reads each chunk again, which a row of <= 512 KB finds in L2 (two programs an SM hold
+    132 x 2 x 256 KB at 64K wide: 68 MB for the H200's 60 MB L2, most of it), and writes h
+    and y. BLOCK_M > 1: the rows share each chunk's weight (and bias) loads in pass 2.
+
+    SPLIT > 1: the SPLIT programs of a row exchange their partial sums between the passes
+    (``_split_combine``): each waits on a per-row counter, as mode "coop" does (LOOP_PART 0),
+    so a program holds SPLIT times fewer bytes in L2 for SPLIT times less time. Under the
+    interpreter, which cannot wait on a sibling, the passes run as two launches instead:
+    LOOP_PART 1 (pass 1, partials stored) and 2 (partials combined, pass 2).
 
     HINTS: pass 1 loads with evict_last (the lines are read again), pass 2 loads and every
     store with evict_first (never read again), so the row being re-read is the last thing
@@ -131,46 +237,96 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, row, N, stride_xm, strid
     to HBM; y is then normalized from h as stored (rounded to its dtype, as PyTorch's
     ``x + residual`` is), so pass 1 takes its statistics from the rounded h too.
 
-    LayerNorm sums d = h - c around c = h[0] (the shifted-data algorithm): with c within a
-    few standard deviations of the mean, sum(d^2) - sum(d)^2 / N does not cancel, and y =
-    ((h - c) - sum(d) / N) * rstd keeps the mean as the exact pair (c, sum(d) / N). A
-    running Chan combine of chunk means instead drew 2.8x PyTorch's float32 error on rows
-    100 standard deviations from zero (5000 wide, chunks of 128: ~40 roundings of a mean
-    near 100)."""
+    HOLD (0-2): the segment's first HOLD chunks stay in registers between the passes (read
+    once, evict_first; pass 2 takes them from there), so the row keeps HOLD chunks fewer in
+    L2. Nsight Compute on the H200: the loop reads each byte once from DRAM at 32K-64K
+    (rms_norm), but 1.13x at 128K and 1.24-1.27x for layer_norm at 64K-128K, where the rows
+    in flight (132-264 programs) pass ~30 MB.
+
+    LayerNorm sums d = h - c around c = the segment's first h (the shifted-data algorithm):
+    with c within a few standard deviations of the mean, sum(d^2) - sum(d)^2 / N does not
+    cancel, and y = ((h - c) - sum(d) / N) * rstd keeps the mean as the exact pair (c,
+    sum(d) / N). A running Chan combine of chunk means instead drew 2.8x PyTorch's float32
+    error on rows 100 standard deviations from zero (5000 wide, chunks of 128: ~40 roundings
+    of a mean near 100)."""
     KEEP: tl.constexpr = "evict_last" if HINTS else ""
     DROP: tl.constexpr = "evict_first" if HINTS else ""
-    rows = row + tl.arange(0, 1)
+    tl.static_assert(SPLIT == 1 or BLOCK_M == 1, "a split row is one row a program")
+    rows = row * BLOCK_M + tl.arange(0, BLOCK_M)
+    col0 = seg * SEG
     c = 0.0
-    if not IS_RMS:
-        # (Taking c from the first chunk instead of this load of its own, with the chunk
-        # peeled off the loop, measured -4 to +3 points: 16K / 32K wide, H200.)
-        one = tl.arange(0, 1) < 1
-        c = _pass1_chunk(x_ptr, r_ptr, h_ptr, rows, tl.arange(0, 1), one[None, :], stride_xm, stride_rm, stride_hm,
-                         HAS_RESIDUAL, False, "", "")
-        if STASH:
-            c = cast_out(c, h_ptr.dtype.element_ty).to(tl.float32)
-        c = tl.sum(c)
-    if VEC:  # per-lane partial sums, reduced once after the loop
-        s1 = tl.zeros((1, BLOCK_N), tl.float32)
-        s2 = tl.zeros((1, BLOCK_N), tl.float32)
-    else:  # a block-wide sum per chunk
-        s1 = 0.0
-        s2 = 0.0
-    for c0 in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
-        cols = c0 + tl.arange(0, BLOCK_N)
-        mask = (cols < N)[None, :]
-        h = _pass1_chunk(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL,
-                         STASH, KEEP, DROP)
-        d = tl.where(mask, h - c, 0.0)
+    s1 = 0.0
+    s2 = 0.0
+    if LOOP_PART != 2:
+        if not IS_RMS:
+            # (Taking c from the first chunk instead of this load of its own, with the chunk
+            # peeled off the loop, measured -4 to +3 points: 16K / 32K wide, H200.)
+            c = _loop_shift(x_ptr, r_ptr, h_ptr, rows, M, col0, N, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL,
+                            STASH, BLOCK_M)
+            if STASH or HOLD > 0:
+                # Pass 1 may store h over the residual (residual_out=residual) at col0: every
+                # thread's load of c is performed before any thread's store (bar.sync orders them).
+                tl.debug_barrier()
+        if VEC:  # per-lane partial sums, reduced once after the loop
+            v1 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+            v2 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        else:  # a block-wide sum per chunk
+            v1 = _row_sums(tl.zeros((BLOCK_M, 1), tl.float32), BLOCK_M)
+            v2 = _row_sums(tl.zeros((BLOCK_M, 1), tl.float32), BLOCK_M)
+        if HOLD >= 1:
+            held0, d = _held_pass1(x_ptr, r_ptr, h_ptr, rows, M, col0, 0, N, c, stride_xm, stride_rm, stride_hm,
+                                   HAS_RESIDUAL, STASH, BLOCK_M, BLOCK_N, EVEN, DROP)
+            if VEC:
+                v1 += d
+                v2 += d * d
+            else:
+                v1 += _row_sums(d, BLOCK_M)
+                v2 += _row_sums(d * d, BLOCK_M)
+        if HOLD >= 2:
+            held1, d = _held_pass1(x_ptr, r_ptr, h_ptr, rows, M, col0, BLOCK_N, N, c, stride_xm, stride_rm,
+                                   stride_hm, HAS_RESIDUAL, STASH, BLOCK_M, BLOCK_N, EVEN, DROP)
+            if VEC:
+                v1 += d
+                v2 += d * d
+            else:
+                v1 += _row_sums(d, BLOCK_M)
+                v2 += _row_sums(d * d, BLOCK_M)
+        for i in tl.range(HOLD * BLOCK_N, SEG, BLOCK_N, loop_unroll_factor=UNROLL):
+            cols, col_ok = _chunk_cols(col0, i, N, BLOCK_N, EVEN)
+            mask = _tile_mask(rows, M, col_ok, BLOCK_M)
+            h = _pass1_chunk(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL,
+                             STASH, KEEP, DROP)
+            d = tl.where(mask, h - c, 0.0)
+            if VEC:
+                v1 += d
+                v2 += d * d
+            else:
+                v1 += _row_sums(d, BLOCK_M)
+                v2 += _row_sums(d * d, BLOCK_M)
         if VEC:
-            s1 += d
-            s2 += d * d
+            s1 = _row_sums(v1, BLOCK_M)
+            s2 = _row_sums(v2, BLOCK_M)
         else:
-            s1 += tl.sum(d)
-            s2 += tl.sum(d * d)
-    if VEC:
-        s1 = tl.sum(s1)
-        s2 = tl.sum(s2)
+            s1 = v1
+            s2 = v2
+    if SPLIT > 1:
+        if LOOP_PART != 2:
+            part = part_ptr + (row.to(tl.int64) * SPLIT + seg) * 3
+            if not IS_RMS:
+                tl.store(part, c)
+                tl.store(part + 1, s1)
+            tl.store(part + 2, s2)
+        if LOOP_PART == 1:
+            return
+        if LOOP_PART == 0:
+            # Wait for the row's SPLIT partials: ours made visible (barrier, then a release
+            # by the counter update), spin with acquire loads, barrier again (as "coop").
+            tl.debug_barrier()
+            arrived = tl.atomic_add(sync_ptr + 1 + row, 1, sem="release") + 1
+            while arrived < SPLIT:
+                arrived = tl.atomic_add(sync_ptr + 1 + row, 0, sem="acquire")
+            tl.debug_barrier()
+        c, s1, s2 = _split_combine(part_ptr, row, N, SEG, SPLIT, BLOCK_S, IS_RMS)
     mean_lo = s1 / N
     if IS_RMS:
         rstd = tl.rsqrt(s2 / N + eps)
@@ -178,10 +334,15 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, row, N, stride_xm, strid
         rstd = tl.rsqrt(tl.maximum(s2 / N - mean_lo * mean_lo, 0.0) + eps)
     if STASH:
         tl.debug_barrier()  # pass 2 reads h as this program's other threads stored it
-    for c0 in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
-        cols = c0 + tl.arange(0, BLOCK_N)
-        col_ok = cols < N
-        mask = col_ok[None, :]
+    if HOLD >= 1:
+        _held_pass2(y_ptr, w_ptr, b_ptr, held0, rows, M, col0, 0, N, c, rstd, mean_lo, stride_ym, IS_RMS, GEMMA,
+                    HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, EVEN, DROP)
+    if HOLD >= 2:
+        _held_pass2(y_ptr, w_ptr, b_ptr, held1, rows, M, col0, BLOCK_N, N, c, rstd, mean_lo, stride_ym, IS_RMS,
+                    GEMMA, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, EVEN, DROP)
+    for i in tl.range(HOLD * BLOCK_N, SEG, BLOCK_N, loop_unroll_factor=UNROLL):
+        cols, col_ok = _chunk_cols(col0, i, N, BLOCK_N, EVEN)
+        mask = _tile_mask(rows, M, col_ok, BLOCK_M)
         if STASH:
             h = _load_h(h_ptr, r_ptr, h_ptr, rows, cols, mask, stride_hm, stride_rm, stride_hm, False, False, DROP)
         else:
@@ -189,4 +350,4 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, row, N, stride_xm, strid
                         DROP, DROP)
         w, b = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS)
         _store_y(y_ptr, h, c, rstd, w, b, rows, cols, mask, stride_ym, IS_RMS, GEMMA, HAS_WEIGHT, HAS_BIAS,
-                 mean_lo, TWO_PART=not IS_RMS, EVICT=DROP)
+                 mean_lo, TWO_PART=not IS_RMS)

@@ -26,9 +26,12 @@ How rows are covered (``NormConfig.mode``):
     cannot wait on a sibling, and for C above the SM count.
   * "loop": a program per row walks its chunks twice, statistics then apply; the second
     pass finds the row in L2 while the rows of the programs in flight fit there (eviction
-    hints keep them; with a residual, pass 1 stores h and pass 2 re-reads h alone). No
-    program waits on another. Chosen where ``LOOP_PICKS`` has the width (from 16K wide
-    without a residual, 32K-64K with one) and there is a row for every SM (``norm_config``).
+    hints keep them; with a residual, pass 1 stores h and pass 2 re-reads h alone; the
+    first chunks may stay in registers instead, ``hold``). No program waits on another,
+    except with ``split``: a row's 2-8 programs exchange their sums once between the
+    passes (as "coop" does), so each holds a fraction of the row in L2. Chosen where
+    ``LOOP_PICKS`` has the width (8K RMSNorm and from 16K wide without a residual, 32K-256K
+    with one) and there is a row for every SM (``norm_config``).
 """
 
 from __future__ import annotations
@@ -65,8 +68,9 @@ _ROWS, _COOP, _STATS, _APPLY, _LOOP = 0, 1, 2, 3, 4  # the kernel's PHASE
 def _norm_kernel(
     x_ptr, r_ptr, w_ptr, b_ptr,       # x, r: (M, N) rows; w, b: (N,)
     y_ptr, h_ptr,                     # y = norm(h), h = x + r: (M, N) rows
-    part_ptr, sync_ptr,               # split rows: (M, C, 2) fp32 partials; int32 [ticket, M row counters]
-    M, N, C,
+    part_ptr, sync_ptr,               # split rows: (M, C, 2) fp32 partials ("loop": (M, SPLIT, 3));
+                                      # int32 [ticket, M row counters]
+    M, N, C, seg_n,                   # seg_n: "loop" split, the columns of a row's segment
     stride_xm, stride_rm, stride_ym, stride_hm,
     eps,
     IS_RMS: tl.constexpr, GEMMA: tl.constexpr,
@@ -76,16 +80,27 @@ def _norm_kernel(
     HINTS: tl.constexpr = False, STASH: tl.constexpr = False, VEC: tl.constexpr = False,  # "loop": _loop_row
     UNROLL: tl.constexpr = 1,
     CONST_N: tl.constexpr = 0,  # "loop": the width, when every row stride equals it (0: runtime)
+    SPLIT: tl.constexpr = 1,    # "loop": programs a row (segments of seg_n columns)
+    SEG_N: tl.constexpr = 0,    # "loop" with CONST_N: seg_n as a constant
+    LOOP_PART: tl.constexpr = 0,  # "loop" split: 0 both passes (waiting), 1 pass 1, 2 pass 2
+    HOLD: tl.constexpr = 0,     # "loop": chunks a program holds in registers between the passes
 ):
     if PHASE == 4:
-        if CONST_N > 0:  # the trip count, masks and row addresses known to the compiler
-            _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, tl.program_id(0), CONST_N, CONST_N, CONST_N, CONST_N,
-                      CONST_N, eps, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_N, HINTS, STASH, VEC,
-                      UNROLL)
+        if SPLIT > 1 and LOOP_PART == 0:
+            t = tl.atomic_add(sync_ptr, 1)  # ticket in start order, as "coop" (no deadlock)
         else:
-            _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, tl.program_id(0), N, stride_xm, stride_rm, stride_ym,
-                      stride_hm, eps, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_N, HINTS, STASH, VEC,
-                      UNROLL)
+            t = tl.program_id(0)
+        BLOCK_S: tl.constexpr = 2 if SPLIT <= 2 else (4 if SPLIT <= 4 else (8 if SPLIT <= 8 else 16))
+        if CONST_N > 0:  # the trip count, masks and row addresses known to the compiler
+            _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, t // SPLIT, t % SPLIT, M,
+                      CONST_N, SEG_N, CONST_N, CONST_N, CONST_N, CONST_N, eps, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT,
+                      HAS_BIAS, BLOCK_M, BLOCK_N, HINTS, STASH, VEC, UNROLL, SPLIT, BLOCK_S, LOOP_PART,
+                      CONST_N == SEG_N * SPLIT and SEG_N % BLOCK_N == 0, HOLD if LOOP_PART == 0 else 0)
+        else:
+            _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, t // SPLIT, t % SPLIT, M, N,
+                      seg_n, stride_xm, stride_rm, stride_ym, stride_hm, eps, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT,
+                      HAS_BIAS, BLOCK_M, BLOCK_N, HINTS, STASH, VEC, UNROLL, SPLIT, BLOCK_S, LOOP_PART, False,
+                      HOLD if LOOP_PART == 0 else 0)  # two launches: pass 2 cannot hold pass 1's registers
         return
     # -- which chunk of columns (and, split, which row) this program owns -------------------
     if PHASE == 1:
@@ -182,6 +197,8 @@ class NormConfig:
     vec: bool = False  # "loop": per-lane partial sums in pass 1, reduced once after it
     unroll: int = 1  # "loop": chunks per loop iteration (tl.range's loop_unroll_factor)
     const_n: bool = False  # "loop": the width as a compile-time constant where the rows are dense
+    split: int = 1  # "loop": programs a row, each over a segment of whole chunks (<= 16)
+    hold: int = 0  # "loop": leading chunks of a program's segment held in registers between the passes (<= 2)
 
 
 def _loop(block_n: int, warps: int, **flags) -> NormConfig:
@@ -189,53 +206,73 @@ def _loop(block_n: int, warps: int, **flags) -> NormConfig:
 
 
 # Mode "loop" by (is_rms, has_residual) and row width rounded up to a power of two: the best
-# of sweeps on an H200 at 2**26 bf16 elements (tune_ops.py --focus, tenth session; % of copy,
-# the sweep's own harness). With the width a compile-time constant (const_n: the loop's trip
-# count, masks and row addresses folded, as torch.compile's kernels have them) and 16-32
-# warps a row: rms_norm 16K 96% (whole rows 94%), 32K 95% (runtime width 91%), 64K 89%
-# (84%); layer_norm 16K 94% (86%), 32K 93% (77%), 64K 80% (75%). With a residual, h is
-# stashed in pass 1 (the constant width was worth 0-1 point there): add_rms_norm 64K 90%
-# (coop 85%), 128K 87%; add_layer_norm 32K 89% (coop 81%), 64K 88%, 128K 84%. Narrower
-# rows run whole (94-99%); without a residual the widest entry also serves wider rows, with
-# one coop does (at 256K: 83% / 79% against loop's 79% / 78%). The 128K entries without a
-# residual are the 64K picks carried over (see BENCHMARKS.md for what they measured).
+# of sweeps on an H200 at 2**26 bf16 elements (tune_ops.py --focus, tenth and eleventh
+# sessions; % of copy, the sweep's own harness). With the width a compile-time constant
+# (const_n: the loop's trip count, masks and row addresses folded, as torch.compile's
+# kernels have them) and 16-32 warps a row: rms_norm 8K 97% (whole rows 95%), 16K 96%
+# (94%), 32K 95% (runtime width 91%), 64K 83-89% (84%); layer_norm 16K 93-94% (86%), 32K
+# 92-93% (77%), 64K 80% (75%). With a residual, h is stashed in pass 1, and the constant
+# width with 2-4 chunks an iteration: add_rms_norm 64K 92% (runtime width, 8192 x 16
+# warps: 89%), 128K 89% (88%); add_layer_norm 32K 91% (85%), 64K 89% (86%), 128K 85%
+# (84%). At 128K without a residual the first two chunks stay in registers (``hold``: a
+# quarter of the row out of L2): rms_norm 80 -> 82%, layer_norm 72 -> 77%. Narrower rows
+# run whole (94-99%). At 256K a row is split over 2-8 programs that
+# exchange their sums once (``split``): rms_norm 67 -> 71%, layer_norm 62 -> 69%, add_*
+# level with coop (83% / 79%); and 64 such rows (fewer than the SMs) 44-71% (coop) ->
+# 50-81%. Without a residual
+# the widest entry also serves wider rows; with one, wider rows take coop. Where these
+# sweeps left a pick within a point or two of another (run to run, the same config moves
+# by up to 4 points on a fresh machine), the earlier pick stayed.
 LOOP_PICKS = {
-    (True, False): {16384: _loop(8192, 16, hints=True, vec=True, const_n=True),
+    (True, False): {8192: _loop(4096, 16, hints=True, vec=True, const_n=True),
+                    16384: _loop(8192, 16, hints=True, vec=True, const_n=True),
                     32768: _loop(8192, 32, hints=True, vec=True, unroll=2, const_n=True),
                     65536: _loop(16384, 32, hints=True, vec=True, const_n=True),
-                    131072: _loop(16384, 32, hints=True, vec=True, const_n=True)},
+                    131072: _loop(16384, 32, hints=True, vec=True, const_n=True, hold=2),
+                    262144: _loop(8192, 16, hints=True, vec=True, const_n=True, split=8)},
     (False, False): {16384: _loop(4096, 16, hints=True, vec=True, const_n=True),
                      32768: _loop(8192, 32, hints=True, vec=True, const_n=True),
                      65536: _loop(16384, 32, hints=True, vec=True, const_n=True),
-                     131072: _loop(16384, 32, hints=True, vec=True, const_n=True)},
-    (True, True): {65536: _loop(8192, 16, hints=True, stash=True, vec=True, const_n=True),
-                   131072: _loop(16384, 32, hints=True, stash=True, vec=True)},
-    (False, True): {32768: _loop(8192, 16, stash=True, vec=True),  # at 32K the stash ran best without hints
-                    65536: _loop(8192, 16, hints=True, stash=True, vec=True),
-                    131072: _loop(16384, 32, hints=True, stash=True, vec=True)},
+                     131072: _loop(16384, 32, hints=True, vec=True, const_n=True, hold=2),
+                     262144: _loop(8192, 16, hints=True, vec=True, const_n=True, split=8)},
+    (True, True): {65536: _loop(16384, 32, hints=True, stash=True, vec=True, unroll=4, const_n=True),
+                   131072: _loop(16384, 32, hints=True, stash=True, vec=True, const_n=True),
+                   262144: _loop(8192, 16, hints=True, stash=True, vec=True, const_n=True, split=4)},
+    (False, True): {32768: _loop(8192, 16, stash=True, vec=True, const_n=True),  # at 32K best without hints
+                    65536: _loop(16384, 32, hints=True, stash=True, vec=True, unroll=2, const_n=True),
+                    131072: _loop(16384, 32, hints=True, stash=True, vec=True, const_n=True),
+                    262144: _loop(16384, 32, hints=True, stash=True, vec=True, const_n=True, split=2)},
 }
 
 
 def norm_config(rows: int, width: int, device: torch.device, *, is_rms: bool = True,
-                has_residual: bool = True, chunk: int = 8192, chunk_warps: int = 4) -> NormConfig:
+                has_residual: bool = True, chunk: int = 8192, chunk_warps: int = 4,
+                dense: bool = True) -> NormConfig:
     """A program per row ("loop") where ``LOOP_PICKS`` has the width and there is a row for
-    every SM; else whole rows up to 16K elements (32K for RMSNorm); else chunks of ``chunk``
-    ("coop", "two_pass").
+    every SM (for a row split over programs, half the SMs' worth of programs); else whole
+    rows up to 16K elements (32K for RMSNorm); else chunks of ``chunk`` ("coop", "two_pass").
 
     Whole rows: 94-99% of copy up to 16K wide with tiles of two rows up to 4K (LayerNorm to
     16K) and ~32 elements a thread; add + RMSNorm 96% at 32K with 32 warps; wider
     single-row programs spill (17-62%). "loop" needs a row for every SM: 64 rows of 256K (64
     programs on 132 SMs) fell 41% -> 27% (ops-nvidia-h200-bf16-20261121-layer_norm-loop.json),
-    so fewer rows take coop (or whole rows where they fit).
+    so fewer rows take coop (or whole rows where they fit); split over 2-8 programs, the
+    same 64 rows ran at 50-81% against coop's 44-71% (tune-ops-split-h200-20261122-b.json).
+    ``dense``: every row stride equals the width. The 8K pick gains only with the width a
+    constant, which strided rows do not get (a runtime width ran at 88% against whole
+    rows' 95%), so strided rows of 8K stay whole.
     """
     block_n = triton.next_power_of_2(max(width, 1))
     picks = LOOP_PICKS[(is_rms, has_residual)]
-    if rows >= sm_count(device):
-        pick = picks.get(block_n if has_residual else min(block_n, max(picks)))
-        if pick is not None:
-            return pick
+    pick = picks.get(block_n if has_residual else min(block_n, max(picks)))
+    sms = sm_count(device)
+    if pick is not None and rows * pick.split >= (sms if pick.split == 1 else sms // 2) \
+            and (dense or block_n > 8192):
+        return pick
     if block_n <= 16384 or (block_n == 32768 and is_rms):
         pair = 2 if block_n <= 4096 or not is_rms else 1
+        if is_rms and has_residual and block_n == 2048:
+            pair = 1  # add + RMSNorm at 2K: a row a program, 4 warps 98.7% against two rows' 96.7%
         block_m = max(1, min(triton.next_power_of_2(max(rows, 1)), max(pair, 2048 // block_n)))
         warps = max(4, min(16 if block_n <= 16384 else 32, block_m * block_n // 1024))
         return NormConfig("rows", block_m, block_n, warps)
@@ -253,21 +290,42 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
     M, N = x.shape
     if M == 0 or N == 0:
         return None
-    cfg = config or norm_config(M, N, x.device, is_rms=is_rms, has_residual=residual is not None)
+    dense = all(t is None or t.stride(0) == N for t in (x, residual, y, h))
+    cfg = config or norm_config(M, N, x.device, is_rms=is_rms, has_residual=residual is not None, dense=dense)
     C = triton.cdiv(N, cfg.block_n)
     if cfg.mode == "rows" and C != 1:
         raise ValueError(f"config.block_n={cfg.block_n} must cover the width {N} in mode 'rows'")
+    if not 1 <= cfg.split <= 16:
+        raise ValueError(f"config.split={cfg.split} must be from 1 to 16")
+    if not 0 <= cfg.hold <= 2:
+        raise ValueError(f"config.hold={cfg.hold} must be 0, 1 or 2")
+    split, seg = 1, N
+    if cfg.mode == "loop" and cfg.split > 1:  # segments of whole chunks; none empty
+        seg = triton.cdiv(triton.cdiv(N, cfg.split), cfg.block_n) * cfg.block_n
+        split = triton.cdiv(N, seg)
+    # A split row's programs wait on each other in one launch on a GPU; the interpreter
+    # runs programs one at a time, so there the passes are two launches.
+    wait = not is_interpreting() and x.device.type == "cuda"
     dummy = x
-    part = torch.empty((M, C, 2), dtype=torch.float32, device=x.device) if cfg.mode in ("coop", "two_pass") else dummy
-    sync = torch.zeros(1 + M, dtype=torch.int32, device=x.device) if cfg.mode == "coop" else dummy
-    phases = {"rows": (_ROWS,), "coop": (_COOP,), "two_pass": (_STATS, _APPLY), "loop": (_LOOP,)}[cfg.mode]
-    grid = (M,) if cfg.mode == "loop" else (triton.cdiv(M, cfg.block_m) * C,)
-    dense = all(t is None or t.stride(0) == N for t in (x, residual, y, h))
-    for phase in phases:
+    part = dummy
+    if cfg.mode in ("coop", "two_pass"):
+        part = torch.empty((M, C, 2), dtype=torch.float32, device=x.device)
+    elif split > 1:
+        part = torch.empty((M, split, 3), dtype=torch.float32, device=x.device)
+    sync = dummy
+    if cfg.mode == "coop" or (split > 1 and wait):
+        sync = torch.zeros(1 + M, dtype=torch.int32, device=x.device)
+    phases = {"rows": ((_ROWS, 0),), "coop": ((_COOP, 0),), "two_pass": ((_STATS, 0), (_APPLY, 0)),
+              "loop": ((_LOOP, 0),) if split == 1 or wait else ((_LOOP, 1), (_LOOP, 2))}[cfg.mode]
+    if cfg.mode == "loop" and split > 1 and cfg.block_m != 1:
+        raise ValueError(f"config.block_m={cfg.block_m} with split={cfg.split}: a split row is one row a program")
+    grid = (triton.cdiv(M, cfg.block_m) * (split if cfg.mode == "loop" else C),)
+    const_n = N if cfg.const_n and dense else 0
+    for phase, part_of_loop in phases:
         kernel = _norm_kernel[grid](
             x, residual if residual is not None else dummy, weight if weight is not None else dummy,
             bias if bias is not None else dummy, y, h if h is not None else dummy, part, sync,
-            M, N, C,
+            M, N, C, seg,
             x.stride(0), residual.stride(0) if residual is not None else 0, y.stride(0),
             h.stride(0) if h is not None else 0,
             eps,
@@ -275,7 +333,9 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
             HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
             PHASE=phase, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_C=max(2, triton.next_power_of_2(C)),
             HINTS=cfg.hints, STASH=cfg.stash and residual is not None, VEC=cfg.vec,
-            UNROLL=cfg.unroll, CONST_N=N if cfg.const_n and dense else 0, num_warps=cfg.num_warps,
+            UNROLL=cfg.unroll, CONST_N=const_n, SPLIT=split, SEG_N=seg if const_n else 0, LOOP_PART=part_of_loop,
+            HOLD=cfg.hold,
+            num_warps=cfg.num_warps,
         )
     return kernel
 

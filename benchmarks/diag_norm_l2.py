@@ -1,0 +1,42 @@
+"""Where the wide-row norms' bytes come from: launch today's pick of each (family, width)
+three times on 2**26 bf16 elements, for Nsight Compute to count DRAM bytes and L2 hits
+of the third launch (mode "loop" re-reads each row in pass 2: from L2, or again from HBM?).
+
+    ncu --kernel-name regex:_norm_kernel --launch-skip 2 --launch-count 1 \\
+        --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,gpu__time_duration.sum \\
+        python benchmarks/diag_norm_l2.py rms_norm:131072 layer_norm:65536
+
+Each (family, width) is one process argument; ncu's report names them in launch order.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import torch
+
+norm = importlib.import_module("onetrip.ops.norm")
+
+
+def main(argv: list[str]) -> int:
+    dev = torch.device("cuda")
+    for arg in argv:
+        fam, width = arg.split(":")
+        width = int(width)
+        rows = 2**26 // width
+        res, is_rms = fam.startswith("add_"), "rms" in fam
+        x = torch.randn(rows, width, device=dev, dtype=torch.bfloat16)
+        r = torch.randn_like(x) if res else None
+        w = torch.randn(width, device=dev, dtype=torch.bfloat16)
+        y, h = torch.empty_like(x), (torch.empty_like(x) if res else None)
+        cfg = norm.norm_config(rows, width, dev, is_rms=is_rms, has_residual=res)
+        print(f"{fam} {rows}x{width}: {cfg}", flush=True)
+        for _ in range(3):
+            norm._launch(x, r, w, None if is_rms else w, y, h, 1e-6, is_rms, False, cfg)
+        torch.cuda.synchronize()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
