@@ -163,6 +163,8 @@ def main():
                     "comma-separated (e.g. 2,4), in place of the single-row grid")
     ap.add_argument("--hold", default="", help="with --focus: chunks held in registers to sweep in mode loop, "
                     "comma-separated (e.g. 1,2), in place of the single-row grid")
+    ap.add_argument("--config", action="append", default=[], help="with --focus: a NormConfig(...) repr to time "
+                    "beside the pick (repeatable), in place of the single-row grid")
     ap.add_argument("--elems", type=int, default=ELEMS, help=f"elements per tensor (default {ELEMS}; the "
                     "bench's shapes have 2**24)")
     args = ap.parse_args()
@@ -212,8 +214,11 @@ def main():
             block_ms = [int(k) for k in args.block_m.split(",") if k]
             unrolls = [int(k) for k in args.unroll.split(",") if k]
             holds = [int(k) for k in args.hold.split(",") if k]
-            cands = list(focus_candidates(width, rows, is_rms, res, splits, block_ms, unrolls, holds) if args.focus
+            cands = list(focus_candidates(width, rows, is_rms, res, splits, block_ms, unrolls, holds)
+                         if args.focus
                          else norm_candidates(width))
+            if args.config:  # today's pick against the given configs
+                cands = [cands[0]] + [eval(c, {"NormConfig": norm.NormConfig}) for c in args.config]
             cands = [c for c in cands if modes is None or c.mode in modes]
             best[(fam, width)] = sweep_family(fam, width, mk, cands, nbytes, copy, results, rows)
         del x, r, y, h
