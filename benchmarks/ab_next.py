@@ -448,6 +448,29 @@ def append_ab(flush, copy, dev="cuda"):
     return rows
 
 
+# Round 14 (eleventh session): Nsight Compute at batch 1 x 4K (``diag_decode_ncu.py``) gave
+# the attention kernel 13.5 us at 8, 16 and 32 splits alike: MIN_TILES = 4 leaves at most
+# 8 splits with keys, so the extra ones were empty, and the merge grew 4.9 -> 7.6 us. Each
+# SM runs one 8-warp program (136 KiB of shared memory), 2 warps a scheduler. Here splits
+# of 1-2 tiles (``DecodeConfig.min_tiles``), smaller tiles (more programs an SM), and the
+# merge in slices of head_dim past MERGE_WHOLE splits.
+SPLIT_CELLS = ((1, 4096, "contiguous"), (1, 8192, "contiguous"), (1, 32768, "contiguous"), (4, 8192, "contiguous"),
+               (1, 4096, "paged-64"))
+
+
+def _many_split_variants(heur, layout):
+    S = heur.num_splits
+    variants = [heur]
+    for (block_n, warps), min_tiles, k in itertools.product(((128, 8), (64, 4), (64, 8), (32, 4)), (1, 2), (2, 4, 8)):
+        variants.append(da.DecodeConfig(block_n, warps, k * S, table_ahead=layout != "contiguous",
+                                        min_tiles=min_tiles))
+    return variants
+
+
+def splits_merge(flush, copy, dev="cuda"):
+    return decode_sweep(flush, copy, dev, cells=SPLIT_CELLS, variants_of=_many_split_variants)
+
+
 def _jsonable(o):
     return sorted(o) if isinstance(o, (set, frozenset)) else str(o)
 
@@ -456,7 +479,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("gpu-out"))
     ap.add_argument("--only", nargs="+", choices=("engine", "read_floor", "append", "decode_sweep", "tma_sweep",
-                                                  "profile_b1_4k", "paged_short", "paged_long", "engine_traces"),
+                                                  "profile_b1_4k", "paged_short", "paged_long", "engine_traces",
+                                                  "splits_merge"),
                     default=os.environ.get("AB_ONLY", "").split() or None, help="parts to run (env AB_ONLY)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -467,7 +491,8 @@ def main() -> int:
                        "triton": __import__("triton").__version__, "date": time.strftime("%Y-%m-%d")}}
     parts = (("engine", engine_ab), ("read_floor", read_floor), ("append", append_ab), ("decode_sweep", decode_sweep),
              ("tma_sweep", tma_sweep), ("profile_b1_4k", profile_small), ("paged_short", paged_short),
-             ("paged_long", paged_long), ("engine_traces", functools.partial(engine_traces, out_dir=args.out)))
+             ("paged_long", paged_long), ("engine_traces", functools.partial(engine_traces, out_dir=args.out)),
+             ("splits_merge", splits_merge))
     for name, fn in parts:
         if args.only and name not in args.only:
             continue

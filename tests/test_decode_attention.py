@@ -132,8 +132,10 @@ def test_layouts_and_scale(device, gen):
 
 def test_config_heuristic():
     cpu = torch.device("cpu")  # a nominal 4 SMs: one wave is 4 programs
-    assert decode_config(1, 1, 4096, 128, cpu) == DecodeConfig(128, 8, 4)
+    assert decode_config(1, 1, 4096, 128, cpu) == DecodeConfig(128, 8, 4, min_tiles=2)
     assert decode_config(1, 1, 1000, 128, cpu).num_splits == 2  # one split per 4 tiles of max_seq
+    assert decode_config(1, 1, 1000, 128, cpu).min_tiles == 4  # from 4K slots: one per 2 tiles
+    assert decode_config(1, 1, 4096, 128, cpu, waves=16).num_splits == 16
     assert decode_config(1, 1, 4096, 128, cpu, waves=2).num_splits == 8
     assert decode_config(1, 3, 4096, 128, cpu).num_splits == 1  # 3 programs: a second split passes the wave
     assert decode_config(64, 8, 4096, 128, cpu).num_splits == 1
@@ -143,9 +145,11 @@ def test_config_heuristic():
     # paged: the same short rule, with the table a tile ahead; else 64-key tiles (4 warps
     # under two programs an SM before splitting) and the 128-key split count
     assert decode_config(64, 8, 1024, 128, cpu, paged=True) == DecodeConfig(32, 4, 1, table_ahead=True)
-    assert decode_config(32, 8, 4096, 128, cpu, paged=True) == DecodeConfig(64, 8, 1, table_ahead=True)  # >= 2 an SM
-    assert decode_config(1, 1, 4096, 128, cpu, paged=True, waves=1) == DecodeConfig(64, 4, 4, table_ahead=True)
-    assert decode_config(1, 1, 4096, 128, cpu, paged=True) == DecodeConfig(64, 4, 8, table_ahead=True)
+    assert decode_config(32, 8, 4096, 128, cpu, paged=True) == DecodeConfig(64, 8, 1, table_ahead=True,
+                                                                             min_tiles=2)  # >= 2 an SM
+    assert decode_config(1, 1, 4096, 128, cpu, paged=True, waves=1) == DecodeConfig(64, 4, 4, table_ahead=True,
+                                                                                     min_tiles=2)
+    assert decode_config(1, 1, 4096, 128, cpu, paged=True) == DecodeConfig(64, 4, 8, table_ahead=True, min_tiles=2)
     assert decode_config(64, 8, 4096, 128, cpu).block_n == 128
 
 

@@ -20,9 +20,10 @@ from ._jit import cast_out
 
 
 @triton.jit
-def _merge_rows(ws_o_ptr, ws_lse_ptr, base, r, r_ok, num_splits, head_dim,
-                GQ: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK_S: tl.constexpr):
-    """Rows r of one (b, kvh)'s split partials merged: (BLOCK_R, BLOCK_D) float32.
+def _merge_rows(ws_o_ptr, ws_lse_ptr, base, r, r_ok, d, num_splits, head_dim,
+                GQ: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_DS: tl.constexpr, CHUNK_S: tl.constexpr):
+    """Rows r, dims d (a slice of head_dim, (BLOCK_DS,)) of one (b, kvh)'s split partials
+    merged: (BLOCK_R, BLOCK_DS) float32.
 
     CHUNK_S splits at a time, as an online softmax over splits: each chunk's lse_s
     (CHUNK_S, BLOCK_R) and O_s (CHUNK_S, BLOCK_R, D) load together, so a merge of up to
@@ -31,11 +32,10 @@ def _merge_rows(ws_o_ptr, ws_lse_ptr, base, r, r_ok, num_splits, head_dim,
     4K context, 8 kv heads) took ~15 us for 70 KB on an H200; two round trips 3.4 us
     and one 2.8 us (batch 1 x 4K, 8 splits, ab-round8-h200-20261121.json).
     """
-    d = tl.arange(0, BLOCK_D)
     c = tl.arange(0, CHUNK_S)
     m = tl.full((BLOCK_R,), float("-inf"), tl.float32)
     den = tl.zeros((BLOCK_R,), tl.float32)
-    acc = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
+    acc = tl.zeros((BLOCK_R, BLOCK_DS), tl.float32)
     for s0 in range(0, num_splits, CHUNK_S):
         rows = base + (s0 + c)[:, None] * GQ + r[None, :]                       # (CHUNK_S, BLOCK_R)
         ok = ((s0 + c) < num_splits)[:, None] & r_ok[None, :]
@@ -57,10 +57,8 @@ def _merge_rows(ws_o_ptr, ws_lse_ptr, base, r, r_ok, num_splits, head_dim,
 
 
 @triton.jit
-def _store_rows(o_ptr, y, b, kvh, r, r_ok, head_dim, stride_ob, stride_os, stride_oh,
-                GROUP: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Merged rows r = (query i, head kvh * GROUP + g) of sequence b into out (B, Q_LEN, H, D)."""
-    d = tl.arange(0, BLOCK_D)
+def _store_rows(o_ptr, y, b, kvh, r, r_ok, d, head_dim, stride_ob, stride_os, stride_oh, GROUP: tl.constexpr):
+    """Merged rows r = (query i, head kvh * GROUP + g), dims d, of sequence b into out (B, Q_LEN, H, D)."""
     mask = r_ok[:, None] & (d < head_dim)[None, :]
     o_off = b.to(tl.int64) * stride_ob + (r // GROUP) * stride_os + (kvh * GROUP + r % GROUP) * stride_oh
     tl.store(o_ptr + o_off[:, None] + d[None, :], cast_out(y, o_ptr.dtype.element_ty), mask=mask)
@@ -74,15 +72,21 @@ def _merge_kernel(
     GROUP: tl.constexpr, Q_LEN: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
     CHUNK_S: tl.constexpr,             # splits whose partial outputs load as one tile
+    BLOCK_DS: tl.constexpr = 0,        # head_dim in slices of this many (0: whole), a program each
 ):
-    # One program per BLOCK_R output rows of one (b, kvh).
+    # One program per BLOCK_R output rows of one (b, kvh), and per slice of head_dim: many
+    # splits (tens, each a few key tiles) merge in more programs, each in one L2 round trip.
     GQ: tl.constexpr = GROUP * Q_LEN
+    DS: tl.constexpr = BLOCK_D if BLOCK_DS == 0 else BLOCK_DS
     n_rblocks: tl.constexpr = (GQ + BLOCK_R - 1) // BLOCK_R
+    n_dslices: tl.constexpr = BLOCK_D // DS
     pid = tl.program_id(0)
-    bk = pid // n_rblocks
-    r = (pid % n_rblocks) * BLOCK_R + tl.arange(0, BLOCK_R)
+    dsl = pid % n_dslices
+    bk = pid // (n_rblocks * n_dslices)
+    r = (pid // n_dslices % n_rblocks) * BLOCK_R + tl.arange(0, BLOCK_R)
     r_ok = r < GQ
+    d = dsl * DS + tl.arange(0, DS)
     base = bk.to(tl.int64) * num_splits * GQ
-    y = _merge_rows(ws_o_ptr, ws_lse_ptr, base, r, r_ok, num_splits, head_dim, GQ, BLOCK_R, BLOCK_D, CHUNK_S)
-    _store_rows(o_ptr, y, bk // kv_heads, bk % kv_heads, r, r_ok, head_dim, stride_ob, stride_os, stride_oh,
-                GROUP, BLOCK_D)
+    y = _merge_rows(ws_o_ptr, ws_lse_ptr, base, r, r_ok, d, num_splits, head_dim, GQ, BLOCK_R, DS, CHUNK_S)
+    _store_rows(o_ptr, y, bk // kv_heads, bk % kv_heads, r, r_ok, d, head_dim, stride_ob, stride_os, stride_oh,
+                GROUP)

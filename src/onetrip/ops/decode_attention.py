@@ -53,6 +53,9 @@ LOG2E = 1.4426950408889634
 # 16 splits of 2: 14.6), and 288 keys in one split (7.8 us, 16 splits: 11.0): the grid
 # is fixed by the cache's capacity (graph capture), the work by the length.
 MIN_TILES = 4
+# Splits the merge takes whole rows of head_dim for; more are merged in slices of 32 dims, a
+# program each, so that tens of partials still load in one round trip.
+MERGE_WHOLE = 8
 
 
 @triton.jit
@@ -246,6 +249,7 @@ class DecodeConfig:
     table_ahead: bool = False
     use_tma: bool = False
     num_stages: int = 1
+    min_tiles: int = MIN_TILES  # the fewest key tiles a split takes (the rest of the splits stay empty)
 
 
 def decode_config(batch: int, kv_heads: int, max_seq: int, head_dim: int, device: torch.device, *,
@@ -298,12 +302,17 @@ def decode_config(batch: int, kv_heads: int, max_seq: int, head_dim: int, device
         block_n = 32
         warps = 4 if max(16, triton.next_power_of_2(rows)) * triton.next_power_of_2(head_dim) <= 64 * 128 else 8
     programs, sms = max(1, batch * kv_heads), sm_count(device)
-    splits = max(1, min(waves * sms // programs, triton.cdiv(max(max_seq, 1), block_n * MIN_TILES)))
+    # Caches of 4K slots and more split down to 2 tiles (round 14, ab-round14-h200-20261122.json:
+    # batch 1 x 4K 31% -> 34-37% of copy, paged 24% -> 33%; 8K-32K and batch 4 unchanged).
+    # Shorter ones keep 4: there a second split adds a merge launch to a kernel of a few us
+    # (288 keys: 7.8 us in one split, 11.0 in 16), the engine's batch-1 decode among them.
+    min_tiles = 2 if max_seq >= 4096 else MIN_TILES
+    splits = max(1, min(waves * sms // programs, triton.cdiv(max(max_seq, 1), block_n * min_tiles)))
     if block_n == 128 and rows <= 16 and programs >= 2 * sms and max_seq <= 2048:
-        return DecodeConfig(32, 4, splits, table_ahead=paged)
+        return DecodeConfig(32, 4, splits, table_ahead=paged, min_tiles=min_tiles)
     if paged and block_n == 128:  # the split count stays the 128-key one: it won at each cell
-        return DecodeConfig(64, 4 if programs < 2 * sms else 8, splits, table_ahead=True)
-    return DecodeConfig(block_n, warps, splits)
+        return DecodeConfig(64, 4 if programs < 2 * sms else 8, splits, table_ahead=True, min_tiles=min_tiles)
+    return DecodeConfig(block_n, warps, splits, min_tiles=min_tiles)
 
 
 def _default_config(q, k_cache, block_table, num_splits: int = 0) -> DecodeConfig:
@@ -360,17 +369,18 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale:
         GROUP=group, Q_LEN=Q, PAGED=paged, PAGE_SIZE=page if paged else 1,
         SOFTCAP=softcap > 0, HAS_WINDOW=window_left >= 0, SPLIT=S > 1,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, MIN_TILES=MIN_TILES,
+        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, MIN_TILES=cfg.min_tiles,
         APPEND=append is not None, INTERLEAVED=interleaved, BLOCK_Q=max(16, triton.next_power_of_2(Q)),
         TABLE_AHEAD=paged and cfg.table_ahead, USE_TMA=use_tma,
         num_warps=cfg.num_warps, **stages,
     )
     if S > 1:
         block_r = min(triton.next_power_of_2(group * Q), 16)
-        _merge_kernel[(B * KVH * triton.cdiv(group * Q, block_r),)](
+        block_ds = block_d if S <= MERGE_WHOLE else min(block_d, 32)  # more splits: head_dim in slices
+        _merge_kernel[(B * KVH * triton.cdiv(group * Q, block_r) * (block_d // block_ds),)](
             ws_o, ws_lse, out, KVH, S, D, *out.stride()[:3],
             GROUP=group, Q_LEN=Q, BLOCK_R=block_r, BLOCK_D=block_d,
-            CHUNK_S=_merge_chunk(S, block_r, block_d, 4), num_warps=4,
+            CHUNK_S=_merge_chunk(S, block_r, block_ds, 4), BLOCK_DS=block_ds, num_warps=4,
         )
     return kernel
 
