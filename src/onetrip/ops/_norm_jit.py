@@ -183,6 +183,31 @@ def _split_combine(part_ptr, row, N, SEG, SPLIT: tl.constexpr, BLOCK_S: tl.const
 
 
 @triton.jit
+def _accumulate(v1, v2, d, VEC: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Pass 1's running sums of d and d^2: per lane (VEC, reduced once after the loop) or
+    per row."""
+    if VEC:
+        v1 += d
+        v2 += d * d
+    else:
+        v1 += _row_sums(d, BLOCK_M)
+        v2 += _row_sums(d * d, BLOCK_M)
+    return v1, v2
+
+
+@triton.jit
+def _wait_row(counter_ptr, count):
+    """Count this program in on its row and wait until ``count`` programs are in: its
+    partials made visible first (barrier, then a release by the counter update), the spin
+    on acquire loads, a barrier again so every thread reads the partials after it."""
+    tl.debug_barrier()
+    arrived = tl.atomic_add(counter_ptr, 1, sem="release") + 1
+    while arrived < count:
+        arrived = tl.atomic_add(counter_ptr, 0, sem="acquire")
+    tl.debug_barrier()
+
+
+@triton.jit
 def _held_pass1(x_ptr, r_ptr, h_ptr, rows, M, col0, i, N, c, stride_xm, stride_rm, stride_hm,
                 HAS_RESIDUAL: tl.constexpr, STASH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 EVEN: tl.constexpr, DROP: tl.constexpr):
@@ -276,33 +301,17 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
         if HOLD >= 1:
             held0, d = _held_pass1(x_ptr, r_ptr, h_ptr, rows, M, col0, 0, N, c, stride_xm, stride_rm, stride_hm,
                                    HAS_RESIDUAL, STASH, BLOCK_M, BLOCK_N, EVEN, DROP)
-            if VEC:
-                v1 += d
-                v2 += d * d
-            else:
-                v1 += _row_sums(d, BLOCK_M)
-                v2 += _row_sums(d * d, BLOCK_M)
+            v1, v2 = _accumulate(v1, v2, d, VEC, BLOCK_M)
         if HOLD >= 2:
             held1, d = _held_pass1(x_ptr, r_ptr, h_ptr, rows, M, col0, BLOCK_N, N, c, stride_xm, stride_rm,
                                    stride_hm, HAS_RESIDUAL, STASH, BLOCK_M, BLOCK_N, EVEN, DROP)
-            if VEC:
-                v1 += d
-                v2 += d * d
-            else:
-                v1 += _row_sums(d, BLOCK_M)
-                v2 += _row_sums(d * d, BLOCK_M)
+            v1, v2 = _accumulate(v1, v2, d, VEC, BLOCK_M)
         for i in tl.range(HOLD * BLOCK_N, SEG, BLOCK_N, loop_unroll_factor=UNROLL):
             cols, col_ok = _chunk_cols(col0, i, N, BLOCK_N, EVEN)
             mask = _tile_mask(rows, M, col_ok, BLOCK_M)
             h = _pass1_chunk(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL,
                              STASH, KEEP, DROP)
-            d = tl.where(mask, h - c, 0.0)
-            if VEC:
-                v1 += d
-                v2 += d * d
-            else:
-                v1 += _row_sums(d, BLOCK_M)
-                v2 += _row_sums(d * d, BLOCK_M)
+            v1, v2 = _accumulate(v1, v2, tl.where(mask, h - c, 0.0), VEC, BLOCK_M)
         if VEC:
             s1 = _row_sums(v1, BLOCK_M)
             s2 = _row_sums(v2, BLOCK_M)
@@ -319,13 +328,7 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
         if LOOP_PART == 1:
             return
         if LOOP_PART == 0:
-            # Wait for the row's SPLIT partials: ours made visible (barrier, then a release
-            # by the counter update), spin with acquire loads, barrier again (as "coop").
-            tl.debug_barrier()
-            arrived = tl.atomic_add(sync_ptr + 1 + row, 1, sem="release") + 1
-            while arrived < SPLIT:
-                arrived = tl.atomic_add(sync_ptr + 1 + row, 0, sem="acquire")
-            tl.debug_barrier()
+            _wait_row(sync_ptr + 1 + row, SPLIT)
         c, s1, s2 = _split_combine(part_ptr, row, N, SEG, SPLIT, BLOCK_S, IS_RMS)
     mean_lo = s1 / N
     if IS_RMS:

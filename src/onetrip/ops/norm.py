@@ -59,7 +59,7 @@ from ._common import (
     sm_count,
     use_triton,
 )
-from ._norm_jit import _chunk_stats, _load_h, _load_wb, _loop_row, _mean_rstd, _store_y
+from ._norm_jit import _chunk_stats, _load_h, _load_wb, _loop_row, _mean_rstd, _store_y, _wait_row
 
 _ROWS, _COOP, _STATS, _APPLY, _LOOP = 0, 1, 2, 3, 4  # the kernel's PHASE
 
@@ -150,14 +150,8 @@ def _norm_kernel(
             tl.store(part + 1, s1)
         if PHASE == 2:
             return
-        if PHASE == 1:
-            # Grid-wide wait for this row's C partials: make ours visible (barrier, then a
-            # release by the counter update), spin with acquire loads, barrier again.
-            tl.debug_barrier()
-            arrived = tl.atomic_add(sync_ptr + 1 + row, 1, sem="release") + 1
-            while arrived < C:
-                arrived = tl.atomic_add(sync_ptr + 1 + row, 0, sem="acquire")
-            tl.debug_barrier()
+        if PHASE == 1:  # grid-wide wait for this row's C partials
+            _wait_row(sync_ptr + 1 + row, C)
         cidx = tl.arange(0, BLOCK_C)
         c_ok = cidx < C
         pp = part_ptr + (row.to(tl.int64) * C + cidx) * 2  # (BLOCK_C,)
