@@ -48,10 +48,13 @@ from ._kv_checks import MAX_Q_LEN, _check_args  # noqa: F401 - MAX_Q_LEN re-expo
 from ._split_merge import _merge_kernel
 
 LOG2E = 1.4426950408889634
-# A split takes at least this many key tiles; the rest of the splits stay empty. On an
-# H200 (batch 1, bf16, 128-key tiles) 4K keys ran fastest in 8 splits of 4 tiles (13.8 us,
-# 16 splits of 2: 14.6), and 288 keys in one split (7.8 us, 16 splits: 11.0): the grid
-# is fixed by the cache's capacity (graph capture), the work by the length.
+# A split takes at least this many key tiles (``DecodeConfig.min_tiles``; decode_config
+# lowers it to 2 from 4K cache slots); the rest of the splits stay empty. On an H200
+# (batch 1, bf16, 128-key tiles) 288 keys ran fastest in one split (7.8 us, 16 splits:
+# 11.0): the grid is fixed by the cache's capacity (graph capture), the work by the length.
+# (An early sweep had 4K keys fastest in 8 splits of 4 tiles, 13.8 us against 14.6 for "16
+# splits of 2"; with this floor at 4, those 16 splits had only 8 holding keys. With the
+# merge sliced, 16 splits of 2 tiles read 34-37% of copy against 31%: round 14.)
 MIN_TILES = 4
 # Splits the merge takes whole rows of head_dim for; more are merged in slices of 32 dims, a
 # program each, so that tens of partials still load in one round trip.
