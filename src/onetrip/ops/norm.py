@@ -95,12 +95,11 @@ def _norm_kernel(
             _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, t // SPLIT, t % SPLIT, M,
                       CONST_N, SEG_N, CONST_N, CONST_N, CONST_N, CONST_N, eps, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT,
                       HAS_BIAS, BLOCK_M, BLOCK_N, HINTS, STASH, VEC, UNROLL, SPLIT, BLOCK_S, LOOP_PART,
-                      CONST_N == SEG_N * SPLIT and SEG_N % BLOCK_N == 0, HOLD if LOOP_PART == 0 else 0)
+                      CONST_N == SEG_N * SPLIT and SEG_N % BLOCK_N == 0, HOLD)
         else:
             _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, t // SPLIT, t % SPLIT, M, N,
                       seg_n, stride_xm, stride_rm, stride_ym, stride_hm, eps, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT,
-                      HAS_BIAS, BLOCK_M, BLOCK_N, HINTS, STASH, VEC, UNROLL, SPLIT, BLOCK_S, LOOP_PART, False,
-                      HOLD if LOOP_PART == 0 else 0)  # two launches: pass 2 cannot hold pass 1's registers
+                      HAS_BIAS, BLOCK_M, BLOCK_N, HINTS, STASH, VEC, UNROLL, SPLIT, BLOCK_S, LOOP_PART, False, HOLD)
         return
     # -- which chunk of columns (and, split, which row) this program owns -------------------
     if PHASE == 1:
@@ -239,6 +238,12 @@ LOOP_PICKS = {
 }
 
 
+def _can_wait(device: torch.device) -> bool:
+    """Programs may spin on a sibling's counter ("coop", a split "loop" row): on a GPU,
+    not under the interpreter, which runs programs one after another."""
+    return not is_interpreting() and device.type == "cuda"
+
+
 def norm_config(rows: int, width: int, device: torch.device, *, is_rms: bool = True,
                 has_residual: bool = True, chunk: int = 8192, chunk_warps: int = 4,
                 dense: bool = True) -> NormConfig:
@@ -271,7 +276,7 @@ def norm_config(rows: int, width: int, device: torch.device, *, is_rms: bool = T
         warps = max(4, min(16 if block_n <= 16384 else 32, block_m * block_n // 1024))
         return NormConfig("rows", block_m, block_n, warps)
     n_chunks = triton.cdiv(width, chunk)
-    coop = not is_interpreting() and device.type == "cuda" and n_chunks <= sm_count(device)
+    coop = _can_wait(device) and n_chunks <= sm_count(device)
     return NormConfig("coop" if coop else "two_pass", 1, chunk, chunk_warps)
 
 
@@ -299,7 +304,7 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
         split = triton.cdiv(N, seg)
     # A split row's programs wait on each other in one launch on a GPU; the interpreter
     # runs programs one at a time, so there the passes are two launches.
-    wait = not is_interpreting() and x.device.type == "cuda"
+    wait = _can_wait(x.device)
     dummy = x
     part = dummy
     if cfg.mode in ("coop", "two_pass"):
@@ -328,7 +333,7 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
             PHASE=phase, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_C=max(2, triton.next_power_of_2(C)),
             HINTS=cfg.hints, STASH=cfg.stash and residual is not None, VEC=cfg.vec,
             UNROLL=cfg.unroll, CONST_N=const_n, SPLIT=split, SEG_N=seg if const_n else 0, LOOP_PART=part_of_loop,
-            HOLD=cfg.hold,
+            HOLD=cfg.hold if part_of_loop == 0 else 0,  # two launches: pass 2 cannot hold pass 1's registers
             num_warps=cfg.num_warps,
         )
     return kernel
