@@ -259,7 +259,7 @@ def _engine_modules() -> dict:
     from onetrip.engine import generate
     from onetrip.models import fused
     return {"fused": fused, "generate": generate,
-            **{m: importlib.import_module(f"onetrip.ops.{m}") for m in ("skinny_matmul", "decode_attention", "attention_o")}}
+            **{m: importlib.import_module(f"onetrip.ops.{m}") for m in ("skinny_matmul", "decode_attention")}}
 
 
 @contextlib.contextmanager

@@ -237,51 +237,10 @@ def norm_main() -> None:
                   f"{norm_report(4, is_rms, residual, 32, 16384, True, True, True, 1, 131072, 1, 1, hold)}")
 
 
-# attention_o (batch 1, contiguous cache, bf16) as launched for Llama-3.2-1B (head dim 64, N
-# 2048) and Llama-3.1-8B (128, 4096): 32 query / 8 kv heads, the launch's divisibility marks.
-def attention_o_report(head_dim: int, n: int, rows: int, block_r: int, block_n: int, warps: int,
-                       early: bool = True, pdl: int = 1, trigger: int = 0) -> str:
-    fn = importlib.import_module("onetrip.ops.attention_o")._attention_o_kernel
-    const = dict(GROUP=4, PAGED=False, PAGE_SIZE=1, INTERLEAVED=False, PRECISION="tf32", BLOCK_M=16,
-                 BLOCK_N=block_n, BLOCK_D=head_dim, BLOCK_G=4, BLOCK_H=8, ROWS=rows, BLOCK_R=block_r, EARLY=early,
-                 ACC=tl.float32, PDL=pdl, TRIGGER=trigger)
-    ptrs = {"w_ptr": "*bf16", "h_ptr": "*bf16", "ss_ptr": "*fp32", "ws_ptr": "*fp32", "sync_ptr": "*i32"}
-    ints = dict(N=n, kv_heads=8, head_dim=head_dim, half=head_dim // 2, stride_qh=head_dim, stride_knh=head_dim,
-                stride_vnh=head_dim, stride_kb=4096 * 8 * head_dim, stride_ks=8 * head_dim, stride_kh=head_dim,
-                stride_vb=4096 * 8 * head_dim, stride_vs=8 * head_dim, stride_vh=head_dim, stride_tb=0,
-                stride_cos=head_dim // 2, stride_sin=head_dim // 2, stride_wn=32 * head_dim)
-    sig, attrs = {}, {}
-    for i, name in enumerate(fn.arg_names):
-        if name in const:
-            sig[name] = "constexpr"
-        else:
-            sig[name] = {**POINTERS, **ptrs}.get(name, "fp32" if name in FLOATS else "i32")
-        if name.endswith("_ptr") or (sig[name] == "i32" and ints[name] % 16 == 0 and ints[name] > 0):
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    k = _compile_marked(fn, sig, const, attrs, warps)
-    regs, spill, _ = _ptxas(k.asm["ptx"])
-    return f"{regs:>3s} registers, {spill}, {k.metadata.shared // 1024:3d} KiB shared"
-
-
-def attention_o_main() -> None:
-    for head_dim, n, rows, block_r in ((64, 2048, 128, 128), (64, 2048, 64, 64), (64, 2048, 256, 128),
-                                       (128, 4096, 256, 64), (128, 4096, 128, 64), (128, 4096, 256, 32)):
-        for block_n in (64, 128):
-            for warps in (4, 8):
-                for early in (True, False):
-                    label = (f"d{head_dim} N {n} rows {rows} x {block_r}, keys {block_n}, "
-                             f"{'early' if early else 'late '}")
-                    print(f"attention_o {label:46s} {warps} warps: "
-                          f"{attention_o_report(head_dim, n, rows, block_r, block_n, warps, early)}")
-
-
 def main() -> int:
     print(f"triton {triton.__version__}, sm_90a")
     if sys.argv[1:] == ["norm"]:
         norm_main()
-        return 0
-    if sys.argv[1:] == ["attention_o"]:
-        attention_o_main()
         return 0
     norm_main()
     fn = importlib.import_module("onetrip.ops.skinny_matmul")._skinny_matmul_kernel

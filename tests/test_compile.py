@@ -35,13 +35,6 @@ def _cases(device):
         kcache, vcache = kc.clone(), vc.clone()
         return onetrip.append_attention(q1, k1, v1, kcache, vcache, lens, cos, sin), kcache, vcache
 
-    wo, h0 = rn(24, 4 * 32), rn(1, 24)
-
-    def attention_o_step():  # batch 1: append_attention + o projection + residual add, one launch
-        kcache, vcache = kc[:1].clone(), vc[:1].clone()
-        h, ss = onetrip.append_attention_o(q1[:1], k1[:1], v1[:1], kcache, vcache, lens[:1], cos, sin, wo, h0)
-        return h, ss, kcache, vcache
-
     return {
         "bias_gelu": (lambda: onetrip.bias_gelu(x, b)),
         "add_rms_norm": (lambda: onetrip.add_rms_norm(x, r, w, 1e-6)),
@@ -55,7 +48,6 @@ def _cases(device):
         "flash_attention": (lambda: onetrip.flash_attention(q, k, k, causal=True, return_lse=True)),
         "decode_step": decode_step,
         "append_attention": append_attention_step,
-        "append_attention_o": attention_o_step,
     }
 
 

@@ -87,18 +87,15 @@ def test_backend_errors():
     assert model.backend == "eager"
 
 
-@pytest.mark.parametrize("attention_o", [False, True])
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_batch_one_gemv_path(variant, attention_o, gen, monkeypatch):
+def test_batch_one_gemv_path(variant, gen, monkeypatch):
     """Batch 1, one token a step: the path where every projection is a GEMV and the norms
-    ride in them (``_decode_one_row``), with attention + o projection as one launch
-    (``attention_o``) or two. On a GPU it runs for 16-bit rows; forced here so the
-    interpreter checks it in float32 against the float64 eager run."""
+    ride in them (``_decode_one_row``). On a GPU it runs for 16-bit rows; forced here so
+    the interpreter checks it in float32 against the float64 eager run."""
     import importlib
 
     fused_mod = importlib.import_module("onetrip.models.fused")
     monkeypatch.setattr(fused_mod, "_gemv", lambda x: True)
-    monkeypatch.setattr(fused_mod, "ATTENTION_O", attention_o)
     calls = []
     one_row = fused_mod._decode_one_row
     monkeypatch.setattr(fused_mod, "_decode_one_row", lambda *a: calls.append(1) or one_row(*a))

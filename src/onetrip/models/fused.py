@@ -37,7 +37,6 @@ import torch.nn.functional as F
 
 from ..ops.append_attention import append_attention
 from ..ops.append_kv import append_kv
-from ..ops.attention_o import ATTENTION_O_MAX_SEQ, append_attention_o
 from ..ops.decode_attention import MAX_Q_LEN, decode_attention
 from ..ops.flash_attention import flash_attention
 from ..ops.gemv_norm import gemv_add_residual, gemv_rms_norm
@@ -55,18 +54,6 @@ if TYPE_CHECKING:  # llama.py imports this module
 # (benchmarks/ab_next.py round 9) the 1B step 0.872 -> 0.849 ms, the 8B 4.003 -> 3.967 ms.
 # False restores the pair; prefill always appends, then attends.
 APPEND_IN_ATTENTION = True
-
-
-# The batch-1 decode step runs attention, the o projection and the residual add as one
-# launch (``ops.attention_o``) where the cache holds at most ATTENTION_O_MAX_SEQ slots: each
-# of its programs recomputes its kv head's attention, so the cost grows with the context.
-ATTENTION_O = True
-
-
-def _attention_o(attn: "Attention") -> bool:
-    cache = attn.cache
-    capacity = cache.k.shape[1] * (cache.block_table.shape[1] if cache.block_table is not None else 1)
-    return ATTENTION_O and APPEND_IN_ATTENTION and attn.wo.bias is None and capacity <= ATTENTION_O_MAX_SEQ
 
 
 def _gemv(x: torch.Tensor) -> bool:
@@ -106,9 +93,11 @@ def _attention(attn: "Attention", x: torch.Tensor, cos: torch.Tensor, sin: torch
     return _linear(out, attn.wo.weight)
 
 
-def _split_qkv(attn: "Attention", qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """qkv (batch, seq, (heads + 2 kv_heads) x head_dim) -> q (batch, seq, heads, head_dim),
-    k, v (batch, seq, kv_heads, head_dim): views, with Qwen3's q/k RMSNorms applied."""
+def _attend(attn: "Attention", qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+            lens: Optional[torch.Tensor], lens_after: Optional[torch.Tensor],
+            positions: Optional[torch.Tensor], starts: Optional[list[int]] = None) -> torch.Tensor:
+    """qkv (batch, seq, (heads + 2 kv_heads) x head_dim) -> attention output (batch, seq,
+    heads x head_dim), before the output projection."""
     c = attn.config
     b, s, _ = qkv.shape
     q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
@@ -119,17 +108,7 @@ def _split_qkv(attn: "Attention", qkv: torch.Tensor) -> tuple[torch.Tensor, torc
     if c.qk_norm:
         q = rms_norm(q, attn.q_norm, c.rms_norm_eps)
         k = rms_norm(k, attn.k_norm, c.rms_norm_eps)
-    return q, k, v
 
-
-def _attend(attn: "Attention", qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-            lens: Optional[torch.Tensor], lens_after: Optional[torch.Tensor],
-            positions: Optional[torch.Tensor], starts: Optional[list[int]] = None) -> torch.Tensor:
-    """qkv (batch, seq, (heads + 2 kv_heads) x head_dim) -> attention output (batch, seq,
-    heads x head_dim), before the output projection."""
-    b, s, _ = qkv.shape
-    q_size = attn.config.num_heads * attn.config.head_dim
-    q, k, v = _split_qkv(attn, qkv)
     cache = attn.cache
     if cache is None:
         q, k = apply_rotary(q, k, cos, sin, positions)
@@ -224,8 +203,7 @@ def _decode_one_row(model: "Model", x: torch.Tensor, cos: torch.Tensor, sin: tor
         gu  = gemv_rms_norm(h, ss, mlp_norm, Wgate_up)
         h, ss = gemv_add_residual(gu, Wdown, h, silu_mul)   SwiGLU in the prologue
 
-    6 kernels per layer (7 with the split-KV merge; one fewer with APPEND_IN_ATTENTION, and
-    one fewer again where attention and the o GEMV are one launch, ``ATTENTION_O``) against
+    6 kernels per layer (7 with the split-KV merge; one fewer with APPEND_IN_ATTENTION) against
     9-10; the first layer's norm
     is an ``add_rms_norm`` of the embedding. Returns logits (1, 1, vocab)."""
     c = model.config
@@ -238,14 +216,8 @@ def _decode_one_row(model: "Model", x: torch.Tensor, cos: torch.Tensor, sin: tor
             qkv = _linear(normed, attn.wqkv.weight, attn.wqkv.bias)
         else:
             qkv = gemv_rms_norm(h, ss, layer.attn_norm, eps, attn.wqkv.weight, attn.wqkv.bias)
-        if _attention_o(attn):
-            q, k, v = _split_qkv(attn, qkv.view(1, 1, -1))
-            cache = attn.cache
-            h, ss = append_attention_o(q, k, v, cache.k, cache.v, lens, cos, sin, attn.wo.weight, h,
-                                       block_table=cache.block_table)
-        else:
-            o = _attend(attn, qkv.view(1, 1, -1), cos, sin, lens, lens_after, None)
-            h, ss = gemv_add_residual(o, attn.wo.weight, h)
+        o = _attend(attn, qkv.view(1, 1, -1), cos, sin, lens, lens_after, None)
+        h, ss = gemv_add_residual(o, attn.wo.weight, h)
         gate_up = gemv_rms_norm(h, ss, layer.mlp_norm, eps, mlp.w_gate_up.weight)
         h, ss = gemv_add_residual(gate_up, mlp.w_down.weight, h, silu_mul=True)
     if h is None:  # no layers

@@ -4,7 +4,6 @@ torch custom-op registration and an unfused PyTorch reference (``*_ref``)."""
 from .append_attention import append_attention, append_attention_ref
 from .append_kv import append_kv, append_kv_ref
 from .argmax import argmax, argmax_ref
-from .attention_o import append_attention_o, append_attention_o_ref
 from .bias_gelu import bias_gelu, bias_gelu_ref
 from .decode_attention import decode_attention, decode_attention_ref
 from .flash_attention import attention_ref, flash_attention
@@ -26,7 +25,7 @@ __all__ = [
     "silu_mul", "silu_mul_ref", "gelu_mul", "gelu_mul_ref",
     "apply_rotary", "apply_rotary_ref",
     "decode_attention", "decode_attention_ref", "append_kv", "append_kv_ref",
-    "append_attention", "append_attention_ref", "append_attention_o", "append_attention_o_ref",
+    "append_attention", "append_attention_ref",
     "flash_attention", "attention_ref",
     "argmax", "argmax_ref",
     "add_rms_norm", "add_rms_norm_ref", "rms_norm", "rms_norm_ref",

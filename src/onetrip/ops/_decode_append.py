@@ -61,12 +61,11 @@ def _rope_rows(ptr, row_off, row_ok, pos, d, head_dim, cos_ptr, sin_ptr, half, s
 def _new_kv(kn_ptr, vn_ptr, kc_ptr, vc_ptr, table_ptr, b, kvh, L, d, cos_ptr, sin_ptr, half,
             stride_cos, stride_sin, stride_knb, stride_kns, stride_knh, stride_vnb, stride_vns, stride_vnh,
             stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_tb, head_dim,
-            write, Q_LEN: tl.constexpr, INTERLEAVED: tl.constexpr,
+            Q_LEN: tl.constexpr, INTERLEAVED: tl.constexpr,
             PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr):
     """The new tokens of kv head ``kvh`` of sequence b: (k rotated, v), (BLOCK_Q, BLOCK_D)
-    tiles in the cache's dtype, stored into the cache where ``write`` (an int32 scalar) is
-    not 0 (split 0 of each (b, kvh); in ``attention_o`` the first of the programs that
-    share the head), and their positions (BLOCK_Q,) with a mask."""
+    tiles in the cache's dtype, stored into the cache (split 0 of each (b, kvh) calls
+    this), and their positions (BLOCK_Q,) with a mask."""
     t = tl.arange(0, BLOCK_Q)
     pos = L - Q_LEN + t
     t_ok = (t < Q_LEN) & (pos >= 0)  # cache_seqlens < q_len would be a caller's error: write nothing
@@ -80,7 +79,6 @@ def _new_kv(kn_ptr, vn_ptr, kc_ptr, vc_ptr, table_ptr, b, kvh, L, d, cos_ptr, si
     blk, slot = _cache_slot(table_ptr, b, pos, t_ok, stride_tb, PAGED, PAGE_SIZE)
     kc = blk.to(tl.int64) * stride_kb + slot * stride_ks + kvh * stride_kh
     vc = blk.to(tl.int64) * stride_vb + slot * stride_vs + kvh * stride_vh
-    w_mask = mask & ((t * 0 + write) != 0)[:, None]  # (a vector: the interpreter refuses a scalar in a mask)
-    tl.store(kc_ptr + kc[:, None] + d[None, :], k, mask=w_mask)
-    tl.store(vc_ptr + vc[:, None] + d[None, :], v, mask=w_mask)
+    tl.store(kc_ptr + kc[:, None] + d[None, :], k, mask=mask)
+    tl.store(vc_ptr + vc[:, None] + d[None, :], v, mask=mask)
     return k, v, pos, t_ok

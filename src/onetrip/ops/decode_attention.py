@@ -175,7 +175,7 @@ def _decode_kernel(
             k, v, j, j_ok = _new_kv(kn_ptr, vn_ptr, k_ptr, v_ptr, table_ptr, b, kvh, L, d, cos_ptr, sin_ptr, half,
                                     stride_cos, stride_sin, stride_knb, stride_kns, stride_knh, stride_vnb,
                                     stride_vns, stride_vnh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
-                                    stride_vh, stride_tb, head_dim, 1, Q_LEN, INTERLEAVED, PAGED, PAGE_SIZE,
+                                    stride_vh, stride_tb, head_dim, Q_LEN, INTERLEAVED, PAGED, PAGE_SIZE,
                                     BLOCK_Q)
             m_i, l_i, acc = _attend_tile(q, k, v, j, j_ok, qpos, m_i, l_i, acc, qk_scale, softcap_log2,
                                          window_left, SOFTCAP, HAS_WINDOW, PRECISION)
