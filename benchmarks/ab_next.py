@@ -249,16 +249,11 @@ def _early(**chunks) -> dict:  # skinny_matmul.EARLY_CHUNKS: 1 for every role bu
     return {"skinny_matmul.EARLY_CHUNKS": {**dict.fromkeys(sm.EARLY_CHUNKS, 1), **chunks}}
 
 
-# Round 17 (twelfth session): W_o (and the start of gate_up) asked of the L2 from a side
-# stream beside the attention kernel (models.fused.L2_PREFETCH), joined before o or at the
-# layer's end. "default again" closes the run, for the drift between its first and last.
+# (Round 17, twelfth session, timed W_o prefetched into L2 beside the attention kernel with
+# these variants; the switch it set is gone with it: NOTES.md.)
 ENGINE_VARIANTS = (  # label -> settings ("module.NAME" in onetrip.models / .engine / .ops) for the run
     ("default", {}),
-    ("W_o beside attention", {"L2_PREFETCH": {"o": -1}}),
-    ("W_o, joined at the layer end", {"L2_PREFETCH": {"o": -1}, "L2_PREFETCH_JOIN": "layer"}),
-    ("W_o + 8 MB of gate_up", {"L2_PREFETCH": {"o": -1, "gate_up": 8 << 20}}),
-    ("4 MB of W_o", {"L2_PREFETCH": {"o": 4 << 20}}),
-    ("default again", {}),
+    ("no early weights", _early(qkv=0, o=0, gate_up=0, down=0, plain=0)),
 )
 
 

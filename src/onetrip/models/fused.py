@@ -41,7 +41,6 @@ from ..ops.decode_attention import MAX_Q_LEN, decode_attention
 from ..ops.flash_attention import flash_attention
 from ..ops.gemv_norm import gemv_add_residual, gemv_rms_norm
 from ..ops.glu import silu_mul
-from ..ops.l2_prefetch import l2_prefetch
 from ..ops.norm import add_rms_norm, rms_norm
 from ..ops.rotary import apply_rotary
 from ..ops.skinny_matmul import silu_mul_matmul, skinny_matmul
@@ -55,47 +54,6 @@ if TYPE_CHECKING:  # llama.py imports this module
 # (benchmarks/ab_next.py round 9) the 1B step 0.872 -> 0.849 ms, the 8B 4.003 -> 3.967 ms.
 # False restores the pair; prefill always appends, then attends.
 APPEND_IN_ATTENTION = True
-
-
-# Batch-1 decode steps under CUDA-graph capture: beside the attention kernel (a latency
-# chain on 8-64 programs while the HBM idles), a side-stream kernel asks the L2 for the
-# first bytes of the weights named here (``ops.l2_prefetch``): "o" (W_o, read next),
-# "gate_up" (the MLP's). The side stream forks after the qkv GEMV and joins before the o
-# GEMV (L2_PREFETCH_JOIN "o") or at the layer's end ("layer"). Bytes 0: off; -1: all.
-L2_PREFETCH: dict = {}
-L2_PREFETCH_JOIN = "o"
-_SIDE_STREAMS: dict = {}
-
-
-class _Prefetcher:
-    """``pf(w, nbytes)`` launches ``l2_prefetch`` on a side stream forked from the current
-    stream at that point, so it runs beside the next kernel; ``pf.join()`` merges it back.
-    Only while a CUDA graph is being captured (eagerly, a launch costs more host time than
-    it saves); the stream is made on the first, uncaptured warm-up step."""
-
-    def __init__(self, device: torch.device):
-        self.on = any(L2_PREFETCH.values()) and device.type == "cuda"
-        if self.on:
-            if device not in _SIDE_STREAMS:
-                _SIDE_STREAMS[device] = torch.cuda.Stream(device)
-            self.side, self.main = _SIDE_STREAMS[device], torch.cuda.current_stream(device)
-            self.on = torch.cuda.is_current_stream_capturing()
-        self.used = False
-
-    def __call__(self, *weights: tuple[str, torch.Tensor]) -> None:
-        todo = [(w, L2_PREFETCH.get(name, 0)) for name, w in weights if L2_PREFETCH.get(name, 0)]
-        if not self.on or not todo:
-            return
-        self.side.wait_stream(self.main)
-        with torch.cuda.stream(self.side):
-            for w, nbytes in todo:
-                l2_prefetch(w, None if nbytes < 0 else nbytes)
-        self.used = True
-
-    def join(self) -> None:
-        if self.used:
-            self.main.wait_stream(self.side)
-            self.used = False
 
 
 def _gemv(x: torch.Tensor) -> bool:
@@ -251,7 +209,6 @@ def _decode_one_row(model: "Model", x: torch.Tensor, cos: torch.Tensor, sin: tor
     c = model.config
     eps = c.rms_norm_eps
     h = ss = None
-    pf = _Prefetcher(x.device)
     for i, layer in enumerate(model.layers):
         attn, mlp = layer.attn, layer.mlp
         if i == 0:
@@ -259,14 +216,10 @@ def _decode_one_row(model: "Model", x: torch.Tensor, cos: torch.Tensor, sin: tor
             qkv = _linear(normed, attn.wqkv.weight, attn.wqkv.bias)
         else:
             qkv = gemv_rms_norm(h, ss, layer.attn_norm, eps, attn.wqkv.weight, attn.wqkv.bias)
-        pf(("o", attn.wo.weight), ("gate_up", mlp.w_gate_up.weight))  # beside the attention kernel
         o = _attend(attn, qkv.view(1, 1, -1), cos, sin, lens, lens_after, None)
-        if L2_PREFETCH_JOIN == "o":
-            pf.join()
         h, ss = gemv_add_residual(o, attn.wo.weight, h)
         gate_up = gemv_rms_norm(h, ss, layer.mlp_norm, eps, mlp.w_gate_up.weight)
         h, ss = gemv_add_residual(gate_up, mlp.w_down.weight, h, silu_mul=True)
-        pf.join()
     if h is None:  # no layers
         return _linear(rms_norm(x, model.norm, eps), model.head_weight)
     return gemv_rms_norm(h, ss, model.norm, eps, model.head_weight).view(1, 1, -1)
