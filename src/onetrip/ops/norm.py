@@ -212,7 +212,10 @@ def _loop(block_n: int, warps: int, **flags) -> NormConfig:
 # run whole (94-99%). At 256K a row is split over 2-8 programs that
 # exchange their sums once (``split``): rms_norm 67 -> 71%, layer_norm 62 -> 69%, add_*
 # level with coop (83% / 79%); and 64 such rows (fewer than the SMs) 44-71% (coop) ->
-# 50-81%. Without a residual
+# 50-81%. Without a residual, 4 programs a 256K row holding their first chunks beat 8
+# holding none (twelfth session, two runs alike, tune-ops-256k-split-hold-h200-20261122-*.json):
+# rms_norm (hold 2) 71.5 -> 75.0%, 64 rows 61.6 -> 63.8%; layer_norm (hold 1: hold 2 takes
+# 64 registers at 16 warps and lost) 68.7 -> 69.3%, 64 rows 49.7 -> 58.1%. Without a residual
 # the widest entry also serves wider rows; with one, wider rows take coop. Where these
 # sweeps left a pick within a point or two of another (run to run, the same config moves
 # by up to 4 points on a fresh machine), the earlier pick stayed.
@@ -222,12 +225,12 @@ LOOP_PICKS = {
                     32768: _loop(8192, 32, hints=True, vec=True, unroll=2, const_n=True),
                     65536: _loop(16384, 32, hints=True, vec=True, const_n=True),
                     131072: _loop(16384, 32, hints=True, vec=True, const_n=True, hold=2),
-                    262144: _loop(8192, 16, hints=True, vec=True, const_n=True, split=8)},
+                    262144: _loop(8192, 16, hints=True, vec=True, const_n=True, split=4, hold=2)},
     (False, False): {16384: _loop(4096, 16, hints=True, vec=True, const_n=True),
                      32768: _loop(8192, 32, hints=True, vec=True, const_n=True),
                      65536: _loop(16384, 32, hints=True, vec=True, const_n=True),
                      131072: _loop(16384, 32, hints=True, vec=True, const_n=True, hold=2),
-                     262144: _loop(8192, 16, hints=True, vec=True, const_n=True, split=8)},
+                     262144: _loop(8192, 16, hints=True, vec=True, const_n=True, split=4, hold=1)},
     (True, True): {65536: _loop(16384, 32, hints=True, stash=True, vec=True, unroll=4, const_n=True),
                    131072: _loop(16384, 32, hints=True, stash=True, vec=True, const_n=True),
                    262144: _loop(8192, 16, hints=True, stash=True, vec=True, const_n=True, split=4)},
