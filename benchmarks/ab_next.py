@@ -249,8 +249,8 @@ def _early(**chunks) -> dict:  # skinny_matmul.EARLY_CHUNKS: 1 for every role bu
     return {"skinny_matmul.EARLY_CHUNKS": {**dict.fromkeys(sm.EARLY_CHUNKS, 1), **chunks}}
 
 
-# (Round 17, twelfth session, timed W_o prefetched into L2 beside the attention kernel with
-# these variants; the switch it set is gone with it: NOTES.md.)
+# (Round 17, twelfth session, set its own variants here to time W_o prefetched into L2
+# beside the attention kernel; they and the switch they set are in git history: NOTES.md.)
 ENGINE_VARIANTS = (  # label -> settings ("module.NAME" in onetrip.models / .engine / .ops) for the run
     ("default", {}),
     ("no early weights", _early(qkv=0, o=0, gate_up=0, down=0, plain=0)),
