@@ -255,9 +255,11 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
     interpreter, which cannot wait on a sibling, the passes run as two launches instead:
     LOOP_PART 1 (pass 1, partials stored) and 2 (partials combined, pass 2).
 
-    HINTS: pass 1 loads with evict_last (the lines are read again), pass 2 loads and every
-    store with evict_first (never read again), so the row being re-read is the last thing
-    the L2 gives up. STASH (with a residual): pass 1 also stores h = x + r (evict_last) and
+    HINTS: pass 1 loads with evict_last (the lines are read again), pass 2's loads, the
+    stores of h and the y of held chunks with evict_first (never read again), so the row
+    being re-read is the last thing the L2 gives up. (The y of the streamed chunks has been
+    stored without a hint since the split / hold change; every pick since was measured so:
+    putting the hint back is unmeasured, benchmarks/NOTES.md.) STASH (with a residual): pass 1 also stores h = x + r (evict_last) and
     pass 2 re-reads h alone: half the bytes kept in L2 between the passes, the same bytes
     to HBM; y is then normalized from h as stored (rounded to its dtype, as PyTorch's
     ``x + residual`` is), so pass 1 takes its statistics from the rounded h too.

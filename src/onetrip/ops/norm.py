@@ -91,15 +91,19 @@ def _norm_kernel(
         else:
             t = tl.program_id(0)
         BLOCK_S: tl.constexpr = 2 if SPLIT <= 2 else (4 if SPLIT <= 4 else (8 if SPLIT <= 8 else 16))
-        if CONST_N > 0:  # the trip count, masks and row addresses known to the compiler
-            _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, t // SPLIT, t % SPLIT, M,
-                      CONST_N, SEG_N, CONST_N, CONST_N, CONST_N, CONST_N, eps, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT,
-                      HAS_BIAS, BLOCK_M, BLOCK_N, HINTS, STASH, VEC, UNROLL, SPLIT, BLOCK_S, LOOP_PART,
-                      CONST_N == SEG_N * SPLIT and SEG_N % BLOCK_N == 0, HOLD)
-        else:
-            _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, t // SPLIT, t % SPLIT, M, N,
-                      seg_n, stride_xm, stride_rm, stride_ym, stride_hm, eps, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT,
-                      HAS_BIAS, BLOCK_M, BLOCK_N, HINTS, STASH, VEC, UNROLL, SPLIT, BLOCK_S, LOOP_PART, False, HOLD)
+        # CONST_N > 0: the width (and so the dense rows' strides) and the segment as constants,
+        # so the trip count, masks and row addresses are known to the compiler (each choice
+        # below is made at compile time: the runtime values are not even read then).
+        n = CONST_N if CONST_N > 0 else N
+        seg_cols = SEG_N if CONST_N > 0 else seg_n
+        sx = CONST_N if CONST_N > 0 else stride_xm
+        sr = CONST_N if CONST_N > 0 else stride_rm
+        sy = CONST_N if CONST_N > 0 else stride_ym
+        sh = CONST_N if CONST_N > 0 else stride_hm
+        _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, t // SPLIT, t % SPLIT, M, n, seg_cols,
+                  sx, sr, sy, sh, eps, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, HINTS,
+                  STASH, VEC, UNROLL, SPLIT, BLOCK_S, LOOP_PART,
+                  CONST_N > 0 and CONST_N == SEG_N * SPLIT and SEG_N % BLOCK_N == 0, HOLD)
         return
     # -- which chunk of columns (and, split, which row) this program owns -------------------
     if PHASE == 1:
