@@ -18,7 +18,7 @@ import sys
 import torch
 import triton
 
-from onetrip.bench.harness import copy_bandwidth_gbs, device_info, sweep_path, time_ms, write_sweep
+from onetrip.bench.harness import copy_bandwidth_gbs, device_info, per_call, sweep_path, time_ms, write_sweep
 import importlib
 
 bg = importlib.import_module("onetrip.ops.bias_gelu")  # the package re-exports a function of that name
@@ -65,7 +65,7 @@ def norm_candidates(width):
                 yield norm.NormConfig("loop", 1, chunk, warps)
 
 
-def focus_candidates(width, rows, is_rms, residual, splits=(), block_ms=(), unrolls=(), holds=()):
+def focus_candidates(width, rows, is_rms, residual, splits=(), block_ms=(), unrolls=(), holds=(), picks=False):
     """--focus: today's pick (and it with the width as a constant), the coop split, and
     "loop" with its L2 hints (a residual: h stashed) at six chunk / warp pairs (torch.compile's
     own reductions run a program of 16-32 warps per row, with the shapes as constants), with
@@ -75,9 +75,12 @@ def focus_candidates(width, rows, is_rms, residual, splits=(), block_ms=(), unro
     "loop" over that many rows a program, at up to 16 elements a thread; ``unrolls``
     (--unroll): "loop" with that many chunks an iteration; ``holds`` (--hold): "loop" with
     that many chunks held in registers between the passes, a row a program and split as
-    the pick is (no 32-warp programs with a residual: they spill)."""
+    the pick is (no 32-warp programs with a residual: they spill). ``picks`` (--picks): the
+    pick alone (an A/B of two builds of the kernel, one process each)."""
     pick = norm.norm_config(rows, width, torch.device("cuda"), is_rms=is_rms, has_residual=residual)
     yield pick
+    if picks:
+        return
     if pick.mode == "loop":
         yield dataclasses.replace(pick, const_n=True)
     if splits:
@@ -122,6 +125,9 @@ def report(kernel):
             "shared": getattr(meta, "shared", None)}
 
 
+ROTATE = 1  # --rotate: calls a timed replay runs back to back (the ops bench's "rotate" timing)
+
+
 def sweep_family(name, width, make, candidates, nbytes, copy_gbs, results, rows):
     best = None
     for cfg in candidates:
@@ -129,7 +135,7 @@ def sweep_family(name, width, make, candidates, nbytes, copy_gbs, results, rows)
         try:
             k = launch()
             torch.cuda.synchronize()
-            t = time_ms(fn)
+            t = per_call(time_ms(lambda: [fn() for _ in range(ROTATE)]), ROTATE)
         except Exception as e:  # a config that fails to compile (too many registers, shared memory)
             results.append({"family": name, "width": width, "config": repr(cfg), "error": repr(e)[:300]})
             continue
@@ -165,9 +171,19 @@ def main():
                     "comma-separated (e.g. 1,2), in place of the single-row grid")
     ap.add_argument("--config", action="append", default=[], help="with --focus: a NormConfig(...) repr to time "
                     "beside the pick (repeatable), in place of the single-row grid")
+    ap.add_argument("--picks", action="store_true", help="with --focus: time today's pick alone (A/B runs of "
+                    "two builds, e.g. a patch from benchmarks/experiments applied in between)")
+    ap.add_argument("--flip", action="append", default=[], help="with --focus --picks: also time the pick with "
+                    "this boolean NormConfig field negated (repeatable, e.g. drop_y)")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="with --focus: set a "
+                    "NormConfig field on every candidate but the pick (repeatable, e.g. drop_y=True)")
+    ap.add_argument("--rotate", type=int, default=1, help="calls a timed replay runs back to back on the same "
+                    "buffers, time per call (the ops bench times 4: its default 'rotate' timing)")
     ap.add_argument("--elems", type=int, default=ELEMS, help=f"elements per tensor (default {ELEMS}; the "
                     "bench's shapes have 2**24)")
     args = ap.parse_args()
+    global ROTATE
+    ROTATE = max(1, args.rotate)
     dev = torch.device("cuda")
     info = device_info(dev)
     copy = copy_bandwidth_gbs(dev)
@@ -214,9 +230,14 @@ def main():
             block_ms = [int(k) for k in args.block_m.split(",") if k]
             unrolls = [int(k) for k in args.unroll.split(",") if k]
             holds = [int(k) for k in args.hold.split(",") if k]
-            cands = list(focus_candidates(width, rows, is_rms, res, splits, block_ms, unrolls, holds)
+            cands = list(focus_candidates(width, rows, is_rms, res, splits, block_ms, unrolls, holds, args.picks)
                          if args.focus
                          else norm_candidates(width))
+            if args.set:  # e.g. drop_y=True on every variant of the sweep
+                fields = {k: eval(v) for k, v in (a.split("=", 1) for a in args.set)}
+                cands = [cands[0]] + [dataclasses.replace(c, **fields) for c in cands[1:]]
+            if args.picks:  # the pick against itself with a flag flipped
+                cands += [dataclasses.replace(cands[0], **{f: not getattr(cands[0], f)}) for f in args.flip]
             if args.config:  # today's pick against the given configs
                 cands = [cands[0]] + [eval(c, {"NormConfig": norm.NormConfig}) for c in args.config]
             cands = [c for c in cands if modes is None or c.mode in modes]

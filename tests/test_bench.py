@@ -187,3 +187,45 @@ def test_time_ms_and_copy_on_gpu():
     assert harness.copy_bandwidth_gbs("cuda", nbytes=64 << 20) > 100
     info = harness.device_info("cuda")
     assert info["sm_count"] > 0 and info["gpu"]
+
+
+def test_timing_plan_rotates_past_l2():
+    """'rotate' cycles >= 2 input copies passing 256 MiB together, >= MIN_CALLS calls a whole
+    number of rounds; 'single' is one call; anything else is refused by name."""
+    from onetrip.bench.ops import MIN_CALLS, timing_plan
+
+    mib = 2**20
+    assert timing_plan(64 * mib, "single") == (1, 1)
+    assert timing_plan(64 * mib) == (4, 4)  # 4096 x 4096 bf16 in + out
+    assert timing_plan(512 * mib) == (2, 4)  # past the rotation bytes alone: still 2 copies
+    assert timing_plan(1) == (16, 16)  # capped
+    for nbytes in (1, 3 * mib, 100 * mib, 300 * mib):
+        sets, calls = timing_plan(nbytes)
+        assert sets >= 2 and calls >= MIN_CALLS and calls % sets == 0
+        assert sets * nbytes >= harness.ROTATE_BYTES or sets == 16
+    with pytest.raises(ValueError, match="timing must be one of"):
+        timing_plan(mib, "cold")
+
+
+def test_per_call_divides_every_statistic():
+    t = harness.per_call(harness.Timing(8.0, 4.0, 12.0, True), 4)
+    assert (t.median_ms, t.p20_ms, t.p80_ms, t.graph) == (2.0, 1.0, 3.0, True)
+    assert harness.rotation_sets(harness.ROTATE_BYTES) == 1
+    assert harness.rotation_sets(harness.ROTATE_BYTES // 3 + 1) == 3
+    assert harness.rotation_sets(10, max_sets=5) == 5 and harness.rotation_sets(2**40, min_sets=2) == 2
+
+
+@pytest.mark.gpu
+def test_bench_shape_rotates_inputs_on_gpu():
+    """One small shape through every provider with each timing: records carry the plan."""
+    from onetrip.bench.cases import OPS
+    from onetrip.bench.ops import bench_shape, timing_plan
+
+    case = OPS["rms_norm"]
+    shape = case.shapes(True)[0]
+    flush = harness.new_flush_buffer()
+    for timing in ("rotate", "single"):
+        recs = bench_shape(case, shape, torch.bfloat16, case.ref(), 3000.0, flush, timing=timing)
+        mine = [r for r in recs if r["provider"] == "onetrip"][0]
+        assert mine["ok"] and mine["median_ms"] > 0 and mine["error"] is None
+        assert (mine["input_sets"], mine["calls"]) == timing_plan(case.bytes_moved(shape, torch.bfloat16), timing)

@@ -178,6 +178,14 @@ def test_config_rule():
     assert norm_mod.norm_config(64, 32768, cpu, is_rms=False) == picks[(False, True)][32768]
     assert norm_mod.norm_config(64, 131072, cpu).stash
     assert norm_mod.norm_config(64, 262144, cpu).split > 1
+    # Whole rows from ROWS_PICKS where it has the width (a non-power-of-two width rounds up);
+    # its rows a program never pass the rows there are
+    assert norm_mod.norm_config(64, 3000, cpu, is_rms=False) == norm_mod.ROWS_PICKS[(False, True)][4096]
+    assert norm_mod.norm_config(64, 4096, cpu, has_residual=False) == norm_mod.ROWS_PICKS[(True, False)][4096]
+    assert norm_mod.norm_config(1, 2048, cpu, has_residual=False).block_m == 1
+    assert norm_mod.norm_config(64, 4096, cpu, is_rms=False, has_residual=False).block_m == 2  # the rule
+    # The streamed y evict_first (drop_y) only with the hints it extends
+    assert all(c.hints for table in picks.values() for c in table.values() if c.drop_y)
     assert norm_mod.norm_config(64, 524288, cpu).mode == "two_pass"  # coop needs a GPU
     assert norm_mod.norm_config(3, 65536, cpu, is_rms=False).mode == "two_pass"
     # a split row's programs fill the chip from half the SMs (2 here): 1 row of 256K in 2-8

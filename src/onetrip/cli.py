@@ -1,6 +1,6 @@
 """The ``onetrip`` command.
 
-    onetrip bench ops [--op NAME ...] [--dtype bf16|fp16|fp32] [--out DIR] [--quick]
+    onetrip bench ops [--op NAME ...] [--dtype bf16|fp16|fp32] [--out DIR] [--quick] [--timing rotate|single]
     onetrip bench attention [--dtype bf16|fp16] [--out DIR] [--quick]
     onetrip bench decode-attention [--out DIR] [--quick]
     onetrip bench gemv [--compile] [--out DIR] [--quick]
@@ -66,6 +66,9 @@ def _build_parser(op_names: tuple[str, ...], dtype_names: tuple[str, ...]) -> ar
     ops.add_argument("--out", type=Path, default=Path("benchmarks/results"),
                      help="folder for the JSON, CSV and PNG results (default: benchmarks/results)")
     ops.add_argument("--quick", action="store_true", help="widths 1K, 4K, 16K, 64K and 256K only")
+    ops.add_argument("--timing", choices=("rotate", "single"), default="rotate",
+                     help="rotate (default): a graph of several calls over input copies, time per call; "
+                     "single: one call a graph replay, graph launch included")
     ops.set_defaults(func=_bench_ops)
 
     out_help = "folder for the JSON, CSV and PNG results (default: benchmarks/results)"
@@ -220,7 +223,7 @@ def _bench_ops(args: argparse.Namespace) -> int:
     dtype = DTYPES[args.dtype]
     if not torch.cuda.is_available():
         return run_ops_check(args.op, dtype)
-    records = run_ops_bench(args.op, dtype, args.out, args.quick)
+    records = run_ops_bench(args.op, dtype, args.out, args.quick, timing=args.timing)
     failed = [r for r in records if r["provider"] == "onetrip" and (r["ok"] is False or r["error"])]
     return 1 if failed else 0
 

@@ -51,7 +51,6 @@ a decode step's append moves 25 KB a sequence, microseconds, bound by launch lat
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import json
 import math
@@ -263,16 +262,15 @@ APPEND_BUILDERS = {"eager": _append_eager, "onetrip": _append_onetrip}
 EXTRA_KEYS = ("gbs", "pct_of_copy", "num_splits", "block_n", "num_warps", "speedup_vs_best_peer", "best_peer")
 
 
-ROTATE_BYTES = 256 * 2**20  # several L2s (50-60 MB on Hopper)
 MAX_INPUT_SETS = 16
 
 
 def input_sets(cell: DecodeCell, dtype: torch.dtype = DTYPE) -> int:
     """How many copies of a cell's inputs one timed replay cycles through: enough that
-    together they pass ROTATE_BYTES, so each call reads its cache from HBM as a decode step
-    does (one cache per layer), at most MAX_INPUT_SETS. A graph of several calls also
-    times the kernels back to back, as in a model, rather than one graph launch each."""
-    return max(1, min(MAX_INPUT_SETS, -(-ROTATE_BYTES // max(1, cache_bytes(cell, dtype)))))
+    together they pass ``harness.ROTATE_BYTES``, so each call reads its cache from HBM as a
+    decode step does (one cache per layer), at most MAX_INPUT_SETS. A graph of several calls
+    also times the kernels back to back, as in a model, rather than one graph launch each."""
+    return harness.rotation_sets(cache_bytes(cell, dtype), max_sets=MAX_INPUT_SETS)
 
 
 def _rotating(builder: Callable, sets: list[dict]) -> Callable:
@@ -292,10 +290,7 @@ def _rotating(builder: Callable, sets: list[dict]) -> Callable:
 
 def _per_call(timer: Callable, n: int) -> Callable:
     """timer for a call that runs n calls: its times divided by n."""
-    def timed(fn):
-        t = timer(fn)
-        return dataclasses.replace(t, median_ms=t.median_ms / n, p20_ms=t.p20_ms / n, p80_ms=t.p80_ms / n)
-    return timed
+    return lambda fn: harness.per_call(timer(fn), n)
 
 
 def bench_cell(cell: DecodeCell, device, timer: Callable, copy_gbs: float | None,

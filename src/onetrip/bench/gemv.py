@@ -39,7 +39,6 @@ import torch.nn.functional as F
 from . import harness
 
 PRESETS = ("llama-3.2-1b", "llama-3.1-8b", "qwen2.5-0.5b", "qwen2.5-7b")
-ROTATE_BYTES = 256 * 2**20  # several L2s (50-60 MB on Hopper)
 MAX_SETS = 32
 ROWS = (1, 8, 32)
 PROVIDERS = ("cublas", "torch.compile", "onetrip")
@@ -111,10 +110,10 @@ def bench_projection(proj: Projection, rows: int, dtype: torch.dtype, providers:
     from onetrip.ops.skinny_matmul import skinny_matmul
 
     gen = torch.Generator(device=device).manual_seed(0)
-    # Weights under ROTATE_BYTES would be timed from L2 and one graph launch would dominate
+    # Weights under harness.ROTATE_BYTES would be timed from L2 and one graph launch would dominate
     # a 2-6 us call: each timed replay runs the call on n_sets copies, back to back as the
     # layers of a model do, and the time is divided by n_sets.
-    n_sets = max(1, min(MAX_SETS, -(-ROTATE_BYTES // (proj.n * proj.k * dtype.itemsize))))
+    n_sets = harness.rotation_sets(proj.n * proj.k * dtype.itemsize, max_sets=MAX_SETS)
     n_sets = n_sets if torch.device(device).type == "cuda" else 1  # no L2 to defeat on the CPU
     sets = [_inputs(proj, rows, dtype, device, gen) for _ in range(n_sets)]
     ys = [torch.empty(rows, proj.n, dtype=dtype, device=device) for _ in range(n_sets)]
@@ -146,10 +145,9 @@ def bench_projection(proj: Projection, rows: int, dtype: torch.dtype, providers:
                 rec["max_diff_vs_cublas"] = float((out.float() - base.float()).abs().max())
             if provider == "onetrip":
                 rec.update(_check(x, w, b, out))
-            t = harness.time_ms(calls[provider], flush=flush)
-            median = t.median_ms / n_sets
-            rate = harness.gbs(rec["bytes"], median)
-            rec.update(median_ms=median, p20_ms=t.p20_ms / n_sets, p80_ms=t.p80_ms / n_sets, graph=t.graph,
+            t = harness.per_call(harness.time_ms(calls[provider], flush=flush), n_sets)
+            rate = harness.gbs(rec["bytes"], t.median_ms)
+            rec.update(median_ms=t.median_ms, p20_ms=t.p20_ms, p80_ms=t.p80_ms, graph=t.graph,
                        graph_error=t.graph_error, gbs=rate, pct_of_copy=100 * rate / copy_gbs, input_sets=n_sets)
         except Exception as exc:  # noqa: BLE001 - recorded, the suite goes on
             rec["error"] = harness.error_string(exc)

@@ -17,6 +17,7 @@ Metrics used throughout:
 from __future__ import annotations
 
 import csv
+import dataclasses
 import datetime as _dt
 import importlib.metadata
 import json
@@ -186,6 +187,22 @@ def time_ms(
     captured = graph is not None
     del graph, run  # frees the graph's private memory pool now, not at the next collection
     return Timing(quantile(times, 0.5), quantile(times, 0.2), quantile(times, 0.8), captured, graph_error)
+
+
+ROTATE_BYTES = 256 * 2**20  # several L2s (50-60 MB on Hopper): what a timed replay cycles through
+
+
+def rotation_sets(nbytes: int, *, min_sets: int = 1, max_sets: int = 16) -> int:
+    """How many copies of a call's inputs a timed replay cycles through: enough that their
+    ``nbytes`` each pass ROTATE_BYTES together, so every call finds its inputs evicted by
+    the others' (cold L2 without a flush between calls), within [min_sets, max_sets]."""
+    return max(min_sets, min(max_sets, -(-ROTATE_BYTES // max(1, nbytes))))
+
+
+def per_call(timing: Timing, n: int) -> Timing:
+    """The timing of a replay that ran ``n`` calls back to back, as the time of one call."""
+    return dataclasses.replace(timing, median_ms=timing.median_ms / n, p20_ms=timing.p20_ms / n,
+                               p80_ms=timing.p80_ms / n)
 
 
 def copy_bandwidth_gbs(device: torch.device | str = "cuda", nbytes: int = 1 << 30) -> float:

@@ -8,7 +8,12 @@ times them. Providers, timed in this order on the same inputs:
     liger          Liger-Kernel's kernel, where it has one for the op and is installed
     onetrip        onetrip's fused kernel
 
-Every call is timed as one CUDA-graph replay on cold L2 (see ``harness.time_ms``). Per
+Timing (``TIMINGS``): "rotate" (the default) replays one CUDA graph of ``calls`` calls back
+to back over ``input_sets`` copies of the inputs that together pass 256 MiB, so each call
+reads its inputs from HBM, and divides by ``calls``: the time of a kernel among others, as
+in a model's forward. "single" (the bench before 2026-11-22's thirteenth session) replays
+a graph of one call after an L2 flush, which also times the graph's launch once per call
+(see ``harness.time_ms``). Per
 (op, shape, provider) a record holds median_ms, p20_ms, p80_ms, bytes (each input read
 once, each output written once), gbs, pct_of_copy (of the measured copy bandwidth),
 max_diff_vs_eager (max |output - eager output|), error (why a provider could not run);
@@ -34,6 +39,8 @@ from .cases import CASES, DTYPE_NAMES, DTYPES, OP_NAMES, OPS, PROVIDERS, OpCase,
 
 __all__ = ["CASES", "DTYPES", "OPS", "OP_NAMES", "bench_shape", "check_accuracy", "run_ops_bench", "run_ops_check"]
 CHECK_ELEMENTS = 1 << 20  # accuracy is checked on the first rows holding about this many elements
+TIMINGS = ("rotate", "single")
+MIN_CALLS = 4  # calls a "rotate" replay runs: its one graph launch is shared by them
 
 
 # ---------------------------------------------------------------------------- checks
@@ -87,36 +94,53 @@ def providers_for(case: OpCase) -> list[str]:
 
 def _record(case: OpCase, shape: Shape, dtype: torch.dtype, provider: str) -> dict:
     keys = ("median_ms", "p20_ms", "p80_ms", "graph", "graph_error", "gbs", "pct_of_copy", "max_diff_vs_eager",
-            "ok", "max_err", "bound", "check_report", "speedup_vs_best_peer", "best_peer", "error")
+            "ok", "max_err", "bound", "check_report", "speedup_vs_best_peer", "best_peer", "error", "input_sets",
+            "calls")
     return {"op": case.name, **shape.fields(), "dtype": DTYPE_NAMES[dtype], "provider": provider,
             "bytes": case.bytes_moved(shape, dtype), **dict.fromkeys(keys)}
 
 
+def timing_plan(nbytes: int, timing: str = "rotate") -> tuple[int, int]:
+    """(input sets, calls a timed replay runs) for a call moving ``nbytes``: "single" (1, 1);
+    "rotate" at least 2 sets passing ``harness.ROTATE_BYTES`` together, and at least
+    MIN_CALLS calls, a whole number of rounds over the sets."""
+    if timing not in TIMINGS:
+        raise ValueError(f"timing must be one of {TIMINGS}, got {timing!r}")
+    if timing == "single":
+        return 1, 1
+    sets = harness.rotation_sets(nbytes, min_sets=2)
+    return sets, sets * -(-MIN_CALLS // sets)
+
+
 def bench_shape(case: OpCase, shape: Shape, dtype: torch.dtype, compiled: Callable, copy_gbs: float,
-                flush: torch.Tensor, done: Callable[[str], None] = lambda provider: None) -> list[dict]:
+                flush: torch.Tensor, done: Callable[[str], None] = lambda provider: None,
+                timing: str = "rotate") -> list[dict]:
     """Check, then time, every provider of ``case`` on one shape; one record per provider.
 
     A provider that raises (a compile failure, Liger past its widths) gets its error string
-    recorded and the run goes on. ``done(provider)`` is called after each provider.
+    recorded and the run goes on. ``done(provider)`` is called after each provider. Outputs
+    are checked on the first input set; ``timing`` as in ``timing_plan``.
     """
     device = torch.device("cuda")
+    n_sets, n_calls = timing_plan(case.bytes_moved(shape, dtype), timing)
     gen = torch.Generator(device=device)
     gen.manual_seed(0)
-    inputs = case.make_inputs(shape, dtype, device, gen)
+    sets = [case.make_inputs(shape, dtype, device, gen) for _ in range(n_sets)]  # fresh data in each
+    inputs = sets[0]
     ref = case.ref()
-    calls = {
-        "eager": lambda: (lambda: ref(*inputs)),
-        "torch.compile": lambda: (lambda: compiled(*inputs)),
-        "liger": lambda: case.liger(inputs),
-        "onetrip": lambda: (lambda: case.fused(*inputs)),
+    builders = {  # provider -> (inputs -> zero-argument call)
+        "eager": lambda t: (lambda: ref(*t)),
+        "torch.compile": lambda t: (lambda: compiled(*t)),
+        "liger": case.liger,
+        "onetrip": lambda t: (lambda: case.fused(*t)),
     }
     records, eager_out = [], None
     for provider in providers_for(case):
         rec = _record(case, shape, dtype, provider)
         records.append(rec)
         try:
-            call = calls[provider]()
-            out = _outputs(call())  # the first call compiles
+            fns = [builders[provider](t) for t in sets]
+            out = _outputs(fns[0]())  # the first call compiles
             if provider == "eager":
                 eager_out = out
             elif eager_out is not None:
@@ -125,10 +149,15 @@ def bench_shape(case: OpCase, shape: Shape, dtype: torch.dtype, compiled: Callab
                 rec.update({("check_report" if k == "report" else k): v
                             for k, v in check_accuracy(case, ref, inputs, out, shape.fields()["rows"]).items()})
             del out
-            t = harness.time_ms(call, flush=flush)
+
+            def replay(fns=fns):
+                for i in range(n_calls):
+                    fns[i % n_sets]()
+            t = harness.per_call(harness.time_ms(replay, flush=flush), n_calls)
             rate = harness.gbs(rec["bytes"], t.median_ms)
             rec.update(median_ms=t.median_ms, p20_ms=t.p20_ms, p80_ms=t.p80_ms, graph=t.graph,
-                       graph_error=t.graph_error, gbs=rate, pct_of_copy=100 * rate / copy_gbs)
+                       graph_error=t.graph_error, gbs=rate, pct_of_copy=100 * rate / copy_gbs, input_sets=n_sets,
+                       calls=n_calls)
         except Exception as exc:  # noqa: BLE001 - recorded, the suite goes on
             rec["error"] = harness.error_string(exc)
         done(provider)
@@ -152,11 +181,20 @@ def _raise_recompile_limit(n: int = 64) -> None:
     setattr(cfg, name, max(getattr(cfg, name), n))
 
 
+TIMING_TEXT = {
+    "rotate": ("median of 100 CUDA-graph replays, L2 flushed (by reading 256 MiB) before each; a replay runs "
+               "`calls` calls back to back over `input_sets` copies of the inputs (>= 256 MiB together), "
+               "times divided by `calls`"),
+    "single": "median of 100 CUDA-graph replays of one call, L2 flushed (by reading 256 MiB) before each",
+}
+
+
 def run_ops_bench(ops: Sequence[str] | None, dtype: torch.dtype, out_dir: Path, quick: bool,
-                  console=None) -> list[dict]:
+                  console=None, timing: str = "rotate") -> list[dict]:
     """Time the suite on the current CUDA device; write JSON, CSV and PNG under ``out_dir``.
 
-    Files are named ``ops-<gpu>-<dtype>-<YYYYMMDD>.{json,csv,png}``; JSON and CSV are
+    Files are named ``ops-<gpu>-<dtype>-<YYYYMMDD>.{json,csv,png}`` (``-single`` before the
+    suffix with that timing, see the module docstring); JSON and CSV are
     rewritten after each op, so a run cut short keeps what it measured. Prints a table
     per op, the paths, and last one JSON line summarising the run for scripts.
     """
@@ -172,11 +210,12 @@ def run_ops_bench(ops: Sequence[str] | None, dtype: torch.dtype, out_dir: Path, 
         console.print(f"[yellow]skipped {name}: onetrip has no such op yet[/]")
     device = torch.device("cuda")
     meta = {**harness.device_info(device), "suite": "ops", "dtype": DTYPE_NAMES[dtype], "quick": quick,
-            "timing": "median of 100 CUDA-graph replays, L2 flushed (by reading 256 MiB) before each",
+            "timing": TIMING_TEXT[timing],
             "bytes": "each input read once + each output written once; 1 GB = 1e9 bytes"}
     meta["copy_gbs"] = harness.copy_bandwidth_gbs(device)
     console.print(f"{meta['gpu']}: copy bandwidth {meta['copy_gbs']:.0f} GB/s (read + write)")
-    stem = Path(out_dir) / f"ops-{harness.slug(meta['gpu'])}-{meta['dtype']}-{meta['date'][:10].replace('-', '')}"
+    stem = Path(out_dir) / (f"ops-{harness.slug(meta['gpu'])}-{meta['dtype']}-{meta['date'][:10].replace('-', '')}"
+                            + ("-single" if timing == "single" else ""))
     _raise_recompile_limit()
     flush = harness.new_flush_buffer(device)
     records: list[dict] = []
@@ -190,7 +229,7 @@ def run_ops_bench(ops: Sequence[str] | None, dtype: torch.dtype, out_dir: Path, 
             for shape in case.shapes(quick):
                 progress.update(task, description=f"{case.name} {shape.label}")
                 records += bench_shape(case, shape, dtype, compiled, meta["copy_gbs"], flush,
-                                       lambda provider: progress.advance(task))
+                                       lambda provider: progress.advance(task), timing)
             harness.write_results(records, meta, stem)
     json_path, csv_path = harness.write_results(records, meta, stem)
     png = harness.plot_gbs(records, meta, stem.with_suffix(".png")) if records else None

@@ -242,7 +242,8 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
               IS_RMS: tl.constexpr, GEMMA: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
               HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HINTS: tl.constexpr,
               STASH: tl.constexpr, VEC: tl.constexpr, UNROLL: tl.constexpr, SPLIT: tl.constexpr,
-              BLOCK_S: tl.constexpr, LOOP_PART: tl.constexpr, EVEN: tl.constexpr, HOLD: tl.constexpr = 0):
+              BLOCK_S: tl.constexpr, LOOP_PART: tl.constexpr, EVEN: tl.constexpr, HOLD: tl.constexpr = 0,
+              DROP_Y: tl.constexpr = False):
     """Mode "loop": a program per BLOCK_M rows (per segment of SEG columns of a row with
     SPLIT > 1), two passes over its chunks of BLOCK_N. Pass 1 sums the statistics; pass 2
     reads each chunk again, which a row of <= 512 KB finds in L2 (two programs an SM hold
@@ -257,9 +258,9 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
 
     HINTS: pass 1 loads with evict_last (the lines are read again), pass 2's loads, the
     stores of h and the y of held chunks with evict_first (never read again), so the row
-    being re-read is the last thing the L2 gives up. (The y of the streamed chunks has been
-    stored without a hint since the split / hold change; every pick since was measured so:
-    putting the hint back is unmeasured, benchmarks/NOTES.md.) STASH (with a residual): pass 1 also stores h = x + r (evict_last) and
+    being re-read is the last thing the L2 gives up. DROP_Y: the y of the streamed chunks
+    evict_first too (without it, no hint): on an H200 +1 to +3 points of copy without a
+    residual at 64K-256K, -1.5 with one at 64K (benchmarks/NOTES.md, thirteenth session). STASH (with a residual): pass 1 also stores h = x + r (evict_last) and
     pass 2 re-reads h alone: half the bytes kept in L2 between the passes, the same bytes
     to HBM; y is then normalized from h as stored (rounded to its dtype, as PyTorch's
     ``x + residual`` is), so pass 1 takes its statistics from the rounded h too.
@@ -278,6 +279,7 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
     of a mean near 100)."""
     KEEP: tl.constexpr = "evict_last" if HINTS else ""
     DROP: tl.constexpr = "evict_first" if HINTS else ""
+    DROP_STREAMED_Y: tl.constexpr = "evict_first" if HINTS and DROP_Y else ""
     tl.static_assert(SPLIT == 1 or BLOCK_M == 1, "a split row is one row a program")
     rows = row * BLOCK_M + tl.arange(0, BLOCK_M)
     col0 = seg * SEG
@@ -355,4 +357,4 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
                         DROP, DROP)
         w, b = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS)
         _store_y(y_ptr, h, c, rstd, w, b, rows, cols, mask, stride_ym, IS_RMS, GEMMA, HAS_WEIGHT, HAS_BIAS,
-                 mean_lo, TWO_PART=not IS_RMS)
+                 mean_lo, TWO_PART=not IS_RMS, EVICT=DROP_STREAMED_Y)

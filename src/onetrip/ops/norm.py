@@ -84,6 +84,7 @@ def _norm_kernel(
     SEG_N: tl.constexpr = 0,    # "loop" with CONST_N: seg_n as a constant
     LOOP_PART: tl.constexpr = 0,  # "loop" split: 0 both passes (waiting), 1 pass 1, 2 pass 2
     HOLD: tl.constexpr = 0,     # "loop": chunks a program holds in registers between the passes
+    DROP_Y: tl.constexpr = False,  # "loop" with HINTS: the streamed y stored evict_first too
 ):
     if PHASE == 4:
         if SPLIT > 1 and LOOP_PART == 0:
@@ -103,7 +104,7 @@ def _norm_kernel(
         _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, t // SPLIT, t % SPLIT, M, n, seg_cols,
                   sx, sr, sy, sh, eps, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, HINTS,
                   STASH, VEC, UNROLL, SPLIT, BLOCK_S, LOOP_PART,
-                  CONST_N > 0 and CONST_N == SEG_N * SPLIT and SEG_N % BLOCK_N == 0, HOLD)
+                  CONST_N > 0 and CONST_N == SEG_N * SPLIT and SEG_N % BLOCK_N == 0, HOLD, DROP_Y)
         return
     # -- which chunk of columns (and, split, which row) this program owns -------------------
     if PHASE == 1:
@@ -196,6 +197,7 @@ class NormConfig:
     const_n: bool = False  # "loop": the width as a compile-time constant where the rows are dense
     split: int = 1  # "loop": programs a row, each over a segment of whole chunks (<= 16)
     hold: int = 0  # "loop": leading chunks of a program's segment held in registers between the passes (<= 2)
+    drop_y: bool = False  # "loop" with hints: pass 2's streamed y stored evict_first (y is never read again)
 
 
 def _loop(block_n: int, warps: int, **flags) -> NormConfig:
@@ -223,25 +225,54 @@ def _loop(block_n: int, warps: int, **flags) -> NormConfig:
 # the widest entry also serves wider rows; with one, wider rows take coop. Where these
 # sweeps left a pick within a point or two of another (run to run, the same config moves
 # by up to 4 points on a fresh machine), the earlier pick stayed.
+# Thirteenth session (ab_patch.sh, two interleaved rounds alike within a point): the streamed
+# y stored evict_first too (``drop_y``) at 64K-256K without a residual, rms_norm 88.3 ->
+# 90.4, 82.1 -> 85.3, 74.3 -> 75.7%, layer_norm 80.4 -> 82.5, 77.3 -> 79.0, 69.1 -> 70.0%;
+# layer_norm at 16K / 32K too (93.4 -> 94.3, 91.8 -> 93.5%; rms_norm at 8K-16K lost 1 point);
+# with a residual only at 256K (add_rms_norm 83.2 -> 84.0, add_layer_norm 79.8 -> 80.2%,
+# 64 rows of 256K +2-3; at 64K it lost 1-1.5 points).
 LOOP_PICKS = {
     (True, False): {8192: _loop(4096, 16, hints=True, vec=True, const_n=True),
                     16384: _loop(8192, 16, hints=True, vec=True, const_n=True),
                     32768: _loop(8192, 32, hints=True, vec=True, unroll=2, const_n=True),
-                    65536: _loop(16384, 32, hints=True, vec=True, const_n=True),
-                    131072: _loop(16384, 32, hints=True, vec=True, const_n=True, hold=2),
-                    262144: _loop(8192, 16, hints=True, vec=True, const_n=True, split=4, hold=2)},
-    (False, False): {16384: _loop(4096, 16, hints=True, vec=True, const_n=True),
-                     32768: _loop(8192, 32, hints=True, vec=True, const_n=True),
-                     65536: _loop(16384, 32, hints=True, vec=True, const_n=True),
-                     131072: _loop(16384, 32, hints=True, vec=True, const_n=True, hold=2),
-                     262144: _loop(8192, 16, hints=True, vec=True, const_n=True, split=4, hold=1)},
+                    65536: _loop(16384, 32, hints=True, vec=True, const_n=True, drop_y=True),
+                    131072: _loop(16384, 32, hints=True, vec=True, const_n=True, hold=2, drop_y=True),
+                    262144: _loop(8192, 16, hints=True, vec=True, const_n=True, split=4, hold=2, drop_y=True)},
+    (False, False): {16384: _loop(4096, 16, hints=True, vec=True, const_n=True, drop_y=True),
+                     32768: _loop(8192, 32, hints=True, vec=True, const_n=True, drop_y=True),
+                     65536: _loop(16384, 32, hints=True, vec=True, const_n=True, drop_y=True),
+                     131072: _loop(16384, 32, hints=True, vec=True, const_n=True, hold=2, drop_y=True),
+                     262144: _loop(8192, 16, hints=True, vec=True, const_n=True, split=4, hold=1, drop_y=True)},
     (True, True): {65536: _loop(16384, 32, hints=True, stash=True, vec=True, unroll=4, const_n=True),
                    131072: _loop(16384, 32, hints=True, stash=True, vec=True, const_n=True),
-                   262144: _loop(8192, 16, hints=True, stash=True, vec=True, const_n=True, split=4)},
+                   262144: _loop(8192, 16, hints=True, stash=True, vec=True, const_n=True, split=4, drop_y=True)},
     (False, True): {32768: _loop(8192, 16, stash=True, vec=True, const_n=True),  # at 32K best without hints
                     65536: _loop(16384, 32, hints=True, stash=True, vec=True, unroll=2, const_n=True),
                     131072: _loop(16384, 32, hints=True, stash=True, vec=True, const_n=True),
-                    262144: _loop(16384, 32, hints=True, stash=True, vec=True, const_n=True, split=2)},
+                    262144: _loop(16384, 32, hints=True, stash=True, vec=True, const_n=True, split=2, drop_y=True)},
+}
+
+
+# Mode "rows" where the rule in ``norm_config`` (two rows a program up to 4K, ~32 elements a
+# thread) lost in the thirteenth session's sweeps on an H200 (tune_ops.py --modes rows
+# --rotate 4: the kernels timed back to back, as the ops bench now does; two runs alike
+# within 0.2 points, at 2**26 and at 2**24 elements, tune-ops-rows-rotate-h200-20261122-*.json):
+# a row a program from 2K, except layer_norm without a residual. At 2**26 / 2**24 elements:
+# rms_norm 2K 94.0 -> 96.3% (85.9 -> 84.8: the one entry that loses at the smaller size),
+# 4K 94.7 -> 95.1 (84.6 -> 85.0); add_rms_norm 4K
+# 95.3 -> 95.7 (90.4 -> 90.9), 8K 95.5 -> 96.1 (90.6 -> 90.5); add_layer_norm 2K 96.1 ->
+# 98.2 (91.1 -> 91.6), 4K 94.9 -> 95.8 (89.2 -> 90.4), 8K 95.3 -> 97.3 (88.4 -> 90.3). Picks
+# that won only at 2**26 (add_rms_norm 4K at 32 warps: 96.7 but 89.3) lost a wave's tail on
+# 4096 rows and were not taken; so was layer_norm's 4K at 4 warps, which the sweep put +0.7
+# / +1.1 ahead and two ops benches -0.5 / -1.6 behind (the sweep's calls reuse one buffer).
+# No spills (29-54 registers).
+_RESIDUAL_ROWS = {2048: NormConfig("rows", 1, 2048, 4), 4096: NormConfig("rows", 1, 4096, 4),
+                  8192: NormConfig("rows", 1, 8192, 16)}
+ROWS_PICKS = {
+    (True, False): {2048: NormConfig("rows", 1, 2048, 4), 4096: NormConfig("rows", 1, 4096, 8)},
+    (False, False): {},
+    (True, True): _RESIDUAL_ROWS,
+    (False, True): _RESIDUAL_ROWS,
 }
 
 
@@ -256,11 +287,12 @@ def norm_config(rows: int, width: int, device: torch.device, *, is_rms: bool = T
                 dense: bool = True) -> NormConfig:
     """A program per row ("loop") where ``LOOP_PICKS`` has the width and there is a row for
     every SM (for a row split over programs, half the SMs' worth of programs); else whole
-    rows up to 16K elements (32K for RMSNorm); else chunks of ``chunk`` ("coop", "two_pass").
+    rows up to 16K elements (32K for RMSNorm), ``ROWS_PICKS`` where it has the width; else
+    chunks of ``chunk`` ("coop", "two_pass").
 
     Whole rows: 94-99% of copy up to 16K wide with tiles of two rows up to 4K (LayerNorm to
-    16K) and ~32 elements a thread; add + RMSNorm 96% at 32K with 32 warps; wider
-    single-row programs spill (17-62%). "loop" needs a row for every SM: 64 rows of 256K (64
+    16K; one row from 2K to 8K where ROWS_PICKS says) and ~32 elements a thread; add +
+    RMSNorm 96% at 32K with 32 warps; wider single-row programs spill (17-62%). "loop" needs a row for every SM: 64 rows of 256K (64
     programs on 132 SMs) fell 41% -> 27% (ops-nvidia-h200-bf16-20261121-layer_norm-loop.json),
     so fewer rows take coop (or whole rows where they fit); split over 2-8 programs, the
     same 64 rows ran at 50-81% against coop's 44-71% (tune-ops-split-h200-20261122-b.json).
@@ -276,9 +308,11 @@ def norm_config(rows: int, width: int, device: torch.device, *, is_rms: bool = T
             and (dense or block_n > 8192):
         return pick
     if block_n <= 16384 or (block_n == 32768 and is_rms):
+        row_pick = ROWS_PICKS[(is_rms, has_residual)].get(block_n)
+        if row_pick is not None:
+            return NormConfig("rows", min(row_pick.block_m, triton.next_power_of_2(max(rows, 1))), block_n,
+                              row_pick.num_warps)
         pair = 2 if block_n <= 4096 or not is_rms else 1
-        if is_rms and has_residual and block_n == 2048:
-            pair = 1  # add + RMSNorm at 2K: a row a program, 4 warps 98.7% against two rows' 96.7%
         block_m = max(1, min(triton.next_power_of_2(max(rows, 1)), max(pair, 2048 // block_n)))
         warps = max(4, min(16 if block_n <= 16384 else 32, block_m * block_n // 1024))
         return NormConfig("rows", block_m, block_n, warps)
@@ -341,6 +375,7 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
             HINTS=cfg.hints, STASH=cfg.stash and residual is not None, VEC=cfg.vec,
             UNROLL=cfg.unroll, CONST_N=const_n, SPLIT=split, SEG_N=seg if const_n else 0, LOOP_PART=part_of_loop,
             HOLD=cfg.hold if part_of_loop == 0 else 0,  # two launches: pass 2 cannot hold pass 1's registers
+            DROP_Y=cfg.drop_y,
             num_warps=cfg.num_warps,
         )
     return kernel
