@@ -1,0 +1,105 @@
+"""Launch configs of the residual-add + norm kernel (``norm.py``): ``NormConfig`` and the
+tables of measured picks that ``norm.norm_config`` consults, kept apart from the kernel so
+that each table can carry the sweeps behind it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class NormConfig:
+    """How the kernel covers rows (see norm.py's docstring for the modes).
+
+    "rows": each program normalizes a tile of ``block_m`` rows (``block_n`` >= the width).
+    Split modes: chunks of ``block_n`` columns of one row each.
+    """
+
+    mode: str  # "rows" | "coop" | "two_pass" | "loop"
+    block_m: int
+    block_n: int
+    num_warps: int
+    hints: bool = False  # "loop": L2 eviction hints (evict_last on the pass read again)
+    stash: bool = False  # "loop" with a residual: pass 1 stores h, pass 2 re-reads h alone
+    vec: bool = False  # "loop": per-lane partial sums in pass 1, reduced once after it
+    unroll: int = 1  # "loop": chunks per loop iteration (tl.range's loop_unroll_factor)
+    const_n: bool = False  # "loop": the width as a compile-time constant where the rows are dense
+    split: int = 1  # "loop": programs a row, each over a segment of whole chunks (<= 16)
+    hold: int = 0  # "loop": leading chunks of a program's segment held in registers between the passes (<= 2)
+    drop_y: bool = False  # "loop" with hints: pass 2's streamed y stored evict_first (y is never read again)
+
+
+def _loop(block_n: int, warps: int, **flags) -> NormConfig:
+    return NormConfig("loop", 1, block_n, warps, **flags)
+
+
+# Mode "loop" by (is_rms, has_residual) and row width rounded up to a power of two: the best
+# of sweeps on an H200 at 2**26 bf16 elements (tune_ops.py --focus, tenth and eleventh
+# sessions; % of copy, the sweep's own harness). With the width a compile-time constant
+# (const_n: the loop's trip count, masks and row addresses folded, as torch.compile's
+# kernels have them) and 16-32 warps a row: rms_norm 8K 97% (whole rows 95%), 16K 96%
+# (94%), 32K 95% (runtime width 91%), 64K 83-89% (84%); layer_norm 16K 93-94% (86%), 32K
+# 92-93% (77%), 64K 80% (75%). With a residual, h is stashed in pass 1, and the constant
+# width with 2-4 chunks an iteration: add_rms_norm 64K 92% (runtime width, 8192 x 16
+# warps: 89%), 128K 89% (88%); add_layer_norm 32K 91% (85%), 64K 89% (86%), 128K 85%
+# (84%). At 128K without a residual the first two chunks stay in registers (``hold``: a
+# quarter of the row out of L2): rms_norm 80 -> 82%, layer_norm 72 -> 77%. Narrower rows
+# run whole (94-99%). At 256K a row is split over 2-8 programs that
+# exchange their sums once (``split``): rms_norm 67 -> 71%, layer_norm 62 -> 69%, add_*
+# level with coop (83% / 79%); and 64 such rows (fewer than the SMs) 44-71% (coop) ->
+# 50-81%. Without a residual, 4 programs a 256K row holding their first chunks beat 8
+# holding none (twelfth session, two runs alike, tune-ops-256k-split-hold-h200-20261122-*.json):
+# rms_norm (hold 2) 71.5 -> 75.0%, 64 rows 61.6 -> 63.8%; layer_norm (hold 1: hold 2 takes
+# 64 registers at 16 warps and lost) 68.7 -> 69.3%, 64 rows 49.7 -> 58.1%. Without a residual
+# the widest entry also serves wider rows; with one, wider rows take coop. Where these
+# sweeps left a pick within a point or two of another (run to run, the same config moves
+# by up to 4 points on a fresh machine), the earlier pick stayed.
+# Thirteenth session (ab_patch.sh, two interleaved rounds alike within a point): the streamed
+# y stored evict_first too (``drop_y``) at 64K-256K without a residual, rms_norm 88.3 ->
+# 90.4, 82.1 -> 85.3, 74.3 -> 75.7%, layer_norm 80.4 -> 82.5, 77.3 -> 79.0, 69.1 -> 70.0%;
+# layer_norm at 16K / 32K too (93.4 -> 94.3, 91.8 -> 93.5%; rms_norm at 8K-16K lost 1 point);
+# with a residual only at 256K (add_rms_norm 83.2 -> 84.0, add_layer_norm 79.8 -> 80.2%,
+# 64 rows of 256K +2-3; at 64K it lost 1-1.5 points).
+LOOP_PICKS = {
+    (True, False): {8192: _loop(4096, 16, hints=True, vec=True, const_n=True),
+                    16384: _loop(8192, 16, hints=True, vec=True, const_n=True),
+                    32768: _loop(8192, 32, hints=True, vec=True, unroll=2, const_n=True),
+                    65536: _loop(16384, 32, hints=True, vec=True, const_n=True, drop_y=True),
+                    131072: _loop(16384, 32, hints=True, vec=True, const_n=True, hold=2, drop_y=True),
+                    262144: _loop(8192, 16, hints=True, vec=True, const_n=True, split=4, hold=2, drop_y=True)},
+    (False, False): {16384: _loop(4096, 16, hints=True, vec=True, const_n=True, drop_y=True),
+                     32768: _loop(8192, 32, hints=True, vec=True, const_n=True, drop_y=True),
+                     65536: _loop(16384, 32, hints=True, vec=True, const_n=True, drop_y=True),
+                     131072: _loop(16384, 32, hints=True, vec=True, const_n=True, hold=2, drop_y=True),
+                     262144: _loop(8192, 16, hints=True, vec=True, const_n=True, split=4, hold=1, drop_y=True)},
+    (True, True): {65536: _loop(16384, 32, hints=True, stash=True, vec=True, unroll=4, const_n=True),
+                   131072: _loop(16384, 32, hints=True, stash=True, vec=True, const_n=True),
+                   262144: _loop(8192, 16, hints=True, stash=True, vec=True, const_n=True, split=4, drop_y=True)},
+    (False, True): {32768: _loop(8192, 16, stash=True, vec=True, const_n=True),  # at 32K best without hints
+                    65536: _loop(16384, 32, hints=True, stash=True, vec=True, unroll=2, const_n=True),
+                    131072: _loop(16384, 32, hints=True, stash=True, vec=True, const_n=True),
+                    262144: _loop(16384, 32, hints=True, stash=True, vec=True, const_n=True, split=2, drop_y=True)},
+}
+
+
+# Mode "rows" where the rule in ``norm_config`` (two rows a program up to 4K, ~32 elements a
+# thread) lost in the thirteenth session's sweeps on an H200 (tune_ops.py --modes rows
+# --rotate 4: the kernels timed back to back, as the ops bench now does; two runs alike
+# within 0.2 points, at 2**26 and at 2**24 elements, tune-ops-rows-rotate-h200-20261122-*.json):
+# a row a program from 2K, except layer_norm without a residual. At 2**26 / 2**24 elements:
+# rms_norm 2K 94.0 -> 96.3% (85.9 -> 84.8: the one entry that loses at the smaller size),
+# 4K 94.7 -> 95.1 (84.6 -> 85.0); add_rms_norm 4K
+# 95.3 -> 95.7 (90.4 -> 90.9), 8K 95.5 -> 96.1 (90.6 -> 90.5); add_layer_norm 2K 96.1 ->
+# 98.2 (91.1 -> 91.6), 4K 94.9 -> 95.8 (89.2 -> 90.4), 8K 95.3 -> 97.3 (88.4 -> 90.3). Picks
+# that won only at 2**26 (add_rms_norm 4K at 32 warps: 96.7 but 89.3) lost a wave's tail on
+# 4096 rows and were not taken; so was layer_norm's 4K at 4 warps, which the sweep put +0.7
+# / +1.1 ahead and two ops benches -0.5 / -1.6 behind (the sweep's calls reuse one buffer).
+# No spills (38-80 registers).
+_RESIDUAL_ROWS = {2048: NormConfig("rows", 1, 2048, 4), 4096: NormConfig("rows", 1, 4096, 4),
+                  8192: NormConfig("rows", 1, 8192, 16)}
+ROWS_PICKS = {
+    (True, False): {2048: NormConfig("rows", 1, 2048, 4), 4096: NormConfig("rows", 1, 4096, 8)},
+    (False, False): {},
+    (True, True): _RESIDUAL_ROWS,
+    (False, True): _RESIDUAL_ROWS,
+}
