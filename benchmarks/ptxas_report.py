@@ -178,7 +178,7 @@ NORM_INTS = dict(M=1024, N=65536, C=8, seg_n=65536, stride_xm=65536, stride_rm=6
 
 def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: int = 8192,
                 hints: bool = False, stash: bool = False, vec: bool = False, unroll: int = 1,
-                const_n: int = 0, split: int = 1, block_m: int = 1, hold: int = 0) -> str:
+                const_n: int = 0, split: int = 1, block_m: int = 1, hold: int = 0, drop_y: bool = False) -> str:
     """The split-row norm kernel at ``phase`` (norm._COOP, _STATS, _APPLY, _LOOP); ``split``
     programs a row of ``const_n`` (or 65536) columns in mode "loop", waiting on each other;
     ``block_m`` rows a program; ``hold`` chunks held in registers between the passes."""
@@ -186,7 +186,7 @@ def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: i
     const = dict(IS_RMS=is_rms, GEMMA=False, HAS_RESIDUAL=residual, HAS_WEIGHT=True, HAS_BIAS=not is_rms,
                  PHASE=phase, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_C=max(2, NORM_INTS["N"] // block_n),
                  HINTS=hints, STASH=stash and residual, VEC=vec, UNROLL=unroll, CONST_N=const_n, SPLIT=split,
-                 SEG_N=(const_n // split if const_n else 0), LOOP_PART=0, HOLD=hold)
+                 SEG_N=(const_n // split if const_n else 0), LOOP_PART=0, HOLD=hold, DROP_Y=drop_y)
     sig, attrs = {}, {}
     for i, n in enumerate(fn.arg_names):
         if n in const:
@@ -216,9 +216,9 @@ def norm_main() -> None:
             label = f"{'add_' if residual else ''}{'rms' if is_rms else 'layer'}_norm loop {width // 1024}K: " \
                 f"{c.block_n}{' hints' if c.hints else ''}{' stash' if c.stash else ''}{' vec' if c.vec else ''}" \
                 f"{' unroll ' + str(c.unroll) if c.unroll > 1 else ''}{' const' if c.const_n else ''}" \
-                f"{' split ' + str(c.split) if c.split > 1 else ''}{' hold ' + str(c.hold) if c.hold else ''}"
+                f"{' split ' + str(c.split) if c.split > 1 else ''}{' hold ' + str(c.hold) if c.hold else ''}{' drop_y' if c.drop_y else ''}"
             regs = norm_report(4, is_rms, residual, c.num_warps, c.block_n, c.hints, c.stash, c.vec, c.unroll,
-                               width if c.const_n else 0, c.split, c.block_m, c.hold)
+                               width if c.const_n else 0, c.split, c.block_m, c.hold, c.drop_y)
             print(f"norm {label:52s} {c.num_warps:2d} warps: {regs}")
     for is_rms, residual in kinds:  # "loop" split: 4 programs a 256K row, 16 warps, chunks of 8192
         for const_n in (0, 262144):

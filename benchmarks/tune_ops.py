@@ -125,17 +125,16 @@ def report(kernel):
             "shared": getattr(meta, "shared", None)}
 
 
-ROTATE = 1  # --rotate: calls a timed replay runs back to back (the ops bench's "rotate" timing)
-
-
-def sweep_family(name, width, make, candidates, nbytes, copy_gbs, results, rows):
+def sweep_family(name, width, make, candidates, nbytes, copy_gbs, results, rows, rotate=1):
+    """Time each candidate; ``rotate``: calls a timed replay runs back to back on the same
+    buffers (--rotate), the time per call."""
     best = None
     for cfg in candidates:
         fn, launch = make(cfg)
         try:
             k = launch()
             torch.cuda.synchronize()
-            t = per_call(time_ms(lambda: [fn() for _ in range(ROTATE)]), ROTATE)
+            t = per_call(time_ms(lambda: [fn() for _ in range(rotate)]), rotate)
         except Exception as e:  # a config that fails to compile (too many registers, shared memory)
             results.append({"family": name, "width": width, "config": repr(cfg), "error": repr(e)[:300]})
             continue
@@ -178,12 +177,12 @@ def main():
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="with --focus: set a "
                     "NormConfig field on every candidate but the pick (repeatable, e.g. drop_y=True)")
     ap.add_argument("--rotate", type=int, default=1, help="calls a timed replay runs back to back on the same "
-                    "buffers, time per call (the ops bench times 4: its default 'rotate' timing)")
+                    "buffers, time per call (the ops bench's 'rotate' timing, but without its input copies: at "
+                    "2**24 elements a call may find part of its input in L2)")
     ap.add_argument("--elems", type=int, default=ELEMS, help=f"elements per tensor (default {ELEMS}; the "
                     "bench's shapes have 2**24)")
     args = ap.parse_args()
-    global ROTATE
-    ROTATE = max(1, args.rotate)
+    rotate = max(1, args.rotate)
     dev = torch.device("cuda")
     info = device_info(dev)
     copy = copy_bandwidth_gbs(dev)
@@ -209,13 +208,14 @@ def main():
                 f = lambda: bg._launch(x, w, y, "tanh", cfg)
                 return f, f
             best[("bias_gelu", width)] = sweep_family("bias_gelu", width, mk, tile_candidates(width), 2 * E + W, copy, results,
-                                                       rows)
+                                                       rows, rotate)
         if "silu_mul" in fams:
             gu = torch.cat([x, r], 1)
             def mk(cfg):
                 f = lambda: glu._launch(gu[:, :width], gu[:, width:], y, "silu", cfg)
                 return f, f
-            best[("silu_mul", width)] = sweep_family("silu_mul", width, mk, tile_candidates(width), 3 * E, copy, results, rows)
+            best[("silu_mul", width)] = sweep_family("silu_mul", width, mk, tile_candidates(width), 3 * E, copy, results, rows,
+                                                      rotate)
             del gu
         for fam, res, is_rms in [("add_rms_norm", True, True), ("rms_norm", False, True),
                                  ("add_layer_norm", True, False), ("layer_norm", False, False)]:
@@ -241,7 +241,7 @@ def main():
             if args.config:  # today's pick against the given configs
                 cands = [cands[0]] + [eval(c, {"NormConfig": norm.NormConfig}) for c in args.config]
             cands = [c for c in cands if modes is None or c.mode in modes]
-            best[(fam, width)] = sweep_family(fam, width, mk, cands, nbytes, copy, results, rows)
+            best[(fam, width)] = sweep_family(fam, width, mk, cands, nbytes, copy, results, rows, rotate)
         del x, r, y, h
         torch.cuda.empty_cache()
         write_sweep(path, info, copy, results)  # after every step: a cut-off run keeps what it measured

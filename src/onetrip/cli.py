@@ -68,7 +68,7 @@ def _build_parser(op_names: tuple[str, ...], dtype_names: tuple[str, ...]) -> ar
     ops.add_argument("--quick", action="store_true", help="widths 1K, 4K, 16K, 64K and 256K only")
     ops.add_argument("--timing", choices=("rotate", "single"), default="rotate",
                      help="rotate (default): a graph of several calls over input copies, time per call; "
-                     "single: one call a graph replay, graph launch included")
+                     "single: one call a graph replay, on a clean L2")
     ops.set_defaults(func=_bench_ops)
 
     out_help = "folder for the JSON, CSV and PNG results (default: benchmarks/results)"

@@ -11,9 +11,10 @@ times them. Providers, timed in this order on the same inputs:
 Timing (``TIMINGS``): "rotate" (the default) replays one CUDA graph of ``calls`` calls back
 to back over ``input_sets`` copies of the inputs that together pass 256 MiB, so each call
 reads its inputs from HBM, and divides by ``calls``: the time of a kernel among others, as
-in a model's forward. "single" (the bench before 2026-11-22's thirteenth session) replays
-a graph of one call after an L2 flush, which also times the graph's launch once per call
-(see ``harness.time_ms``). Per
+in a model's forward, each call finding the previous one's output dirty in L2. "single"
+(the bench before 2026-11-22's thirteenth session) replays a graph of one call after an L2
+flush, so each call starts on a clean L2; on an H200 the two agree within ~1% at 2**26
+elements (see ``harness.time_ms``). Per
 (op, shape, provider) a record holds median_ms, p20_ms, p80_ms, bytes (each input read
 once, each output written once), gbs, pct_of_copy (of the measured copy bandwidth),
 max_diff_vs_eager (max |output - eager output|), error (why a provider could not run);
@@ -40,7 +41,7 @@ from .cases import CASES, DTYPE_NAMES, DTYPES, OP_NAMES, OPS, PROVIDERS, OpCase,
 __all__ = ["CASES", "DTYPES", "OPS", "OP_NAMES", "bench_shape", "check_accuracy", "run_ops_bench", "run_ops_check"]
 CHECK_ELEMENTS = 1 << 20  # accuracy is checked on the first rows holding about this many elements
 TIMINGS = ("rotate", "single")
-MIN_CALLS = 4  # calls a "rotate" replay runs: its one graph launch is shared by them
+MIN_CALLS = 4  # calls a "rotate" replay runs at least, back to back
 
 
 # ---------------------------------------------------------------------------- checks

@@ -261,8 +261,8 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
     being re-read is the last thing the L2 gives up. DROP_Y: the y of the streamed chunks
     evict_first too (without it, no hint): on an H200 +1 to +3 points of copy without a
     residual at 64K-256K, -1.5 with one at 64K (benchmarks/NOTES.md, thirteenth session).
-    STASH (with a residual): pass 1 also stores h = x + r (evict_last) and pass 2 re-reads h alone: half the bytes kept in L2 between the passes, the same bytes
-    to HBM; y is then normalized from h as stored (rounded to its dtype, as PyTorch's
+    STASH (with a residual): pass 1 also stores h = x + r (evict_last) and pass 2 re-reads
+    h alone: half the bytes kept in L2 between the passes, the same bytes to HBM; y is then normalized from h as stored (rounded to its dtype, as PyTorch's
     ``x + residual`` is), so pass 1 takes its statistics from the rounded h too.
 
     HOLD (0-2): the segment's first HOLD chunks stay in registers between the passes (read

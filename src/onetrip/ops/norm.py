@@ -36,6 +36,7 @@ How rows are covered (``NormConfig.mode``):
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import torch
@@ -194,8 +195,9 @@ def norm_config(rows: int, width: int, device: torch.device, *, is_rms: bool = T
 
     Whole rows: 94-99% of copy up to 16K wide with tiles of two rows up to 4K (LayerNorm to
     16K; one row from 2K to 8K where ROWS_PICKS says) and ~32 elements a thread; add +
-    RMSNorm 96% at 32K with 32 warps; wider single-row programs spill (17-62%). "loop" needs a row for every SM: 64 rows of 256K (64
-    programs on 132 SMs) fell 41% -> 27% (ops-nvidia-h200-bf16-20261121-layer_norm-loop.json),
+    RMSNorm 96% at 32K with 32 warps; wider single-row programs spill (17-62%). "loop"
+    needs a row for every SM: 64 rows of 256K (64 programs on 132 SMs) fell 41% -> 27%
+    (ops-nvidia-h200-bf16-20261121-layer_norm-loop.json),
     so fewer rows take coop (or whole rows where they fit); split over 2-8 programs, the
     same 64 rows ran at 50-81% against coop's 44-71% (tune-ops-split-h200-20261122-b.json).
     ``dense``: every row stride equals the width. The 8K pick gains only with the width a
@@ -212,8 +214,7 @@ def norm_config(rows: int, width: int, device: torch.device, *, is_rms: bool = T
     if block_n <= 16384 or (block_n == 32768 and is_rms):
         row_pick = ROWS_PICKS[(is_rms, has_residual)].get(block_n)
         if row_pick is not None:
-            return NormConfig("rows", min(row_pick.block_m, triton.next_power_of_2(max(rows, 1))), block_n,
-                              row_pick.num_warps)
+            return dataclasses.replace(row_pick, block_m=min(row_pick.block_m, triton.next_power_of_2(max(rows, 1))))
         pair = 2 if block_n <= 4096 or not is_rms else 1
         block_m = max(1, min(triton.next_power_of_2(max(rows, 1)), max(pair, 2048 // block_n)))
         warps = max(4, min(16 if block_n <= 16384 else 32, block_m * block_n // 1024))
