@@ -3,7 +3,9 @@
     PYTHONPATH=src python3 benchmarks/tune_ops.py [--out DIR] [--quick]
 
 For each kernel family and width (rows = 2**26 / width, bf16: 128 MiB per tensor) it times every candidate
-config (CUDA graph replay, L2 flushed before each rep, median), and records GB/s, % of the
+config (CUDA graph replay, L2 flushed before each rep, median; --rotate N: N calls back to
+back over N copies of the buffers, as the ops bench times; --repeat R: R interleaved rounds
+over the candidates, their median), and records GB/s, % of the
 copy bandwidth, and the compiler's report of the kernel (registers, spills, shared
 memory). The chosen heuristics in the ops come from this table (benchmarks/NOTES.md).
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
+import statistics
 import sys
 
 import torch
@@ -125,22 +128,33 @@ def report(kernel):
             "shared": getattr(meta, "shared", None)}
 
 
-def sweep_family(name, width, make, candidates, nbytes, copy_gbs, results, rows, rotate=1):
-    """Time each candidate; ``rotate``: calls a timed replay runs back to back on the same
-    buffers (--rotate), the time per call."""
+def sweep_family(name, width, make, candidates, nbytes, copy_gbs, results, rows, rotate=1, repeat=1):
+    """Time each candidate; ``rotate``: calls a timed replay runs back to back, each on the next
+    of ``rotate`` copies of the buffers (``make`` cycles them), the time per call; ``repeat``:
+    rounds over the whole list in turn (A B A B: drift hits every candidate alike), the
+    median of the rounds kept."""
+    runs, kernels = {}, {}
+    for _ in range(repeat):
+        for cfg in candidates:
+            if cfg in kernels and kernels[cfg] is None:
+                continue  # failed to compile in an earlier round
+            fn, launch = make(cfg)
+            try:
+                k = launch()
+                torch.cuda.synchronize()
+                t = per_call(time_ms(lambda: [fn() for _ in range(rotate)]), rotate)
+            except Exception as e:  # a config that fails to compile (too many registers, shared memory)
+                results.append({"family": name, "width": width, "config": repr(cfg), "error": repr(e)[:300]})
+                kernels[cfg] = None
+                continue
+            kernels[cfg] = k
+            runs.setdefault(cfg, []).append(t.median_ms)
     best = None
-    for cfg in candidates:
-        fn, launch = make(cfg)
-        try:
-            k = launch()
-            torch.cuda.synchronize()
-            t = per_call(time_ms(lambda: [fn() for _ in range(rotate)]), rotate)
-        except Exception as e:  # a config that fails to compile (too many registers, shared memory)
-            results.append({"family": name, "width": width, "config": repr(cfg), "error": repr(e)[:300]})
-            continue
-        gbs = nbytes / t.median_ms / 1e6
-        rec = {"family": name, "width": width, "rows": rows, "config": repr(cfg), "ms": t.median_ms,
-               "gbs": gbs, "pct_copy": 100 * gbs / copy_gbs, **report(k)}
+    for cfg, ms_runs in runs.items():
+        ms = statistics.median(ms_runs)
+        gbs = nbytes / ms / 1e6
+        rec = {"family": name, "width": width, "rows": rows, "config": repr(cfg), "ms": ms,
+               "gbs": gbs, "pct_copy": 100 * gbs / copy_gbs, "runs_ms": ms_runs, **report(kernels[cfg])}
         results.append(rec)
         if best is None or rec["ms"] < best["ms"]:
             best = rec
@@ -176,9 +190,11 @@ def main():
                     "this boolean NormConfig field negated (repeatable, e.g. drop_y)")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="with --focus: set a "
                     "NormConfig field on every candidate but the pick (repeatable, e.g. drop_y=True)")
-    ap.add_argument("--rotate", type=int, default=1, help="calls a timed replay runs back to back on the same "
-                    "buffers, time per call (the ops bench's 'rotate' timing, but without its input copies: at "
-                    "2**24 elements a call may find part of its input in L2)")
+    ap.add_argument("--rotate", type=int, default=1, help="calls a timed replay runs back to back, each on the "
+                    "next of as many copies of the inputs and outputs, time per call (the ops bench's 'rotate' "
+                    "timing)")
+    ap.add_argument("--repeat", type=int, default=1, help="rounds over each list of candidates in turn, the "
+                    "median kept (interleaved A/B of --flip)")
     ap.add_argument("--elems", type=int, default=ELEMS, help=f"elements per tensor (default {ELEMS}; the "
                     "bench's shapes have 2**24)")
     args = ap.parse_args()
@@ -197,33 +213,45 @@ def main():
     g = torch.Generator(device=dev).manual_seed(0)
     for width in widths:
         rows = args.elems // width
-        x = torch.randn(rows, width, device=dev, generator=g).to(DT)
-        r = torch.randn(rows, width, device=dev, generator=g).to(DT)
         w = torch.randn(width, device=dev, generator=g).to(DT)
-        y, h = torch.empty_like(x), torch.empty_like(x)
+        sets = []  # a call's inputs and outputs, one copy a call of a --rotate replay
+        for _ in range(rotate):
+            x = torch.randn(rows, width, device=dev, generator=g).to(DT)
+            r = torch.randn(rows, width, device=dev, generator=g).to(DT)
+            sets.append((x, r, torch.empty_like(x), torch.empty_like(x)))
+        x, r, y, h = sets[0]
         E = x.element_size() * rows * width
         W = w.element_size() * width
         if "bias_gelu" in fams:
-            def mk(cfg):
-                f = lambda: bg._launch(x, w, y, "tanh", cfg)
+            def mk(cfg, sets=sets):
+                it = itertools.cycle(sets)
+                def f():
+                    x, _, y, _ = next(it)
+                    return bg._launch(x, w, y, "tanh", cfg)
                 return f, f
-            best[("bias_gelu", width)] = sweep_family("bias_gelu", width, mk, tile_candidates(width), 2 * E + W, copy, results,
-                                                       rows, rotate)
+            best[("bias_gelu", width)] = sweep_family("bias_gelu", width, mk, tile_candidates(width), 2 * E + W, copy,
+                                                       results, rows, rotate, args.repeat)
         if "silu_mul" in fams:
-            gu = torch.cat([x, r], 1)
-            def mk(cfg):
-                f = lambda: glu._launch(gu[:, :width], gu[:, width:], y, "silu", cfg)
+            gus = [(torch.cat([x, r], 1), y) for x, r, y, _ in sets]
+            def mk(cfg, gus=gus):
+                it = itertools.cycle(gus)
+                def f():
+                    gu, y = next(it)
+                    return glu._launch(gu[:, :width], gu[:, width:], y, "silu", cfg)
                 return f, f
-            best[("silu_mul", width)] = sweep_family("silu_mul", width, mk, tile_candidates(width), 3 * E, copy, results, rows,
-                                                      rotate)
-            del gu
+            best[("silu_mul", width)] = sweep_family("silu_mul", width, mk, tile_candidates(width), 3 * E, copy,
+                                                      results, rows, rotate, args.repeat)
+            del gus
         for fam, res, is_rms in [("add_rms_norm", True, True), ("rms_norm", False, True),
                                  ("add_layer_norm", True, False), ("layer_norm", False, False)]:
             if fam not in fams:
                 continue
-            def mk(cfg, res=res, is_rms=is_rms):
-                f = lambda: norm._launch(x, r if res else None, w, None if is_rms else w, y, h if res else None,
-                                         1e-6, is_rms, False, cfg)
+            def mk(cfg, res=res, is_rms=is_rms, sets=sets):
+                it = itertools.cycle(sets)
+                def f():
+                    x, r, y, h = next(it)
+                    return norm._launch(x, r if res else None, w, None if is_rms else w, y, h if res else None,
+                                        1e-6, is_rms, False, cfg)
                 return f, f
             nbytes = (4 if res else 2) * E + (1 if is_rms else 2) * W
             splits = [int(k) for k in args.split.split(",") if k]
@@ -241,8 +269,9 @@ def main():
             if args.config:  # today's pick against the given configs
                 cands = [cands[0]] + [eval(c, {"NormConfig": norm.NormConfig}) for c in args.config]
             cands = [c for c in cands if modes is None or c.mode in modes]
-            best[(fam, width)] = sweep_family(fam, width, mk, cands, nbytes, copy, results, rows, rotate)
-        del x, r, y, h
+            best[(fam, width)] = sweep_family(fam, width, mk, cands, nbytes, copy, results, rows, rotate,
+                                              args.repeat)
+        del x, r, y, h, sets
         torch.cuda.empty_cache()
         write_sweep(path, info, copy, results)  # after every step: a cut-off run keeps what it measured
     print(f"wrote {path}")
