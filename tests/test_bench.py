@@ -16,7 +16,7 @@ from onetrip.bench import harness, report
 from onetrip.bench.cases import (
     CASES, MIN_BYTES, OPS, QUICK_WIDTHS, WIDTHS, RotaryShape, RowShape, rotary_shapes, row_shapes,
 )
-from onetrip.bench.ops import add_speedup, check_accuracy, run_ops_check
+from onetrip.bench.ops import add_size_copy, add_speedup, check_accuracy, run_ops_check
 from onetrip.cli import main
 
 from conftest import ON_GPU
@@ -119,6 +119,19 @@ def test_write_results_round_trip_and_plot(tmp_path):
     assert len(lines) == len(recs) + 1 and lines[0].startswith("op,shape,rows,width")
     png = harness.plot_gbs(recs, meta, tmp_path / "plot.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_op_table_shows_the_same_bytes_copy():
+    recs = [r for r in _fake_records() if r["op"] == "rms_norm"]
+    add_size_copy([r for r in recs if r["shape"] == "4096x4096"], 3000.0)
+    mine = [r for r in recs if r["shape"] == "4096x4096" and r["provider"] == "onetrip"][0]
+    assert mine["pct_of_size_copy"] == pytest.approx(100 * mine["gbs"] / 3000.0)
+    from rich.console import Console
+
+    con = Console(record=True, width=220)
+    report.print_op_table(con, recs, "rms_norm", ["eager", "torch.compile", "liger", "onetrip"])
+    text = con.export_text()
+    assert "copy, same bytes" in text and f"3000 (onetrip {mine['pct_of_size_copy']:.0f}%)" in text
 
 
 def test_speedup_and_summary():
@@ -229,3 +242,4 @@ def test_bench_shape_rotates_inputs_on_gpu():
         mine = [r for r in recs if r["provider"] == "onetrip"][0]
         assert mine["ok"] and mine["median_ms"] > 0 and mine["error"] is None
         assert (mine["input_sets"], mine["calls"]) == timing_plan(case.bytes_moved(shape, torch.bfloat16), timing)
+        assert mine["size_copy_gbs"] > 0 and mine["pct_of_size_copy"] > 0

@@ -25,7 +25,8 @@ def _rate(r: dict | None) -> str:
 
 
 def print_op_table(con, records: list[dict], op: str, providers: list[str]) -> None:
-    """One row per shape: GB/s (% of copy) per provider, onetrip / best peer, onetrip's check.
+    """One row per shape: GB/s (% of copy) per provider, the same-bytes copy's GB/s with
+    onetrip's % of it (where measured), onetrip / best peer, onetrip's check.
 
     Errors are listed under the table, one line each.
     """
@@ -38,6 +39,9 @@ def print_op_table(con, records: list[dict], op: str, providers: list[str]) -> N
     table.add_column("shape")
     for p in providers:
         table.add_column(p, justify="right")
+    size_copy = any(r.get("size_copy_gbs") for r in recs)
+    if size_copy:  # what a plain element-wise kernel of the same bytes reaches, timed alike
+        table.add_column("copy, same bytes", justify="right")
     table.add_column("onetrip / best peer", justify="right")
     table.add_column("check (max err / bound)")
     for shape in dict.fromkeys(r["shape"] for r in recs):
@@ -50,7 +54,12 @@ def print_op_table(con, records: list[dict], op: str, providers: list[str]) -> N
         else:
             verdict = "[green]ok[/]" if mine["ok"] else "[red]FAIL[/]"
             check = f"{verdict} {mine['max_err']:.1e} / {mine['bound']:.1e}"
-        table.add_row(shape, *(_rate(by.get(p)) for p in providers), ratio, check)
+        extra = []
+        if size_copy:
+            first = next(iter(by.values()))
+            gbs, pct = first.get("size_copy_gbs"), mine.get("pct_of_size_copy")
+            extra = [f"{gbs:.0f}" + (f" (onetrip {pct:.0f}%)" if pct else "") if gbs else "—"]
+        table.add_row(shape, *(_rate(by.get(p)) for p in providers), *extra, ratio, check)
     con.print(table)
     for r in recs:
         if r["error"]:
