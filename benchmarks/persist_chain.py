@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import itertools
 import json
 import sys
 import time
@@ -90,6 +91,7 @@ def _persist_chain_kernel(
     BN1: tl.constexpr, BK1: tl.constexpr, BN2: tl.constexpr, BK2: tl.constexpr,
     PART: tl.constexpr,     # 0 both phases with the barrier, 1 phase 1 alone, 2 phase 2 alone
     PRELOAD: tl.constexpr,  # PART 0: the first phase-2 chunk in flight before the barrier
+    POLL: tl.constexpr = 0,  # the spin: 0 acquire atomics, 1 volatile loads then one acquire atomic
 ):
     pid = tl.program_id(0)
     if PART != 2:
@@ -104,7 +106,12 @@ def _persist_chain_kernel(
         tl.debug_barrier()  # every thread's stores of mid issued before the count releases them
         arrived = tl.atomic_add(sync_ptr, 1, sem="release") + 1
         while arrived < P:
-            arrived = tl.atomic_add(sync_ptr, 0, sem="acquire")
+            if POLL == 1:
+                arrived = tl.load(sync_ptr, volatile=True)
+            else:
+                arrived = tl.atomic_add(sync_ptr, 0, sem="acquire")
+        if POLL == 1:
+            tl.atomic_add(sync_ptr, 0, sem="acquire")  # mid's loads ordered after the count
         tl.debug_barrier()
         if pid < tl.cdiv(N2, BN2):
             _tile(mid_ptr, w2_ptr, y_ptr, pid, N2, K2, stride_w2, w0, True, PRELOAD, BN2, BK2)
@@ -128,12 +135,14 @@ def _resident(kernel, num_warps: int) -> int:
     return min(by_regs, by_shared, 64 // num_warps, 32)
 
 
-def persist_chain(x, w1, w2, mid, y, sync, tiles, num_warps=8, occ=2, preload=True, part=0, num_stages=3):
+def persist_chain(x, w1, w2, mid, y, sync, tiles, num_warps=8, occ=2, preload=True, part=0, num_stages=3,
+                  poll=0):
     """y = W2 (silu(g) * u) with [g | u] = W1 x. x (K1,), w1 (2F, K1), w2 (N2, F), mid (2F,),
     y (N2,) of one 16-bit dtype, unit column strides; sync: (2,) int32 zeros (left at zero).
     tiles: ((BN1, BK1), (BN2, BK2)), each BK dividing its K. occ: programs an SM (grid =
-    SMs x occ, all resident); part 1 / 2: one phase alone, no barrier. Under the
-    interpreter part 0 runs as part 1 then part 2."""
+    SMs x occ, all resident); part 1 / 2: one phase alone, no barrier; poll: how the
+    barrier spins (0 acquire atomics, 1 volatile loads). Under the interpreter part 0 runs
+    as part 1 then part 2."""
     (bn1, bk1), (bn2, bk2) = tiles
     N1, K1 = w1.shape
     N2, K2 = w2.shape
@@ -142,11 +151,11 @@ def persist_chain(x, w1, w2, mid, y, sync, tiles, num_warps=8, occ=2, preload=Tr
     P = sm_count(x.device) * occ
     if part == 0 and is_interpreting():
         for p in (1, 2):
-            persist_chain(x, w1, w2, mid, y, sync, tiles, num_warps, occ, preload, p, num_stages)
+            persist_chain(x, w1, w2, mid, y, sync, tiles, num_warps, occ, preload, p, num_stages, poll)
         return y
     args = (x, w1, w2, mid, y, sync, K1, N1, K2, N2, P, w1.stride(0), w2.stride(0))
     meta = dict(BN1=bn1, BK1=bk1, BN2=bn2, BK2=bk2, PART=part, PRELOAD=preload and part == 0,
-                num_warps=num_warps, num_stages=num_stages)
+                num_warps=num_warps, num_stages=num_stages, POLL=poll)
     if part == 0:
         k = _persist_chain_kernel.warmup(*args, grid=(P,), **meta)
         k._init_handles()  # loads the binary: its register count is known from here
@@ -219,9 +228,9 @@ def main() -> int:
         for part in (1, 2):
             variants[f"persist part {part} w8 occ2 st1 wide2"] = \
                 lambda w1, w2, p=part: persist_chain(x, w1, w2, mid, y, sync, wide, 8, 2, False, p, 1)
-        for preload in (False, True):
-            variants[f"persist chain w8 occ2 st1 wide2{' preload' if preload else ''}"] = \
-                lambda w1, w2, pl=preload: persist_chain(x, w1, w2, mid, y, sync, wide, 8, 2, pl, 0, 1)
+        for preload, poll in itertools.product((False, True), (0, 1)):
+            variants[f"persist chain w8 occ2 st1 wide2{' preload' if preload else ''}{' volatile' if poll else ''}"] = \
+                lambda w1, w2, pl=preload, po=poll: persist_chain(x, w1, w2, mid, y, sync, wide, 8, 2, pl, 0, 1, po)
         row = {"preset": preset, "tiles": tiles, "floor_us": {"both": (b1 + b2) / copy / 1e3,
                                                               "gate_up": b1 / copy / 1e3, "down": b2 / copy / 1e3}}
         for label, f in variants.items():
