@@ -68,7 +68,8 @@ def norm_candidates(width):
                 yield norm.NormConfig("loop", 1, chunk, warps)
 
 
-def focus_candidates(width, rows, is_rms, residual, splits=(), block_ms=(), unrolls=(), holds=(), picks=False):
+def focus_candidates(width, rows, is_rms, residual, splits=(), block_ms=(), unrolls=(), holds=(), picks=False,
+                     held=False):
     """--focus: today's pick (and it with the width as a constant), the coop split, and
     "loop" with its L2 hints (a residual: h stashed) at six chunk / warp pairs (torch.compile's
     own reductions run a program of 16-32 warps per row, with the shapes as constants), with
@@ -79,13 +80,22 @@ def focus_candidates(width, rows, is_rms, residual, splits=(), block_ms=(), unro
     (--unroll): "loop" with that many chunks an iteration; ``holds`` (--hold): "loop" with
     that many chunks held in registers between the passes, a row a program and split as
     the pick is (no 32-warp programs with a residual: they spill). ``picks`` (--picks): the
-    pick alone (an A/B of two builds of the kernel, one process each)."""
+    pick alone (an A/B of two builds of the kernel, one process each); ``held`` (--held):
+    rows split so that each program's whole segment stays in registers between the passes
+    (hold = its chunks: no re-read at all, one exchange of sums a program)."""
     pick = norm.norm_config(rows, width, torch.device("cuda"), is_rms=is_rms, has_residual=residual)
     yield pick
     if picks:
         return
     if pick.mode == "loop":
         yield dataclasses.replace(pick, const_n=True)
+    if held:
+        for chunk, warps, hold in ((4096, 8, 2), (8192, 16, 1), (8192, 16, 2), (16384, 32, 2)):
+            split = width // (chunk * hold)
+            if 2 <= split <= 16 and not (residual and warps == 32):
+                yield norm.NormConfig("loop", 1, chunk, warps, hints=True, stash=residual, vec=True, const_n=True,
+                                      split=split, hold=hold, drop_y=True)
+        return
     if splits:
         for split, (chunk, warps) in itertools.product(splits, ((8192, 16), (8192, 32), (16384, 32))):
             if chunk * split <= width:
@@ -184,6 +194,8 @@ def main():
                     "comma-separated (e.g. 1,2), in place of the single-row grid")
     ap.add_argument("--config", action="append", default=[], help="with --focus: a NormConfig(...) repr to time "
                     "beside the pick (repeatable), in place of the single-row grid")
+    ap.add_argument("--held", action="store_true", help="with --focus: rows split so that every program holds "
+                    "its whole segment in registers (hold = its chunks), in place of the single-row grid")
     ap.add_argument("--picks", action="store_true", help="with --focus: time today's pick alone (A/B runs of "
                     "two builds, e.g. a patch from benchmarks/experiments applied in between)")
     ap.add_argument("--flip", action="append", default=[], help="with --focus --picks: also time the pick with "
@@ -258,7 +270,8 @@ def main():
             block_ms = [int(k) for k in args.block_m.split(",") if k]
             unrolls = [int(k) for k in args.unroll.split(",") if k]
             holds = [int(k) for k in args.hold.split(",") if k]
-            cands = list(focus_candidates(width, rows, is_rms, res, splits, block_ms, unrolls, holds, args.picks)
+            cands = list(focus_candidates(width, rows, is_rms, res, splits, block_ms, unrolls, holds, args.picks,
+                                          args.held)
                          if args.focus
                          else norm_candidates(width))
             if args.set:  # e.g. drop_y=True on every variant of the sweep
