@@ -17,8 +17,8 @@ fused kernel removes). In elements of the input dtype, for a (rows, width) probl
 Row shapes sweep widths 1K..256K with rows = 2**26 // width (one bf16 tensor = 128 MiB,
 so every shape moves >= 256 MiB and a kernel runs >= 60 us on an H200, where launch ramp
 and tail cost a few percent at most). Two smaller shapes that ``../shared/ANCHORS.md``
-also measured are added off the sweep: 4096 x 4096 and 64 x 262144 (32 MiB per tensor),
-and 8192 x 8192 for the norms. Nothing here touches a GPU
+also measured are added off the sweep: 4096 x 4096 and 64 x 262144 (32 MiB per tensor);
+its third norm shape, 8192 x 8192, is the sweep's own 8K cell. Nothing here touches a GPU
 or imports onetrip's ops at import time, so the CLI can choose Triton's interpreter first.
 """
 
@@ -27,7 +27,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 from dataclasses import dataclass
-from functools import partial
 from typing import Callable
 
 import torch
@@ -82,14 +81,14 @@ class RotaryShape:
 Shape = RowShape | RotaryShape
 
 
-def row_shapes(quick: bool = False, norm: bool = False) -> list[RowShape]:
+def row_shapes(quick: bool = False) -> list[RowShape]:
     """The width sweep (rows = 2**26 // width); in a full run also the anchors' 4096 x 4096
-    and 64 x 262144, and 8192 x 8192 for the norms."""
+    and 64 x 262144 (their third norm shape, 8192 x 8192, is the sweep's 8K cell)."""
     shapes = [RowShape(SWEEP_ELEMENTS // w, w) for w in (QUICK_WIDTHS if quick else WIDTHS)]
     if quick:
         return shapes
     extra = [RowShape(4096, 4096, sweep=False), RowShape(64, 262144, sweep=False)]
-    return shapes + extra + ([RowShape(8192, 8192, sweep=False)] if norm else [])
+    return shapes + extra
 
 
 def rotary_bytes(s: RotaryShape, dtype: torch.dtype) -> int:
@@ -228,14 +227,14 @@ CASES = (
            _fused("bias_gelu", approximate="tanh"), None, row_shapes),
     OpCase("rms_norm", _row_inputs(1, 1), _row_bytes(1, 1, 1), _ref("norm", "rms_norm_ref", RMS_EPS),
            _fused("rms_norm", eps=RMS_EPS), _liger("rms_norm", "LigerRMSNormFunction", RMS_EPS, 0.0, "llama", False),
-           partial(row_shapes, norm=True)),
+           row_shapes),
     OpCase("add_rms_norm", _row_inputs(2, 1), _row_bytes(2, 2, 1), _ref("norm", "add_rms_norm_ref", RMS_EPS),
            _fused("add_rms_norm", eps=RMS_EPS),
-           _liger("fused_add_rms_norm", "LigerFusedAddRMSNormFunction", RMS_EPS, 0.0, "llama", False), partial(row_shapes, norm=True)),
+           _liger("fused_add_rms_norm", "LigerFusedAddRMSNormFunction", RMS_EPS, 0.0, "llama", False), row_shapes),
     OpCase("layer_norm", _row_inputs(1, 2), _row_bytes(1, 1, 2), _ref("norm", "layer_norm_ref", LN_EPS),
-           _fused("layer_norm", eps=LN_EPS), _liger("layer_norm", "LigerLayerNormFunction", LN_EPS), partial(row_shapes, norm=True)),
+           _fused("layer_norm", eps=LN_EPS), _liger("layer_norm", "LigerLayerNormFunction", LN_EPS), row_shapes),
     OpCase("add_layer_norm", _row_inputs(2, 2), _row_bytes(2, 2, 2), _ref("norm", "add_layer_norm_ref", LN_EPS),
-           _fused("add_layer_norm", eps=LN_EPS), None, partial(row_shapes, norm=True)),
+           _fused("add_layer_norm", eps=LN_EPS), None, row_shapes),
     OpCase("silu_mul", _row_inputs(1, 0, row_mult=2), _row_bytes(2, 1, 0), _ref("glu", "silu_mul_ref"),
            _fused("silu_mul"), _liger("swiglu", "LigerSiLUMulFunction", split=True), row_shapes),
     OpCase("gelu_mul", _row_inputs(1, 0, row_mult=2), _row_bytes(2, 1, 0), _ref("glu", "gelu_mul_ref", None, "tanh"),
