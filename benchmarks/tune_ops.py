@@ -144,6 +144,7 @@ def sweep_family(name, width, make, candidates, nbytes, copy_gbs, results, rows,
     rounds over the whole list in turn (A B A B: drift hits every candidate alike), the
     median of the rounds kept."""
     runs, kernels = {}, {}
+    candidates = list(candidates)  # a generator would be spent after the first round
     for _ in range(repeat):
         for cfg in candidates:
             if cfg in kernels and kernels[cfg] is None:
