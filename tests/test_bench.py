@@ -134,6 +134,13 @@ def test_op_table_shows_the_same_bytes_copy():
     assert "copy, same bytes" in text and f"3000 (onetrip {mine['pct_of_size_copy']:.0f}%)" in text
 
 
+def test_floors_need_a_gpu():
+    from onetrip.bench import floors
+
+    a = torch.zeros(64)
+    assert floors.read_gbs([(a, a)], lambda fn: None) is None  # CPU tensors: nothing is timed
+
+
 def test_speedup_and_summary():
     recs = [r for r in _fake_records() if r["op"] == "rotary"]
     add_speedup(recs)

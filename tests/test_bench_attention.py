@@ -222,6 +222,10 @@ def test_decode_summary_bars():
     assert line["batch1_4k_pct"] == {"contiguous": 80.0, "paged-64": 70.0}
     assert line["append_kv_min_pct_64mib"] == 85.0 and len(line["append_kv_pct"]) == 2
     assert list(line["bars"].values()) == [True, False, True]
+    assert line["batch1_4k_plain_read_pct"] == {}  # no plain read measured in these records
+    recs[0]["read_gbs"] = 2600.0
+    line = decode_attn.summary(recs, {"gpu": "G", "dtype": "bf16", "copy_gbs": 4000.0}, "x.json")
+    assert line["batch1_4k_plain_read_pct"] == {"contiguous": 65.0}
     assert line["speedup_vs_best_peer_geomean"] == 1.2 and json.loads(json.dumps(line)) == line
     empty = decode_attn.summary([], {}, "x.json")
     assert list(empty["bars"].values()) == [None, None, None]
@@ -305,3 +309,6 @@ def test_decode_bench_on_gpu(tmp_path, monkeypatch, capsys):
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert line["bench"] == "decode-attention" and line["checks_failed"] == 0 and line["onetrip_errors"] == 0
     assert set(line["batch1_4k_pct"]) == {"contiguous"} and line["copy_gbs"] > 100
+    assert 0 < line["batch1_4k_plain_read_pct"]["contiguous"] < 110  # what a plain read of that cell reaches
+    recs = json.loads(next(tmp_path.glob("*.json")).read_text())["results"]
+    assert all(r["read_gbs"] > 0 and r["pct_of_read"] > 0 for r in recs if r["kind"] == "decode" and r["gbs"])

@@ -23,6 +23,10 @@ Metrics, per (cell, provider):
     peak_extra_bytes  memory a call holds beyond its inputs, output included: a copy of
             the cache made inside a call shows up here at the cache's size.
     num_splits, block_n, num_warps  onetrip's launch, from ``decode_config``.
+    read_gbs, pct_of_read  (decode cells, every record) what a plain kernel reading the cell's
+            K and V caches once reaches, timed the same way (``floors.read_gbs``), and the
+            record's GB/s against it: the ceiling of a cell too short to reach the copy
+            bandwidth (batch 1 x 4K: 16.8 MB, a few microseconds).
     max_diff, ok  ``providers.add_diffs`` against SDPA (contiguous) or eager (paged).
     speedup_vs_best_peer  fastest peer's median time / onetrip's (``ops.add_speedup``).
 
@@ -259,7 +263,8 @@ def _append_onetrip(cell: DecodeCell, t: dict):
 
 BUILDERS = {"sdpa": _sdpa, "eager": _eager, "onetrip": _onetrip}
 APPEND_BUILDERS = {"eager": _append_eager, "onetrip": _append_onetrip}
-EXTRA_KEYS = ("gbs", "pct_of_copy", "num_splits", "block_n", "num_warps", "speedup_vs_best_peer", "best_peer")
+EXTRA_KEYS = ("gbs", "pct_of_copy", "num_splits", "block_n", "num_warps", "speedup_vs_best_peer", "best_peer",
+              "read_gbs", "pct_of_read")
 
 
 MAX_INPUT_SETS = 16
@@ -341,9 +346,21 @@ def bench_cell(cell: DecodeCell, device, timer: Callable, copy_gbs: float | None
             cell.batch, cell.kv_heads, cell.max_seq, cell.head_dim, device, rows=cell.q_len * cell.heads // cell.kv_heads,
             paged=cell.page is not None)
         records[-1].update(num_splits=cfg.num_splits, block_n=cfg.block_n, num_warps=cfg.num_warps)
+        if device.type == "cuda":
+            from .floors import read_gbs  # noqa: PLC0415 - Triton kernels: imported once the interpreter is chosen
+
+            _add_read(records, read_gbs([(s["k_cache"], s["v_cache"]) for s in sets], timer))
     add_diffs(records, outs, dtype, ("sdpa", "eager"))
     add_speedup(records)
     return records
+
+
+def _add_read(records: list[dict], gbs: float | None) -> None:
+    """read_gbs on every record of a decode cell, pct_of_read where it has a rate."""
+    for r in records:
+        r["read_gbs"] = gbs
+        if gbs and r.get("gbs"):
+            r["pct_of_read"] = 100 * r["gbs"] / gbs
 
 
 # ---------------------------------------------------------------------------- runs
@@ -359,7 +376,8 @@ def _at_least(values: list[float], bar: float) -> bool | None:
 
 def summary(records: list[dict], meta: dict, json_path) -> dict:
     """The one JSON line: onetrip's % of copy per cell; per layout its minimum over cells
-    with batch x context >= BIG_TOKENS and its value at batch 1 x 4K; append_kv's minimum
+    with batch x context >= BIG_TOKENS and its value at batch 1 x 4K, beside what a plain
+    read of that cell's K and V reaches (``floors.read_gbs``); append_kv's minimum
     over rows moving >= BIG_APPEND_BYTES; whether each of the issue's bars is met (None
     when no cell measured it); the geometric mean of the decode speedup over the best peer."""
     mine = [r for r in records if r["provider"] == "onetrip"]
@@ -377,6 +395,9 @@ def summary(records: list[dict], meta: dict, json_path) -> dict:
         "pct_of_copy": {r["cell"]: _round(r["pct_of_copy"]) for r in dec},
         "min_pct_at_64k_tokens": {lay: _round(min(v)) for lay, v in big.items() if v},
         "batch1_4k_pct": {lay: _round(v[0]) for lay, v in b1.items() if v},
+        "batch1_4k_plain_read_pct": {r["layout"]: _round(100 * r["read_gbs"] / meta["copy_gbs"]) for r in dec
+                                     if (r["batch"], r["context"]) == (1, 4096) and r.get("read_gbs")
+                                     and meta.get("copy_gbs")},
         "append_kv_pct": {r["cell"]: _round(r["pct_of_copy"]) for r in app},
         "append_kv_min_pct_64mib": _round(min(app_big, default=None)),
         "bars": {

@@ -21,10 +21,10 @@ max_diff_vs_eager (max |output - eager output|), error (why a provider could not
 onetrip's record adds ok / max_err / bound (``onetrip.testing``'s accuracy rule, checked
 on the first rows) and speedup_vs_best_peer = best peer's median time / onetrip's
 (above 1: onetrip is faster), with best_peer naming that peer. Every record of a shape
-also carries size_copy_gbs: a plain element-wise kernel (``torch.neg``, half the bytes read,
-half written) moving the shape's bytes, timed the same way, which is what any kernel of
-that size can hope for (at 64 MiB a kernel runs ~16 us and its ramp-up and tail are not
-free); pct_of_size_copy is the record's GB/s against it.
+also carries size_copy_gbs (``floors.size_copy_gbs``): a plain element-wise kernel moving the
+shape's bytes, timed the same way, which is what any kernel of that size can hope for (at
+64 MiB a kernel runs ~16 us and its ramp-up and tail are not free); pct_of_size_copy is the
+record's GB/s against it.
 
 Without a GPU, ``run_ops_check`` checks onetrip against the references on small awkward
 shapes through Triton's interpreter instead.
@@ -167,29 +167,10 @@ def bench_shape(case: OpCase, shape: Shape, dtype: torch.dtype, compiled: Callab
             rec["error"] = harness.error_string(exc)
         done(provider)
     add_speedup(records)
+    from .floors import size_copy_gbs  # noqa: PLC0415 - Triton kernels: imported once the interpreter is chosen
+
     add_size_copy(records, size_copy_gbs(case.bytes_moved(shape, dtype), n_sets, n_calls, flush))
     return records
-
-
-def size_copy_gbs(nbytes: int, n_sets: int, n_calls: int, flush: torch.Tensor) -> float | None:
-    """GB/s of an element-wise kernel moving ``nbytes`` (half read, half written: ``torch.neg``
-    on bf16), timed as the providers are (``n_calls`` calls over ``n_sets`` copies). Not
-    ``copy_``: captured in a graph, that becomes a copy-engine memcpy node (~2.7 TB/s on an
-    H200, against ~4.25 for a kernel). None if it cannot run (out of memory)."""
-    n = max(1, nbytes // 4)  # bf16 elements in each of source and destination
-    try:
-        pairs = [(torch.ones(n, dtype=torch.bfloat16, device="cuda"), torch.empty(n, dtype=torch.bfloat16,
-                                                                                  device="cuda"))
-                 for _ in range(n_sets)]
-
-        def replay():
-            for i in range(n_calls):
-                src, dst = pairs[i % n_sets]
-                torch.neg(src, out=dst)
-        t = harness.per_call(harness.time_ms(replay, flush=flush), n_calls)
-    except (RuntimeError, torch.cuda.OutOfMemoryError):
-        return None
-    return harness.gbs(4 * n, t.median_ms)
 
 
 def add_size_copy(records: list[dict], gbs: float | None) -> None:

@@ -194,7 +194,8 @@ def print_attention_table(con, records: list[dict], providers) -> None:
 
 
 def print_decode_tables(con, records: list[dict], providers, append_providers) -> None:
-    """Decode: one row per cell, GB/s (% of copy) per provider, onetrip's split count, its
+    """Decode: one row per cell, GB/s (% of copy) per provider, what a plain read of the cell's
+    K and V reaches (with onetrip's % of it), onetrip's split count, its
     speedup over the fastest peer, its max diff, the peak extra memory of SDPA and the
     naive version (a copy of the cache would show here). Then the same for append_kv."""
     from rich.table import Table
@@ -206,8 +207,9 @@ def print_decode_tables(con, records: list[dict], providers, append_providers) -
             continue
         table = Table(title=f"{kind}: GB/s (% of copy bandwidth), {recs[0]['dtype']}", title_justify="left")
         table.add_column("cell")
-        extra = ("splits", "onetrip / best peer", "onetrip diff (vs)", "peak MiB sdpa / eager")
-        for name in (*names, *(extra if kind == "decode" else extra[1:3])):
+        extra = ("plain read (onetrip's %)", "splits", "onetrip / best peer", "onetrip diff (vs)",
+                 "peak MiB sdpa / eager")
+        for name in (*names, *(extra if kind == "decode" else extra[2:4])):
             table.add_column(name, justify="right")
         for cell in dict.fromkeys(r["cell"] for r in recs):
             by = {r["provider"]: r for r in recs if r["cell"] == cell}
@@ -215,6 +217,8 @@ def print_decode_tables(con, records: list[dict], providers, append_providers) -
             sp = mine.get("speedup_vs_best_peer")
             row = [cell, *(_cell(by.get(p), rate) for p in names)]
             if kind == "decode":
+                read, pct = mine.get("read_gbs"), mine.get("pct_of_read")
+                row.append(f"{read:.0f}" + (f" ({pct:.0f}%)" if pct else "") if read else "—")
                 row.append("—" if mine.get("num_splits") is None else str(mine["num_splits"]))
             row += [f"{sp:.2f}x vs {mine['best_peer']}" if sp else "—", _diff(mine)]
             if kind == "decode":

@@ -1,0 +1,90 @@
+"""What a plain kernel moving the same bytes reaches: the practical ceiling of a cell, timed
+exactly as the providers are (same graph of calls over the same number of input copies).
+
+The copy bandwidth of the suites (``harness.copy_bandwidth_gbs``: 1 GiB, device to device)
+is what a long kernel reaches. A short one pays its ramp-up and tail on top: on an H200 a
+kernel moving 64 MiB runs ~16 us and reaches ~88% of that copy, one reading the 16.8 MB of
+K and V of a batch-1 x 4K decode cell ~63-69% (benchmarks/NOTES.md, round 10 and the
+fourteenth session). These references put that ceiling beside every cell:
+
+    size_copy_gbs   an element-wise kernel (``torch.neg`` on bf16): half the bytes read, half
+                    written, as the row ops move them
+    read_gbs        a grid-stride sum over two tensors (a decode cell's K and V caches):
+                    every byte read once, next to nothing written, as decode attention
+
+Both return None where they cannot run (out of memory, no GPU). Not ``copy_``: captured
+in a graph it becomes a copy-engine memcpy node (~2.7 TB/s on an H200, against ~4.25
+for a kernel).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import triton
+import triton.language as tl
+
+from . import harness
+
+READ_BLOCK = 4096  # elements a program reads a step (8 KB of bf16, 16 bytes a thread at 8 warps)
+READ_PROGRAMS_PER_SM = 8  # ~1,000 programs on an H200: what read 16.8 MB fastest (NOTES.md, round 10)
+
+
+@triton.jit
+def _read_kernel(a_ptr, b_ptr, part_ptr, n, BLOCK: tl.constexpr):
+    """part[pid] = sum of this program's blocks of a and b (n elements each), grid-stride:
+    programs that run together read neighbouring blocks."""
+    pid = tl.program_id(0)
+    step = tl.num_programs(0).to(tl.int64) * BLOCK
+    acc = tl.zeros((BLOCK,), tl.float32)
+    start = pid.to(tl.int64) * BLOCK
+    while start < n:
+        offs = start + tl.arange(0, BLOCK)
+        ok = offs < n
+        acc += tl.load(a_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+        acc += tl.load(b_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+        start += step
+    tl.store(part_ptr + pid, tl.sum(acc))
+
+
+def read_gbs(pairs: list[tuple[torch.Tensor, torch.Tensor]], timer: Callable) -> float | None:
+    """GB/s of reading both (contiguous, equally sized) tensors of a pair once: one call reads
+    every pair, a launch each, and ``timer`` (the suite's, which divides by the input
+    copies as it does for the providers) gives the time of one pair."""
+    a0 = pairs[0][0]
+    if a0.device.type != "cuda" or any(not (a.is_contiguous() and b.is_contiguous()) or a.shape != b.shape
+                                       for a, b in pairs):
+        return None
+    n = a0.numel()
+    programs = max(1, min(READ_PROGRAMS_PER_SM * torch.cuda.get_device_properties(a0.device).multi_processor_count,
+                          triton.cdiv(n, READ_BLOCK)))
+    part = torch.empty(programs, dtype=torch.float32, device=a0.device)
+
+    def call():
+        for a, b in pairs:
+            _read_kernel[(programs,)](a, b, part, n, BLOCK=READ_BLOCK, num_warps=8)
+    try:
+        t = timer(call)
+    except (RuntimeError, torch.cuda.OutOfMemoryError):
+        return None
+    return harness.gbs(2 * n * a0.element_size(), t.median_ms)
+
+
+def size_copy_gbs(nbytes: int, n_sets: int, n_calls: int, flush: torch.Tensor) -> float | None:
+    """GB/s of an element-wise kernel moving ``nbytes`` (half read, half written: ``torch.neg``
+    on bf16), ``n_calls`` calls back to back over ``n_sets`` copies, as the ops bench times."""
+    n = max(1, nbytes // 4)  # bf16 elements in each of source and destination
+    try:
+        pairs = [(torch.ones(n, dtype=torch.bfloat16, device="cuda"), torch.empty(n, dtype=torch.bfloat16,
+                                                                                  device="cuda"))
+                 for _ in range(n_sets)]
+
+        def replay():
+            for i in range(n_calls):
+                src, dst = pairs[i % n_sets]
+                torch.neg(src, out=dst)
+        t = harness.per_call(harness.time_ms(replay, flush=flush), n_calls)
+    except (RuntimeError, torch.cuda.OutOfMemoryError):
+        return None
+    return harness.gbs(4 * n, t.median_ms)
