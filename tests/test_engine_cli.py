@@ -87,3 +87,34 @@ def test_decode_provider_names_agree():
     from onetrip.cli import DECODE_PROVIDERS
 
     assert DECODE_PROVIDERS == PROVIDERS
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if ON_GPU else []))
+def test_read_chain_floor(device, capsys):
+    """bench decode's floor: the step's weight matrices in order (qkv, o, gate-up, down per
+    layer, then the head), read by a chain of plain kernels on a GPU; on the CPU only the
+    count and the bytes."""
+    import torch
+
+    from onetrip.bench.decode import read_chain, step_weights
+    from onetrip.bench.decode_report import print_decode_table
+    from onetrip.bench.report import console
+    from onetrip.models import Model, get_config
+
+    model = Model.random(get_config("tiny"), torch.bfloat16, device)
+    weights = step_weights(model)
+    layer = model.layers[0]
+    assert len(weights) == 4 * len(model.layers) + 1
+    assert weights[:4] == [layer.attn.wqkv.weight, layer.attn.wo.weight, layer.mlp.w_gate_up.weight,
+                           layer.mlp.w_down.weight]
+    chain = read_chain(model, 4000.0)
+    assert chain["launches"] == len(weights) and chain["bytes"] == sum(w.numel() * 2 for w in weights)
+    if device == "cpu":
+        assert chain["ms"] is None
+        chain.update(ms=0.5, pct_of_copy=12.0)  # as a GPU run records it
+    else:
+        assert chain["ms"] > 0 and chain["pct_of_copy"] > 0
+    rec = {"preset": "tiny", "batch": 1, "provider": "onetrip-graphs", "tok_s": 100.0, "pct_of_limit": 50.0,
+           "ms_per_step": 1.0, "prefill_ms": 1.0, "limit_tok_s": 200.0, "same_prefix": 4}
+    print_decode_table(console(), [rec], [], {"read_chain": {"tiny": chain}, "copy_gbs": 4000.0, "new_tokens": 4})
+    assert f"a chain of {chain['launches']} plain-read kernels" in capsys.readouterr().out

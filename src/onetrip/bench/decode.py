@@ -276,8 +276,10 @@ def bench_decode(out_dir, *, presets=("llama-3.2-1b", "llama-3.1-8b"), batches=(
     con.print(f"[bold]{meta['gpu']}[/]: copy {meta['copy_gbs']:.0f} GB/s; torch {meta['torch']}, "
               f"triton {meta['triton']}, transformers {meta['transformers']}")
     records, ttfts = [], []
+    meta["read_chain"] = {}
     for preset in presets:
         model, hf = build(preset, dtype, device, "transformers" in providers)
+        meta["read_chain"][preset] = read_chain(model, meta["copy_gbs"])
         for case in cases((preset,), batches, prompt, new_tokens):
             con.print(f"{preset} batch {case.batch} ...")
             records += bench_case(case, model, hf, providers, meta["copy_gbs"])
@@ -291,6 +293,31 @@ def bench_decode(out_dir, *, presets=("llama-3.2-1b", "llama-3.1-8b"), batches=(
     plot_decode(records, meta, stem.with_suffix(".png"))
     con.print(f"results: {json_path}, {stem.with_suffix('.csv')}, {stem.with_suffix('.png')}")
     return {"records": records, "ttft": ttfts, "meta": meta}
+
+
+def step_weights(model: Model) -> list[torch.Tensor]:
+    """The weight matrices a decode step reads, in its order: per layer the fused qkv, o,
+    fused gate-up and down projections, then the LM head (the embedding when tied)."""
+    out = []
+    for layer in model.layers:
+        out += [layer.attn.wqkv.weight, layer.attn.wo.weight, layer.mlp.w_gate_up.weight, layer.mlp.w_down.weight]
+    return out + [(model.lm_head or model.embed).weight]
+
+
+def read_chain(model: Model, bandwidth: Optional[float]) -> dict:
+    """What the step's weight reads reach as a chain of plain-read kernels (``floors``), one
+    launch a matrix in one graph: the floor of a step with that many kernels, against the
+    batch-1 limit (its weight bytes; the KV cache of a short prompt is under 1%)."""
+    from .floors import read_chain_ms  # noqa: PLC0415 - Triton kernels: imported once the interpreter is chosen
+    from .harness import new_flush_buffer
+
+    weights = step_weights(model)
+    ms = read_chain_ms(weights, new_flush_buffer(model.device)) if model.device.type == "cuda" else None
+    nbytes = sum(w.numel() * w.element_size() for w in weights)
+    out = {"launches": len(weights), "bytes": nbytes, "ms": ms}
+    if ms and bandwidth:
+        out["pct_of_copy"] = 100 * nbytes / (ms * 1e6) / bandwidth
+    return out
 
 
 def check_decode(con=None, new_tokens: int = 12) -> int:

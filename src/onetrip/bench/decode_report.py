@@ -43,6 +43,11 @@ def print_decode_table(con, records: list[dict], ttfts: list[dict], meta: dict) 
         if limit:
             con.print(f"  limit at batch 1: {min(r['limit_tok_s'] for r in rows if r['batch'] == 1 and r.get('limit_tok_s')):.0f} tok/s "
                       f"(copy bandwidth / bytes per step: weights once + KV cache)")
+        chain = (meta.get("read_chain") or {}).get(preset) or {}
+        if chain.get("ms"):
+            con.print(f"  a chain of {chain['launches']} plain-read kernels over the step's weight matrices "
+                      f"(one graph, nothing else): {chain['ms']:.3f} ms, {chain.get('pct_of_copy', 0):.0f}% of copy "
+                      f"for their {chain['bytes'] / 1e9:.2f} GB: the floor of a step of that many kernels")
         con.print("  same prefix: greedy tokens equal to the first provider's before the first difference "
                   "(shortest over the batch). Random weights leave the top logits near ties, so bf16 "
                   "rounding (another GEMM split) flips a pick within a few tokens; float32 runs on the CPU "

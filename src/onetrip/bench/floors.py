@@ -11,6 +11,9 @@ fourteenth session). These references put that ceiling beside every cell:
                     written, as the row ops move them
     read_gbs        a grid-stride sum over two tensors (a decode cell's K and V caches):
                     every byte read once, next to nothing written, as decode attention
+    read_chain_ms   that read, one launch a tensor, over a decode step's weight matrices in
+                    the order the step reads them, as one CUDA graph: what a step of that
+                    many kernels can reach if each of them were a perfect read
 
 Both return None where they cannot run (out of memory, no GPU). Not ``copy_``: captured
 in a graph it becomes a copy-engine memcpy node (~2.7 TB/s on an H200, against ~4.25
@@ -88,3 +91,26 @@ def size_copy_gbs(nbytes: int, n_sets: int, n_calls: int, flush: torch.Tensor) -
     except (RuntimeError, torch.cuda.OutOfMemoryError):
         return None
     return harness.gbs(4 * n, t.median_ms)
+
+
+def read_chain_ms(tensors: list[torch.Tensor], flush: torch.Tensor | None = None) -> float | None:
+    """Median ms of one graph reading each (contiguous) tensor once, a launch each, in order,
+    after an L2 flush (``harness.time_ms``); None where it cannot run."""
+    if not tensors or tensors[0].device.type != "cuda":
+        return None
+    sms = torch.cuda.get_device_properties(tensors[0].device).multi_processor_count
+    part = torch.empty(READ_PROGRAMS_PER_SM * sms, dtype=torch.float32, device=tensors[0].device)
+    launches = []
+    for t in tensors:
+        flat = t.detach().reshape(-1)
+        half = flat.numel() // 2  # the kernel reads two equal halves (an odd last element is left out)
+        programs = max(1, min(part.numel(), triton.cdiv(half, READ_BLOCK)))
+        launches.append((flat[:half], flat[half:2 * half], half, programs))
+
+    def call():
+        for a, b, n, programs in launches:
+            _read_kernel[(programs,)](a, b, part, n, BLOCK=READ_BLOCK, num_warps=8)
+    try:
+        return harness.time_ms(call, flush=flush).median_ms
+    except (RuntimeError, torch.cuda.OutOfMemoryError):
+        return None
