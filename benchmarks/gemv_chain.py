@@ -143,6 +143,20 @@ DEVICE = "cuda"  # the CPU smoke run (interpreter, tiny SHAPES) sets "cpu"
 MIN_BYTES = 256 << 20  # weight copies per graph: enough that no call finds its weights in L2
 
 
+def mlp_problem(hidden: int, inter: int, dev, dt=torch.bfloat16) -> dict:
+    """One MLP shape's inputs for the chain experiments: weight copies ``ws`` [(W1, W2)] that
+    together pass MIN_BYTES (so no call finds its weights in L2), x, the outputs mid and y,
+    the float32 reference, and the engine's GEMV configs ``cfg1`` / ``cfg2`` of each phase."""
+    sets = max(2, -(-MIN_BYTES // (2 * 3 * inter * hidden)))
+    ws = [(torch.randn(2 * inter, hidden, device=dev, dtype=dt) * 0.02,
+           torch.randn(hidden, inter, device=dev, dtype=dt) * 0.02) for _ in range(sets)]
+    x = torch.randn(hidden, device=dev, dtype=dt)
+    return {"ws": ws, "x": x, "mid": torch.empty(2 * inter, device=dev, dtype=dt),
+            "y": torch.empty(hidden, device=dev, dtype=dt),
+            "ref": gemv_chain_ref(x.float(), ws[0][0].float(), ws[0][1].float()),
+            "cfg1": sm._gemv_config(2 * inter, hidden, "plain"), "cfg2": sm._gemv_config(hidden, inter, "plain")}
+
+
 def main() -> int:
     from sweep_gemv import time_per_call  # noqa: PLC0415 - GPU runs only
 
@@ -159,15 +173,9 @@ def main() -> int:
                        "copy_gbs": copy, "date": time.strftime("%Y-%m-%d")}, "rows": []}
     for preset, (hidden, inter) in SHAPES.items():
         nbytes = 2 * (2 * inter * hidden + hidden * inter)
-        sets = max(2, -(-MIN_BYTES // nbytes))
-        ws = [(torch.randn(2 * inter, hidden, device=dev, dtype=dt) * 0.02,
-               torch.randn(hidden, inter, device=dev, dtype=dt) * 0.02) for _ in range(sets)]
-        x = torch.randn(hidden, device=dev, dtype=dt)
-        mid, y = torch.empty(2 * inter, device=dev, dtype=dt), torch.empty(hidden, device=dev, dtype=dt)
+        p = mlp_problem(hidden, inter, dev, dt)
+        ws, x, mid, y, ref, cfg1, cfg2 = (p[k] for k in ("ws", "x", "mid", "y", "ref", "cfg1", "cfg2"))
         sync = torch.zeros(3, dtype=torch.int32, device=dev)
-        ref = gemv_chain_ref(x.float(), ws[0][0].float(), ws[0][1].float())
-        cfg1 = sm._gemv_config(2 * inter, hidden, "plain")
-        cfg2 = sm._gemv_config(hidden, inter, "plain")
         x2, mid2, y2 = x[None], mid[None], y[None]
 
         def pair(w1, w2):

@@ -44,11 +44,17 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gemv_chain import SHAPES, mlp_problem  # noqa: E402  (the same MLP shapes, weight copies and configs)
+from gemv_chain import gemv_chain_ref  # noqa: E402
 from onetrip.ops._common import is_interpreting, sm_count  # noqa: E402
 from onetrip.ops._gemv_jit import _row_weights  # noqa: E402
 from onetrip.ops._jit import cast_out  # noqa: E402
 
 sm = importlib.import_module("onetrip.ops.skinny_matmul")
+
+
+persist_chain_ref = gemv_chain_ref  # the same op-by-op reference: the GEMV, silu(g) * u, the GEMV
 
 
 @triton.jit
@@ -166,17 +172,6 @@ def persist_chain(x, w1, w2, mid, y, sync, tiles, num_warps=8, occ=2, preload=Tr
     return y
 
 
-def persist_chain_ref(x, w1, w2):
-    """Op by op in x's dtype: the GEMV, silu(g) * u, the GEMV."""
-    mid = w1 @ x
-    g, u = mid.chunk(2)
-    return w2 @ (torch.nn.functional.silu(g) * u)
-
-
-SHAPES = {"llama-3.2-1b": (2048, 8192), "llama-3.1-8b": (4096, 14336)}  # hidden, intermediate
-MIN_BYTES = 256 << 20  # weight copies per graph: enough that no call finds its weights in L2
-
-
 def main() -> int:
     from sweep_gemv import time_per_call  # noqa: PLC0415 - GPU runs only
 
@@ -194,15 +189,9 @@ def main() -> int:
               "rows": []}
     for preset, (hidden, inter) in SHAPES.items():
         b1, b2 = 2 * 2 * inter * hidden, 2 * hidden * inter
-        sets = max(2, -(-MIN_BYTES // (b1 + b2)))
-        ws = [(torch.randn(2 * inter, hidden, device=dev, dtype=dt) * 0.02,
-               torch.randn(hidden, inter, device=dev, dtype=dt) * 0.02) for _ in range(sets)]
-        x = torch.randn(hidden, device=dev, dtype=dt)
-        mid, y = torch.empty(2 * inter, device=dev, dtype=dt), torch.empty(hidden, device=dev, dtype=dt)
+        p = mlp_problem(hidden, inter, dev, dt)
+        ws, x, mid, y, ref, cfg1, cfg2 = (p[k] for k in ("ws", "x", "mid", "y", "ref", "cfg1", "cfg2"))
         sync = torch.zeros(2, dtype=torch.int32, device=dev)
-        ref = persist_chain_ref(x.float(), ws[0][0].float(), ws[0][1].float())
-        cfg1 = sm._gemv_config(2 * inter, hidden, "plain")
-        cfg2 = sm._gemv_config(hidden, inter, "plain")
         tiles = ((cfg1.block_n, cfg1.block_k), (cfg2.block_n, cfg2.block_k))
         x2, mid2, y2 = x[None], mid[None], y[None]
         variants = {

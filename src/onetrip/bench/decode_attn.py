@@ -349,18 +349,11 @@ def bench_cell(cell: DecodeCell, device, timer: Callable, copy_gbs: float | None
         if device.type == "cuda":
             from .floors import read_gbs  # noqa: PLC0415 - Triton kernels: imported once the interpreter is chosen
 
-            _add_read(records, read_gbs([(s["k_cache"], s["v_cache"]) for s in sets], timer))
+            harness.attach_floor(records, read_gbs([(s["k_cache"], s["v_cache"]) for s in sets], timer),
+                                 "read_gbs", "pct_of_read")
     add_diffs(records, outs, dtype, ("sdpa", "eager"))
     add_speedup(records)
     return records
-
-
-def _add_read(records: list[dict], gbs: float | None) -> None:
-    """read_gbs on every record of a decode cell, pct_of_read where it has a rate."""
-    for r in records:
-        r["read_gbs"] = gbs
-        if gbs and r.get("gbs"):
-            r["pct_of_read"] = 100 * r["gbs"] / gbs
 
 
 # ---------------------------------------------------------------------------- runs

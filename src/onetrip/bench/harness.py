@@ -205,6 +205,15 @@ def per_call(timing: Timing, n: int) -> Timing:
                                p80_ms=timing.p80_ms / n)
 
 
+def attach_floor(records: list[dict], gbs: float | None, gbs_key: str, pct_key: str) -> None:
+    """Put a cell's floor (``floors``: what a plain kernel of its bytes reaches) on every record
+    of the cell as ``gbs_key``, and each record's GB/s as a % of it as ``pct_key``."""
+    for r in records:
+        r[gbs_key] = gbs
+        if gbs and r.get("gbs"):
+            r[pct_key] = 100 * r["gbs"] / gbs
+
+
 def copy_bandwidth_gbs(device: torch.device | str = "cuda", nbytes: int = 1 << 30) -> float:
     """Device-to-device copy bandwidth in GB/s: (bytes read + bytes written) / median time.
 

@@ -169,16 +169,9 @@ def bench_shape(case: OpCase, shape: Shape, dtype: torch.dtype, compiled: Callab
     add_speedup(records)
     from .floors import size_copy_gbs  # noqa: PLC0415 - Triton kernels: imported once the interpreter is chosen
 
-    add_size_copy(records, size_copy_gbs(case.bytes_moved(shape, dtype), n_sets, n_calls, flush))
+    harness.attach_floor(records, size_copy_gbs(case.bytes_moved(shape, dtype), n_sets, n_calls, flush),
+                         "size_copy_gbs", "pct_of_size_copy")
     return records
-
-
-def add_size_copy(records: list[dict], gbs: float | None) -> None:
-    """Set size_copy_gbs on every record of a shape and pct_of_size_copy where it has a rate."""
-    for r in records:
-        r["size_copy_gbs"] = gbs
-        if gbs and r.get("gbs"):
-            r["pct_of_size_copy"] = 100 * r["gbs"] / gbs
 
 
 def add_speedup(records: list[dict]) -> None:
