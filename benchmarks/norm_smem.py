@@ -20,9 +20,9 @@ Rows a program: M / SMs (one program an SM: a 64K row is 128 KB of shared memory
 
     python benchmarks/norm_smem.py --out DIR    # on an H100/H200: checks, then times against the Triton kernel
 
-Outcome on an H200 (NOTES.md, fourteenth session): correct (tests/test_norm_smem.py on the
-GPU), but slower than the Triton kernel's picks: rms_norm 64K 86.5% against 89.7%, 32K 87.7
-against 95.1%, layer_norm 64K 64-68% against 80%.
+Outcome on an H200 (NOTES.md, fourteenth session, four runs): correct (tests/test_norm_smem.py
+on the GPU), but slower than the Triton kernel's picks: rms_norm 64K 86.5% against 89.7%, 32K
+87.7 against 95.1%, layer_norm 64K 64-68% against 80%; TMA stores (``tma_store``) lower still.
 """
 
 from __future__ import annotations
@@ -61,9 +61,11 @@ def _chunk_load(x_desc, xs, bars, g, pid, P, T, RPC: gl.constexpr, CPR: gl.const
 
 
 @gluon.jit
-def _norm_smem_kernel(x_desc, y_ptr, w_ptr, b_ptr, M, eps,
+def _norm_smem_kernel(x_desc, y_desc, y_ptr, w_ptr, b_ptr, M, eps,
                       N: gl.constexpr, CHUNK: gl.constexpr, NSLOT: gl.constexpr, IS_RMS: gl.constexpr,
-                      WARPS: gl.constexpr):
+                      WARPS: gl.constexpr, TMA_STORE: gl.constexpr = False):
+    """TMA_STORE: y leaves through two staging slots of shared memory and TMA stores (one
+    thread issues them) instead of every thread's global stores."""
     RPC: gl.constexpr = CHUNK // 64    # box rows a chunk
     CPR: gl.constexpr = N // CHUNK     # chunks a row
     gl.static_assert(CPR <= NSLOT, "a row must fit the ring")
@@ -73,6 +75,8 @@ def _norm_smem_kernel(x_desc, y_ptr, w_ptr, b_ptr, M, eps,
     rows_mine = (M - pid + P - 1) // P
     T = rows_mine * CPR
     xs = gl.allocate_shared_memory(x_desc.dtype, [NSLOT, RPC, 64], x_desc.layout)
+    if TMA_STORE:
+        ys = gl.allocate_shared_memory(y_desc.dtype, [2, RPC, 64], y_desc.layout)
     bars = gl.allocate_shared_memory(gl.int64, [NSLOT, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NSLOT):
         mbarrier.init(bars.index(i), count=1)
@@ -81,31 +85,33 @@ def _norm_smem_kernel(x_desc, y_ptr, w_ptr, b_ptr, M, eps,
     r_idx = gl.arange(0, RPC, layout=gl.SliceLayout(1, layout))
     c_idx = gl.arange(0, 64, layout=gl.SliceLayout(0, layout))
     offs = r_idx[:, None] * 64 + c_idx[None, :]  # (RPC, 64): element of the chunk
+    # The weight (and bias) a chunk ahead, from L2: issued behind the chunk's barrier it would
+    # stall every chunk (rms_norm 64K at 8192 x 8 warps 70.6 -> 82.0%, NOTES.md); the last
+    # chunk's prefetch is the next row's chunk 0.
+    w_nxt = gl.load(w_ptr + offs)
+    b_nxt = w_nxt
+    if not IS_RMS:
+        b_nxt = gl.load(b_ptr + offs)
     for it in range(rows_mine):
         row = pid + it * P
         g0 = it * CPR
-        # The weight (and bias) of chunk 0, in flight across pass 1: pass 2 takes each
-        # chunk's from L2 one chunk ahead (~1 us a load: issued behind the chunk's barrier
-        # it would stall every chunk: rms_norm 64K at 8192 x 8 warps 70.6 -> 82.0%, NOTES.md).
-        w_nxt = gl.load(w_ptr + offs)
-        b_nxt = w_nxt
-        if not IS_RMS:
-            b_nxt = gl.load(b_ptr + offs)
         # -- pass 1: the row's statistics from shared memory -------------------------------
         # (LayerNorm: sums of d = x - s around s = the row's first element, one pass; see
         # _norm_jit's shifted-data algorithm)
+        shift = 0.0
+        if not IS_RMS:
+            mbarrier.wait(bars.index(g0 % NSLOT), (g0 // NSLOT) & 1)
+            v0 = xs.index(g0 % NSLOT).load(layout).to(gl.float32)
+            shift = gl.sum(gl.sum(gl.where(offs == 0, v0, 0.0), axis=1), axis=0)
         acc = gl.zeros([RPC, 64], gl.float32, layout)
         acc1 = gl.zeros([RPC, 64], gl.float32, layout)
-        shift = 0.0
-        for c in gl.static_range(CPR):
+        for c in range(CPR):
             g = g0 + c
             mbarrier.wait(bars.index(g % NSLOT), (g // NSLOT) & 1)
             v = xs.index(g % NSLOT).load(layout).to(gl.float32)
             if IS_RMS:
                 acc += v * v
             else:
-                if c == 0:
-                    shift = gl.sum(gl.sum(gl.where(offs == 0, v, 0.0), axis=1), axis=0)
                 d = v - shift
                 acc1 += d
                 acc += d * d
@@ -119,29 +125,39 @@ def _norm_smem_kernel(x_desc, y_ptr, w_ptr, b_ptr, M, eps,
             rstd = gl.rsqrt(gl.maximum(total / N - m1 * m1, 0.0) + eps)
         # -- pass 2: normalize, store, hand each slot back to the TMA ------------------------
         y_row = y_ptr + row.to(gl.int64) * N
-        for c in gl.static_range(CPR):
+        for c in range(CPR):
             g = g0 + c
             w = w_nxt.to(gl.float32)
             b = b_nxt.to(gl.float32)
-            if c + 1 < CPR:
-                w_nxt = gl.load(w_ptr + (c + 1) * CHUNK + offs)
-                if not IS_RMS:
-                    b_nxt = gl.load(b_ptr + (c + 1) * CHUNK + offs)
+            nxt = ((c + 1) % CPR) * CHUNK
+            w_nxt = gl.load(w_ptr + nxt + offs)
+            if not IS_RMS:
+                b_nxt = gl.load(b_ptr + nxt + offs)
             v = xs.index(g % NSLOT).load(layout).to(gl.float32)
             if IS_RMS:  # Llama: round to x's dtype, then multiply by the weight
                 y = (v * rstd).to(y_ptr.dtype.element_ty).to(gl.float32) * w
             else:
                 y = (v - mean) * rstd * w + b
-            gl.store(y_row + c * CHUNK + offs, y.to(y_ptr.dtype.element_ty))
-            gl.thread_barrier()  # every warp has read the slot ...
-            fence_async_shared()  # ... before the TMA (the async proxy) writes it again
+            if TMA_STORE:
+                tma.store_wait(pendings=1)  # the staging slot's store of two chunks ago has read it
+                gl.thread_barrier()
+                ys.index(c % 2).store(y.to(y_desc.dtype))
+                fence_async_shared()  # the threads' writes of the slot, before the TMA reads it
+                gl.thread_barrier()  # ... and every warp's, and every warp has read the x slot
+                tma.async_copy_shared_to_global(y_desc, [row * (CPR * RPC) + c * RPC, 0], ys.index(c % 2))
+            else:
+                gl.store(y_row + c * CHUNK + offs, y.to(y_ptr.dtype.element_ty))
+                gl.thread_barrier()  # every warp has read the slot ...
+                fence_async_shared()  # ... before the TMA (the async proxy) writes it again
             _chunk_load(x_desc, xs, bars, g + NSLOT, pid, P, T, RPC, CPR, NSLOT)
+    if TMA_STORE:
+        tma.store_wait(pendings=0)
     for i in gl.static_range(NSLOT):
         mbarrier.invalidate(bars.index(i))
 
 
 def norm_smem(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float, out: torch.Tensor,
-              chunk: int = 8192, nslot: int | None = None, num_warps: int = 8) -> torch.Tensor:
+              chunk: int = 8192, nslot: int | None = None, num_warps: int = 8, tma_store: bool = False) -> torch.Tensor:
     """RMSNorm (bias None) or LayerNorm of dense 16-bit rows x (M, N) into out, N a multiple
     of ``chunk``; ``nslot`` chunk slots of shared memory (default: the row's chunks + 8,
     up to 216 KB)."""
@@ -152,17 +168,19 @@ def norm_smem(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, 
     if out.shape != x.shape or out.dtype != x.dtype or not out.is_contiguous():
         raise ValueError(f"out must be a dense {tuple(x.shape)} {x.dtype} tensor")
     cpr = N // chunk
-    nslot = nslot or min(cpr + 8, (216 << 10) // (2 * chunk))
+    nslot = nslot or min(cpr + 8, (216 << 10) // (2 * chunk) - (2 if tma_store else 0))
     if nslot < cpr:
         raise ValueError(f"a row of {N} needs {cpr} slots of {chunk}; shared memory holds {nslot}")
     gdt = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
     layout = gl.NVMMASharedLayout.get_default_for([chunk // BOX_COLS, BOX_COLS], gdt)
     x2 = x.view(M * N // BOX_COLS, BOX_COLS)
     desc = TensorDescriptor(x2, list(x2.shape), list(x2.stride()), [chunk // BOX_COLS, BOX_COLS], layout)
+    y2 = out.view(M * N // BOX_COLS, BOX_COLS)
+    y_desc = TensorDescriptor(y2, list(y2.shape), list(y2.stride()), [chunk // BOX_COLS, BOX_COLS], layout)
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-    _norm_smem_kernel[(min(M, sms),)](desc, out, weight, bias if bias is not None else weight, M, eps,
+    _norm_smem_kernel[(min(M, sms),)](desc, y_desc, out, weight, bias if bias is not None else weight, M, eps,
                                       N=N, CHUNK=chunk, NSLOT=nslot, IS_RMS=bias is None, WARPS=num_warps,
-                                      num_warps=num_warps)
+                                      TMA_STORE=tma_store, num_warps=num_warps)
     return out
 
 
@@ -192,10 +210,11 @@ def main() -> int:
             ref = torch.empty_like(y0)
             norm._launch(x0, None, w, b, ref, None, 1e-6, is_rms, False)
             variants = {"triton (pick)": lambda x, y: norm._launch(x, None, w, b, y, None, 1e-6, is_rms, False)}
-            for chunk, warps in ((8192, 8), (8192, 16), (8192, 32), (16384, 16)):
-                if width % chunk == 0 and width // chunk <= (216 << 10) // (2 * chunk):
-                    variants[f"smem {chunk} x {warps}w"] = \
-                        lambda x, y, c=chunk, nw=warps: norm_smem(x, w, b, 1e-6, y, c, None, nw)
+            for chunk, warps, tst in ((8192, 8, False), (8192, 8, True), (8192, 16, True), (16384, 16, False),
+                                      (16384, 16, True)):
+                if width % chunk == 0 and width // chunk <= (216 << 10) // (2 * chunk) - (2 if tst else 0):
+                    variants[f"smem {chunk} x {warps}w{' tma-st' if tst else ''}"] = \
+                        lambda x, y, c=chunk, nw=warps, t=tst: norm_smem(x, w, b, 1e-6, y, c, None, nw, t)
             for label, f in variants.items():
                 rec = {"family": "rms_norm" if is_rms else "layer_norm", "rows": rows, "width": width,
                        "variant": label}
