@@ -242,7 +242,8 @@ def _bench_attention(args: argparse.Namespace) -> int:
 def _bench_decode_attention(args: argparse.Namespace) -> int:
     import torch
 
-    from .bench.decode_attn import run_decode_bench, run_decode_check
+    from .bench.decode_attn import run_decode_bench
+    from .bench.decode_check import run_decode_check
 
     if not torch.cuda.is_available():
         return run_decode_check()
