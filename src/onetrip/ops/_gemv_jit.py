@@ -1,9 +1,11 @@
 """@triton.jit helpers of the one-row GEMV (``skinny_matmul._skinny_matmul_kernel`` at
 batch 1): a K chunk's weight tile, its products with the prologue-made x (SwiGLU, RMSNorm's
-gain), and RMSNorm's statistic from the producer's partial sums."""
+gain), RMSNorm's statistic from the producer's partial sums, and one program's K loop."""
 
 import triton
 import triton.language as tl
+
+from ._jit import gdc_launch_dependents, gdc_wait, pdl_start
 
 
 @triton.jit
@@ -60,3 +62,55 @@ def _row_products(w, x_ptr, nw_ptr, k, k_hi, K, rstd, EVEN_K: tl.constexpr, SILU
     if NORM_IN and not NORM_LATE:
         x = x * rstd
     return w.to(ACC) * x[None, :]
+
+
+@triton.jit
+def _gemv_row(x_ptr, w_rows, k_lo, k_hi, K, stride_wk, col_ok, ss_in_ptr, n_ss, nw_ptr, eps,
+              NORM_IN: tl.constexpr, NORM_LATE: tl.constexpr, BLOCK_SS: tl.constexpr, EVEN_K: tl.constexpr,
+              SILU_MUL: tl.constexpr, BLOCK_K: tl.constexpr, ACC: tl.constexpr, PDL: tl.constexpr,
+              EARLY: tl.constexpr):
+    """One program's (1, BLOCK_N) dot products of a one-row GEMV over K in [k_lo, k_hi), in
+    ``ACC``: the weight rows at ``w_rows`` (BLOCK_N, 1) pointers, x made by the prologue
+    (``_row_products``), the PDL wait placed as ``EARLY`` says: the one-row path of
+    ``skinny_matmul._skinny_matmul_kernel``, a function so that other kernels can hold
+    GEMV programs (``benchmarks/experiments/gemv-attention.patch``)."""
+    ks = tl.arange(0, BLOCK_K)
+    k = k_lo + ks
+    if PDL > 0 and EARLY > 0:
+        # The weight never depends on the previous kernel: let the next kernel be
+        # scheduled, put this program's first EARLY chunks in flight, and only then
+        # wait for the previous kernel's writes (x, the residual, the norm's partials).
+        gdc_launch_dependents()
+        w = _row_weights(w_rows, k, k_hi, col_ok, stride_wk, EVEN_K)
+        if EARLY > 1:  # the second chunk, if the program has one (a scalar test: 16-byte loads stay)
+            k_b = k + BLOCK_K
+            has_b = k_lo + BLOCK_K < k_hi
+            w_b = _row_weights(w_rows, k_b, k_hi, col_ok & has_b, stride_wk, EVEN_K)
+        gdc_wait()
+    else:
+        # Launched early under PDL: nothing the previous kernel wrote is read, and
+        # nothing is written, before this wait.
+        pdl_start(PDL)
+        w = _row_weights(w_rows, k, k_hi, col_ok, stride_wk, EVEN_K)
+    rstd = 1.0
+    if NORM_IN and not NORM_LATE:
+        # The row's sum of squares arrives as the producer GEMV's per-program partials
+        # (n_ss floats, summed here in a fixed order: deterministic, no atomics).
+        rstd = _rstd(ss_in_ptr, n_ss, K, eps, BLOCK_SS, ACC)
+    acc2 = _row_products(w, x_ptr, nw_ptr, k, k_hi, K, rstd, EVEN_K, SILU_MUL, NORM_IN, NORM_LATE, ACC)
+    loop_lo = k_lo + BLOCK_K
+    if PDL > 0 and EARLY > 1:
+        if has_b:
+            acc2 += _row_products(w_b, x_ptr, nw_ptr, k_b, k_hi, K, rstd, EVEN_K, SILU_MUL, NORM_IN, NORM_LATE,
+                                  ACC)
+        loop_lo += BLOCK_K
+    for k0 in range(loop_lo, k_hi, BLOCK_K):
+        k = k0 + ks
+        w = _row_weights(w_rows, k, k_hi, col_ok, stride_wk, EVEN_K)
+        acc2 += _row_products(w, x_ptr, nw_ptr, k, k_hi, K, rstd, EVEN_K, SILU_MUL, NORM_IN, NORM_LATE, ACC)
+    acc = tl.sum(acc2, axis=1)[None, :]  # (1, BLOCK_N)
+    if NORM_IN and NORM_LATE:
+        # rsqrt is one scalar per row, so it factors out of the dot product: its
+        # partials load overlaps the whole K loop instead of gating the first FMA.
+        acc = acc * _rstd(ss_in_ptr, n_ss, K, eps, BLOCK_SS, ACC)
+    return acc

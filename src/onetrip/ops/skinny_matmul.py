@@ -43,8 +43,8 @@ from ._common import (
     sm_count,
     use_triton,
 )
-from ._gemv_jit import _row_products, _row_weights, _rstd
-from ._jit import cast_out, gdc_launch_dependents, gdc_wait, pdl_start
+from ._gemv_jit import _gemv_row
+from ._jit import cast_out, pdl_start
 from .glu import silu_mul as glu_silu_mul  # the unfused path of silu_mul_matmul
 
 MAX_ROWS = 32  # above this many rows, F.linear (cuBLAS) runs instead
@@ -94,44 +94,8 @@ def _skinny_matmul_kernel(
         # float64 for float32 x: a float32 sum of 5000 products missed the 2 x PyTorch rule
         # on the H200 (cuBLAS's float32 GEMV is that accurate), and Hopper's float64 FMA
         # runs at half the float32 rate, far above what a GEMV's bytes allow.
-        k = k_lo + ks
-        if PDL > 0 and EARLY > 0:
-            # The weight never depends on the previous kernel: let the next kernel be
-            # scheduled, put this program's first EARLY chunks in flight, and only then
-            # wait for the previous kernel's writes (x, the residual, the norm's partials).
-            gdc_launch_dependents()
-            w = _row_weights(w_rows, k, k_hi, col_ok, stride_wk, EVEN_K)
-            if EARLY > 1:  # the second chunk, if the program has one (a scalar test: 16-byte loads stay)
-                k_b = k + BLOCK_K
-                has_b = k_lo + BLOCK_K < k_hi
-                w_b = _row_weights(w_rows, k_b, k_hi, col_ok & has_b, stride_wk, EVEN_K)
-            gdc_wait()
-        else:
-            # Launched early under PDL: nothing the previous kernel wrote is read, and
-            # nothing is written, before this wait.
-            pdl_start(PDL)
-            w = _row_weights(w_rows, k, k_hi, col_ok, stride_wk, EVEN_K)
-        rstd = 1.0
-        if NORM_IN and not NORM_LATE:
-            # The row's sum of squares arrives as the producer GEMV's per-program partials
-            # (n_ss floats, summed here in a fixed order: deterministic, no atomics).
-            rstd = _rstd(ss_in_ptr, n_ss, K, eps, BLOCK_SS, ACC)
-        acc2 = _row_products(w, x_ptr, nw_ptr, k, k_hi, K, rstd, EVEN_K, SILU_MUL, NORM_IN, NORM_LATE, ACC)
-        loop_lo = k_lo + BLOCK_K
-        if PDL > 0 and EARLY > 1:
-            if has_b:
-                acc2 += _row_products(w_b, x_ptr, nw_ptr, k_b, k_hi, K, rstd, EVEN_K, SILU_MUL, NORM_IN, NORM_LATE,
-                                      ACC)
-            loop_lo += BLOCK_K
-        for k0 in range(loop_lo, k_hi, BLOCK_K):
-            k = k0 + ks
-            w = _row_weights(w_rows, k, k_hi, col_ok, stride_wk, EVEN_K)
-            acc2 += _row_products(w, x_ptr, nw_ptr, k, k_hi, K, rstd, EVEN_K, SILU_MUL, NORM_IN, NORM_LATE, ACC)
-        acc = tl.sum(acc2, axis=1)[None, :]  # (1, BLOCK_N)
-        if NORM_IN and NORM_LATE:
-            # rsqrt is one scalar per row, so it factors out of the dot product: its
-            # partials load overlaps the whole K loop instead of gating the first FMA.
-            acc = acc * _rstd(ss_in_ptr, n_ss, K, eps, BLOCK_SS, ACC)
+        acc = _gemv_row(x_ptr, w_rows, k_lo, k_hi, K, stride_wk, col_ok, ss_in_ptr, n_ss, nw_ptr, eps,
+                        NORM_IN, NORM_LATE, BLOCK_SS, EVEN_K, SILU_MUL, BLOCK_K, ACC, PDL, EARLY)
     else:
         pdl_start(PDL)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
