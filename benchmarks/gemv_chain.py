@@ -157,6 +157,42 @@ def mlp_problem(hidden: int, inter: int, dev, dt=torch.bfloat16) -> dict:
             "cfg1": sm._gemv_config(2 * inter, hidden, "plain"), "cfg2": sm._gemv_config(hidden, inter, "plain")}
 
 
+def engine_variants(p: dict) -> dict:
+    """The engine's launches on an ``mlp_problem``: the pair (gate_up, then down with SwiGLU
+    in its prologue, under PDL as the engine launches them) and each kernel alone."""
+    x2, mid2, y2, cfg1, cfg2 = p["x"][None], p["mid"][None], p["y"][None], p["cfg1"], p["cfg2"]
+    return {"engine pair": lambda w1, w2: (sm._launch(x2, w1, None, mid2, cfg1),
+                                           sm._launch(mid2, w2, None, y2, cfg2, silu_mul=True)),
+            "engine gate_up alone": lambda w1, w2: sm._launch(x2, w1, None, mid2, cfg1),
+            "engine down alone": lambda w1, w2: sm._launch(mid2, w2, None, y2, cfg2, silu_mul=True)}
+
+
+def run_variant(preset: str, label: str, f, p: dict, flush, sync, calls: int = 1, check: bool = True,
+                prepare=None) -> dict:
+    """One variant of a chain experiment: the time per call of one CUDA graph of calls over
+    the weight copies (``sweep_gemv.time_per_call``), then ``calls`` more on the first copy
+    (after ``prepare``) with y poisoned, y's max error relative to the float32 reference
+    (NaN unchecked), and the barrier's counters after. Errors are recorded, not raised."""
+    from sweep_gemv import time_per_call  # noqa: PLC0415 - GPU runs only
+
+    ws, y, ref = p["ws"], p["y"], p["ref"]
+    try:
+        us = 1e3 * time_per_call([lambda w=w: f(*w) for w in ws], flush)
+        y.fill_(float("nan"))
+        if prepare is not None:
+            prepare()
+        for _ in range(calls):
+            f(*ws[0])
+        torch.cuda.synchronize()
+        err = (y.float() - ref).abs().max().item() / ref.abs().max().item() if check else float("nan")
+        row = {"us": us, "rel_err": err, "sync_after": sync.tolist()}
+    except Exception as exc:  # noqa: BLE001 - recorded
+        row = {"error": f"{type(exc).__name__}: {exc}"[:400]}
+    print(f"{preset:13s} {label:36s} " + (f"{row['us']:7.2f} us  err {row['rel_err']:.1e}  sync {row['sync_after']}"
+                                          if "us" in row else row["error"]), flush=True)
+    return row
+
+
 def main() -> int:
     from sweep_gemv import time_per_call  # noqa: PLC0415 - GPU runs only
 

@@ -45,7 +45,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gemv_chain import SHAPES, mlp_problem  # noqa: E402  (the same MLP shapes, weight copies and configs)
+from gemv_chain import SHAPES, engine_variants, mlp_problem, run_variant  # noqa: E402  (the same MLP shapes, weight copies, configs and timing)
 from gemv_chain import gemv_chain_ref  # noqa: E402
 from onetrip.ops._common import is_interpreting, sm_count  # noqa: E402
 from onetrip.ops._gemv_jit import _row_weights  # noqa: E402
@@ -173,8 +173,6 @@ def persist_chain(x, w1, w2, mid, y, sync, tiles, num_warps=8, occ=2, preload=Tr
 
 
 def main() -> int:
-    from sweep_gemv import time_per_call  # noqa: PLC0415 - GPU runs only
-
     from onetrip.bench import harness
 
     ap = argparse.ArgumentParser()
@@ -190,16 +188,10 @@ def main() -> int:
     for preset, (hidden, inter) in SHAPES.items():
         b1, b2 = 2 * 2 * inter * hidden, 2 * hidden * inter
         p = mlp_problem(hidden, inter, dev, dt)
-        ws, x, mid, y, ref, cfg1, cfg2 = (p[k] for k in ("ws", "x", "mid", "y", "ref", "cfg1", "cfg2"))
+        x, mid, y, cfg1, cfg2 = (p[k] for k in ("x", "mid", "y", "cfg1", "cfg2"))
         sync = torch.zeros(2, dtype=torch.int32, device=dev)
         tiles = ((cfg1.block_n, cfg1.block_k), (cfg2.block_n, cfg2.block_k))
-        x2, mid2, y2 = x[None], mid[None], y[None]
-        variants = {
-            "engine pair": lambda w1, w2: (sm._launch(x2, w1, None, mid2, cfg1),
-                                           sm._launch(mid2, w2, None, y2, cfg2, silu_mul=True)),
-            "engine gate_up alone": lambda w1, w2: sm._launch(x2, w1, None, mid2, cfg1),
-            "engine down alone": lambda w1, w2: sm._launch(mid2, w2, None, y2, cfg2, silu_mul=True),
-        }
+        variants = engine_variants(p)
         # (4 warps: 155 registers, 3 programs an SM at most; the engine's GEMVs run unpipelined)
         for warps, occ, stages in ((4, 1, 3), (4, 2, 3), (8, 1, 3), (8, 2, 3), (8, 3, 3), (8, 2, 1), (8, 3, 1),
                                    (8, 4, 1)):
@@ -223,21 +215,9 @@ def main() -> int:
         row = {"preset": preset, "tiles": tiles, "floor_us": {"both": (b1 + b2) / copy / 1e3,
                                                               "gate_up": b1 / copy / 1e3, "down": b2 / copy / 1e3}}
         for label, f in variants.items():
-            try:
-                us = 1e3 * time_per_call([lambda w=w, f=f: f(*w) for w in ws], flush)
-                y.fill_(float("nan"))
-                f(*ws[0])
-                f(*ws[0])
-                torch.cuda.synchronize()
-                err = (y.float() - ref).abs().max().item() / ref.abs().max().item()
-                row[label] = {"us": us, "rel_err": err, "sync_after": sync.tolist()}
-            except Exception as exc:  # noqa: BLE001 - recorded
-                row[label] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-            v = row[label]
-            print(f"{preset:13s} {label:34s} " + (f"{v['us']:7.2f} us  err {v['rel_err']:.1e}  sync {v['sync_after']}"
-                                                   if "us" in v else v["error"]), flush=True)
+            row[label] = run_variant(preset, label, f, p, flush, sync, calls=2)
         result["rows"].append(row)
-        del ws
+        del p
         torch.cuda.empty_cache()
     (args.out / "persist-chain.json").write_text(json.dumps(result, indent=1))
     return 0

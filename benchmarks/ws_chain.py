@@ -83,26 +83,28 @@ def mlp_config(n_down: int) -> MlpConfig:
 
 
 @gluon.jit
+def _stream(desc, bufs, ready, empty, i, pid, P, nb, kb, R: gl.constexpr, NSLOT: gl.constexpr):
+    """This program's row blocks of one weight into the ring, from ring position ``i``;
+    returns the position after them."""
+    for b in range(pid, nb, P):
+        for kc in range(kb):
+            slot = i % NSLOT
+            mbarrier.wait(empty.index(slot), ((i // NSLOT) & 1) ^ 1)
+            mbarrier.expect(ready.index(slot), desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(desc, [b * R, kc * BOX_K], ready.index(slot), bufs.index(slot))
+            i += 1
+    return i
+
+
+@gluon.jit
 def _producer(w1_desc, w2_desc, bufs, ready, empty, pid, P, nb1, nb2, kb1, kb2, PART: gl.constexpr,
               R: gl.constexpr, NSLOT: gl.constexpr):
     """Stream this program's boxes: phase 1's row blocks, then phase 2's, through the ring."""
     i = 0
     if PART != 2:
-        for b in range(pid, nb1, P):
-            for kc in range(kb1):
-                slot = i % NSLOT
-                mbarrier.wait(empty.index(slot), ((i // NSLOT) & 1) ^ 1)
-                mbarrier.expect(ready.index(slot), w1_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(w1_desc, [b * R, kc * BOX_K], ready.index(slot), bufs.index(slot))
-                i += 1
+        i = _stream(w1_desc, bufs, ready, empty, i, pid, P, nb1, kb1, R, NSLOT)
     if PART != 1:
-        for b in range(pid, nb2, P):
-            for kc in range(kb2):
-                slot = i % NSLOT
-                mbarrier.wait(empty.index(slot), ((i // NSLOT) & 1) ^ 1)
-                mbarrier.expect(ready.index(slot), w2_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(w2_desc, [b * R, kc * BOX_K], ready.index(slot), bufs.index(slot))
-                i += 1
+        _stream(w2_desc, bufs, ready, empty, i, pid, P, nb2, kb2, R, NSLOT)
 
 
 @gluon.jit
@@ -313,8 +315,7 @@ def ws_chain(x, w1, w2, mid, y, sync, part=0, R=16, nslot=16, warps=4, ch=2048, 
 
 
 def main() -> int:
-    from gemv_chain import SHAPES, mlp_problem  # noqa: PLC0415
-    from sweep_gemv import time_per_call  # noqa: PLC0415
+    from gemv_chain import SHAPES, engine_variants, mlp_problem, run_variant  # noqa: PLC0415
 
     from onetrip.bench import harness
     import importlib
@@ -334,15 +335,10 @@ def main() -> int:
         hidden, inter = SHAPES[preset]
         b1, b2 = 2 * 2 * inter * hidden, 2 * hidden * inter
         p = mlp_problem(hidden, inter, dev, dt)
-        ws, x, mid, y, ref, cfg1, cfg2 = (p[k] for k in ("ws", "x", "mid", "y", "ref", "cfg1", "cfg2"))
+        x, mid, y = p["x"], p["mid"], p["y"]
+        x2 = x[None]
         sync = torch.zeros(2, dtype=torch.int32, device=dev)
-        x2, mid2, y2 = x[None], mid[None], y[None]
-        variants = {
-            "engine pair": lambda w1, w2: (sm._launch(x2, w1, None, mid2, cfg1),
-                                           sm._launch(mid2, w2, None, y2, cfg2, silu_mul=True)),
-            "engine gate_up alone": lambda w1, w2: sm._launch(x2, w1, None, mid2, cfg1),
-            "engine down alone": lambda w1, w2: sm._launch(mid2, w2, None, y2, cfg2, silu_mul=True),
-        }
+        variants = engine_variants(p)
         nw = torch.ones(hidden, device=dev, dtype=dt)
         ss = x.float().square().sum().reshape(1)
         ss_out = torch.empty(sm_count(x.device), dtype=torch.float32, device=dev)
@@ -365,25 +361,15 @@ def main() -> int:
         row = {"preset": preset, "floor_us": {"both": (b1 + b2) / copy / 1e3, "gate_up": b1 / copy / 1e3,
                                               "down": b2 / copy / 1e3}}
         for label, f in variants.items():
-            try:
-                us = 1e3 * time_per_call([lambda w=w, f=f: f(*w) for w in ws], flush)
-                y.fill_(float("nan"))
-                mid.fill_(float("nan"))
+            def prepare(label=label, p=p):
+                p["mid"].fill_(float("nan"))
                 if "phase 2" in label:  # its input from the engine's phase 1
-                    sm._launch(x2, ws[0][0], None, mid2, cfg1)
-                f(*ws[0])
-                torch.cuda.synchronize()
-                err = float("nan") if "phase 1" in label or "gate_up" in label or "norm" in label else \
-                    (y.float() - ref).abs().max().item() / ref.abs().max().item()
-                row[label] = {"us": us, "rel_err": err, "sync_after": sync.tolist()}
-            except Exception as exc:  # noqa: BLE001 - recorded
-                row[label] = {"error": f"{type(exc).__name__}: {exc}"[:400]}
-            v = row[label]
-            print(f"{preset:13s} {label:36s} " + (f"{v['us']:7.2f} us  err {v['rel_err']:.1e}  sync {v['sync_after']}"
-                                                   if "us" in v else v["error"]), flush=True)
+                    sm._launch(x2, p["ws"][0][0], None, mid[None], p["cfg1"])
+            row[label] = run_variant(preset, label, f, p, flush, sync, prepare=prepare,
+                                     check=not ("phase 1" in label or "gate_up" in label or "norm" in label))
         result["rows"].append(row)
         (args.out / "ws-chain.json").write_text(json.dumps(result, indent=1))
-        del ws
+        del p
         torch.cuda.empty_cache()
     return 0
 

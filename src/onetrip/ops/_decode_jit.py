@@ -1,8 +1,7 @@
 """@triton.jit code of decode attention (``decode_attention.py`` has the op, its launch and
 its reference): a K/V tile, one tile folded into the online softmax, and one program's whole
-work, ``_decode_program``, which ``_decode_kernel`` runs for every program (a function, so
-that a kernel with other programs beside the attention's can run it too: the qkv GEMV +
-attention experiment, ``benchmarks/experiments/gemv-attention.patch``)."""
+work, ``_decode_kernel`` (a program per (sequence, kv head) and split; the launch, the
+split merge and the op are in ``decode_attention.py``)."""
 
 import triton
 import triton.language as tl
@@ -54,8 +53,7 @@ def _attend_tile(q, k, v, j, j_ok, qpos, m_i, l_i, acc, qk_scale, softcap_log2, 
 
 
 @triton.jit
-def _decode_program(
-    pid, split,                        # (sequence * kv_heads + kv head, split) of this program
+def _decode_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr,        # q, out (B, Q_LEN, H, D); caches (blocks, block_size, KVH, D)
     k_desc, v_desc,                    # USE_TMA: descriptors over the (B, max_seq, KVH, D) caches, else None
     seqlens_ptr, table_ptr,            # (B,) int32; (B, max_blocks) int32 when PAGED
@@ -77,11 +75,11 @@ def _decode_program(
     MIN_TILES: tl.constexpr,                        # the fewest key tiles a split takes
     APPEND: tl.constexpr, INTERLEAVED: tl.constexpr,  # rope + cache write of the new tokens (_decode_append)
     BLOCK_Q: tl.constexpr,                          # APPEND: the new tokens as one key tile (>= 16 for tl.dot)
-    TABLE_AHEAD: tl.constexpr,              # PAGED: load the next tile's table entries early
-    USE_TMA: tl.constexpr,                  # contiguous: K/V tiles through k_desc, v_desc (_decode_tma)
+    TABLE_AHEAD: tl.constexpr = False,              # PAGED: load the next tile's table entries early
+    USE_TMA: tl.constexpr = False,                  # contiguous: K/V tiles through k_desc, v_desc (_decode_tma)
 ):
-    """One program of the decode kernel: (sequence * kv_heads + kv head) ``pid``, split
-    ``split`` (see ``_decode_kernel``)."""
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
     b = pid // kv_heads
     kvh = pid % kv_heads
     L = tl.load(seqlens_ptr + b)

@@ -38,10 +38,9 @@ from typing import Optional
 
 import torch
 import triton
-import triton.language as tl
 
 from ._common import call_op, output, sm_count, use_triton
-from ._decode_jit import _decode_program
+from ._decode_jit import _decode_kernel
 from ._decode_tma import kv_descriptors
 from ._kv_checks import MAX_Q_LEN, _check_args  # noqa: F401 - MAX_Q_LEN re-exported (models.fused)
 from ._split_merge import _merge_kernel
@@ -58,43 +57,6 @@ MIN_TILES = 4
 # Splits the merge takes whole rows of head_dim for; more are merged in slices of 32 dims, a
 # program each, so that tens of partials still load in one round trip.
 MERGE_WHOLE = 8
-
-
-@triton.jit
-def _decode_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr,        # q, out (B, Q_LEN, H, D); caches (blocks, block_size, KVH, D)
-    k_desc, v_desc,                    # USE_TMA: descriptors over the (B, max_seq, KVH, D) caches, else None
-    seqlens_ptr, table_ptr,            # (B,) int32; (B, max_blocks) int32 when PAGED
-    ws_o_ptr, ws_lse_ptr,              # SPLIT: (B * KVH, S, GROUP * Q_LEN, D) and (B * KVH, S, GROUP * Q_LEN) fp32
-    kn_ptr, vn_ptr, cos_ptr, sin_ptr,  # APPEND: new k, v (B, Q_LEN, KVH, D); rotary tables (max_pos, half)
-    kv_heads, num_splits, head_dim, half,
-    stride_qb, stride_qs, stride_qh,
-    stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh,
-    stride_ob, stride_os, stride_oh,
-    stride_tb,
-    stride_knb, stride_kns, stride_knh, stride_vnb, stride_vns, stride_vnh, stride_cos, stride_sin,
-    qk_scale, softcap_log2, window_left,
-    GROUP: tl.constexpr, Q_LEN: tl.constexpr,
-    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,   # constexpr: j // PAGE_SIZE becomes a shift
-    SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, SPLIT: tl.constexpr,
-    PRECISION: tl.constexpr,                        # "ieee" for float32 (no TF32), else "tf32"
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    MIN_TILES: tl.constexpr,                        # the fewest key tiles a split takes
-    APPEND: tl.constexpr, INTERLEAVED: tl.constexpr,  # rope + cache write of the new tokens (_decode_append)
-    BLOCK_Q: tl.constexpr,                          # APPEND: the new tokens as one key tile (>= 16 for tl.dot)
-    TABLE_AHEAD: tl.constexpr = False,              # PAGED: load the next tile's table entries early
-    USE_TMA: tl.constexpr = False,                  # contiguous: K/V tiles through k_desc, v_desc (_decode_tma)
-):
-    """A program per (sequence * kv_heads + kv head, split): ``_decode_jit._decode_program``."""
-    _decode_program(
-        tl.program_id(0), tl.program_id(1), q_ptr, k_ptr, v_ptr, o_ptr, k_desc, v_desc, seqlens_ptr,
-        table_ptr, ws_o_ptr, ws_lse_ptr, kn_ptr, vn_ptr, cos_ptr, sin_ptr, kv_heads, num_splits, head_dim,
-        half, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
-        stride_vh, stride_ob, stride_os, stride_oh, stride_tb, stride_knb, stride_kns, stride_knh,
-        stride_vnb, stride_vns, stride_vnh, stride_cos, stride_sin, qk_scale, softcap_log2, window_left,
-        GROUP, Q_LEN, PAGED, PAGE_SIZE, SOFTCAP, HAS_WINDOW, SPLIT, PRECISION, BLOCK_M, BLOCK_N, BLOCK_D,
-        MIN_TILES, APPEND, INTERLEAVED, BLOCK_Q, TABLE_AHEAD, USE_TMA)
 
 
 @dataclass(frozen=True)
