@@ -157,6 +157,25 @@ def mlp_problem(hidden: int, inter: int, dev, dt=torch.bfloat16) -> dict:
             "cfg1": sm._gemv_config(2 * inter, hidden, "plain"), "cfg2": sm._gemv_config(hidden, inter, "plain")}
 
 
+def chain_setup(presets: bool = False):
+    """The GPU chain experiments' start: the command line (--out; --presets with ``presets``),
+    the copy bandwidth, an L2 flush buffer and the results' meta. Returns (args, copy,
+    flush, result) with result = {"meta": ..., "rows": []}."""
+    from onetrip.bench import harness  # noqa: PLC0415
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, default=Path("gpu-out"))
+    if presets:
+        ap.add_argument("--presets", nargs="+", default=list(SHAPES))
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    copy = harness.copy_bandwidth_gbs("cuda")
+    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "copy_gbs": copy, "sms": torch.cuda.get_device_properties(0).multi_processor_count,
+            "date": time.strftime("%Y-%m-%d %H:%M")}
+    return args, copy, harness.new_flush_buffer(), {"meta": meta, "rows": []}
+
+
 def engine_variants(p: dict) -> dict:
     """The engine's launches on an ``mlp_problem``: the pair (gate_up, then down with SwiGLU
     in its prologue, under PDL as the engine launches them) and each kernel alone."""

@@ -30,12 +30,10 @@ against the engine pair's 30.9; the barrier saved 1.1-1.3 us of a boundary, PDL 
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import itertools
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -45,7 +43,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gemv_chain import SHAPES, engine_variants, mlp_problem, run_variant  # noqa: E402  (the same MLP shapes, weight copies, configs and timing)
+from gemv_chain import SHAPES, chain_setup, engine_variants, mlp_problem, run_variant  # noqa: E402  (the same MLP shapes, weight copies, configs and timing)
 from gemv_chain import gemv_chain_ref  # noqa: E402
 from onetrip.ops._common import is_interpreting, sm_count  # noqa: E402
 from onetrip.ops._gemv_jit import _row_weights  # noqa: E402
@@ -173,18 +171,8 @@ def persist_chain(x, w1, w2, mid, y, sync, tiles, num_warps=8, occ=2, preload=Tr
 
 
 def main() -> int:
-    from onetrip.bench import harness
-
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=Path("gpu-out"))
-    args = ap.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
+    args, copy, flush, result = chain_setup()
     dev, dt = "cuda", torch.bfloat16
-    copy = harness.copy_bandwidth_gbs(dev)
-    flush = harness.new_flush_buffer()
-    result = {"meta": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-                       "copy_gbs": copy, "sms": sm_count(torch.device(dev)), "date": time.strftime("%Y-%m-%d %H:%M")},
-              "rows": []}
     for preset, (hidden, inter) in SHAPES.items():
         b1, b2 = 2 * 2 * inter * hidden, 2 * hidden * inter
         p = mlp_problem(hidden, inter, dev, dt)

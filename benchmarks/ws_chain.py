@@ -39,11 +39,9 @@ the engine's pair of launches.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -315,22 +313,13 @@ def ws_chain(x, w1, w2, mid, y, sync, part=0, R=16, nslot=16, warps=4, ch=2048, 
 
 
 def main() -> int:
-    from gemv_chain import SHAPES, engine_variants, mlp_problem, run_variant  # noqa: PLC0415
-
-    from onetrip.bench import harness
     import importlib
 
+    from gemv_chain import SHAPES, chain_setup, engine_variants, mlp_problem, run_variant  # noqa: PLC0415
+
     sm = importlib.import_module("onetrip.ops.skinny_matmul")
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=Path("gpu-out"))
-    ap.add_argument("--presets", nargs="+", default=list(SHAPES))
-    args = ap.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
+    args, copy, flush, result = chain_setup(presets=True)
     dev, dt = "cuda", torch.bfloat16
-    copy = harness.copy_bandwidth_gbs(dev)
-    flush = harness.new_flush_buffer()
-    result = {"meta": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-                       "copy_gbs": copy, "date": time.strftime("%Y-%m-%d %H:%M")}, "rows": []}
     for preset in args.presets:
         hidden, inter = SHAPES[preset]
         b1, b2 = 2 * 2 * inter * hidden, 2 * hidden * inter

@@ -1,7 +1,6 @@
-"""@triton.jit code of decode attention (``decode_attention.py`` has the op, its launch and
-its reference): a K/V tile, one tile folded into the online softmax, and one program's whole
-work, ``_decode_kernel`` (a program per (sequence, kv head) and split; the launch, the
-split merge and the op are in ``decode_attention.py``)."""
+"""@triton.jit code of decode attention: a K/V tile, one tile folded into the online
+softmax, and the kernel, a program per (sequence, kv head) and split (``decode_attention.py``
+has its launch, the split merge, the op and its reference)."""
 
 import triton
 import triton.language as tl
