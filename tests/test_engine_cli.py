@@ -4,6 +4,7 @@ generate, profile --model, demo, bench decode."""
 import json
 
 import pytest
+import torch
 
 from conftest import ON_GPU
 from onetrip.cli import main
@@ -79,6 +80,20 @@ def test_profile_transformers_decode(tmp_path, capsys):
     events = json.loads(trace.read_text())["traceEvents"]
     assert {e["name"] for e in events if e["name"].startswith("ProfilerStep#")} == {"ProfilerStep#0", "ProfilerStep#1"}
     assert any(e["name"] == "aten::linear" for e in events)
+
+
+@cpu_only
+def test_static_providers_return_a_callable_step():
+    """run_static hands back a zero-argument step for the kernel count: the gpt-fast
+    provider's compiled function must not be shadowed by it (on an H100 the count failed
+    with "step() takes 0 positional arguments but 2 were given")."""
+    from onetrip.bench.decode import _prompts, build, run_static
+
+    model, _ = build("tiny", torch.float32, "cpu", False)
+    for compiled in (False, True):
+        tokens, _, _, step = run_static(model, _prompts(1, 4, model.config.vocab_size), 3, compiled)
+        assert len(tokens[0]) == 3
+        step()
 
 
 def test_decode_provider_names_agree():

@@ -123,13 +123,13 @@ def run_static(model: Model, prompts: torch.Tensor, new_tokens: int, compiled: b
 
     fn = decode_one
     if compiled:
-        step = torch.compile(decode_one, mode="reduce-overhead", fullgraph=True)
+        compiled_one = torch.compile(decode_one, mode="reduce-overhead", fullgraph=True)
 
         def fn(tok, lens):
             # A CUDA-graph tree reuses its output buffers at the next replay: keep a copy
             # (gpt-fast clones its next token the same way), and mark the new step.
             torch.compiler.cudagraph_mark_step_begin()
-            return step(tok, lens).clone()
+            return compiled_one(tok, lens).clone()
     max_seq = prompts.shape[1] + new_tokens + 8
     _static_loop(model, prompts, min(new_tokens, 4), fn, max_seq)  # warm-up (and compilation)
     tokens, prefill, decode = _static_loop(model, prompts, new_tokens, fn, max_seq)
