@@ -61,7 +61,7 @@ HEADS = (32, 8, 128)  # query heads, kv heads, head dim
 CELLS = ((1, 4096, "contiguous"), (1, 8192, "contiguous"), (1, 32768, "contiguous"), (4, 8192, "contiguous"),
          (16, 1024, "contiguous"), (1, 4096, "paged-64"), (1, 131072, "paged-64"), (4, 8192, "paged-64"),
          (64, 1024, "paged-64"))
-ENGINE_PRESETS = ("llama-3.2-1b", "llama-3.1-8b")
+ENGINE_PRESETS = tuple(os.environ.get("AB_PRESETS", "llama-3.2-1b llama-3.1-8b").split())
 def _cell_calls(b, ctx, layout, dev):
     """Input copies enough to pass 256 MiB (L2 never serves a call), their refs, bytes."""
     H, KVH, D = HEADS
@@ -249,11 +249,30 @@ def _early(**chunks) -> dict:  # skinny_matmul.EARLY_CHUNKS: 1 for every role bu
     return {"skinny_matmul.EARLY_CHUNKS": {**dict.fromkeys(sm.EARLY_CHUNKS, 1), **chunks}}
 
 
-# (Round 17, twelfth session, set its own variants here to time W_o prefetched into L2
-# beside the attention kernel; they and the switch they set are in git history: NOTES.md.)
+def _gemv(base: dict, **entries) -> dict:
+    """``base`` with launches set in ``skinny_matmul._TUNED_GEMV`` (and taken out of every GPU
+    model's table): qkv=, o=, down=, gate_up=, head= (the 1B's), down8=, gate_up8=, head8=
+    (the 8B's), each (block_n, block_k, warps[, early]), or None for the rule's launch."""
+    keys = {"qkv": (3072, 2048, "norm"), "o": (2048, 2048, "residual"), "down": (2048, 8192, "silu_residual"),
+            "gate_up": (16384, 2048, "norm"), "gate_up8": (28672, 4096, "norm"), "head": (128256, 2048, "norm"),
+            "head8": (128256, 4096, "norm"), "down8": (4096, 14336, "silu_residual")}
+    table = dict(base.get("skinny_matmul._TUNED_GEMV", sm._TUNED_GEMV))
+    per_gpu = {gpu: dict(t) for gpu, t in base.get("skinny_matmul._TUNED_GEMV_GPU", sm._TUNED_GEMV_GPU).items()}
+    for name, launch in entries.items():
+        for t in (table, *per_gpu.values()):  # out of every GPU model's table too
+            t.pop(keys[name], None)
+        if launch is not None:
+            table[keys[name]] = launch
+    return {**base, "skinny_matmul._TUNED_GEMV": table, "skinny_matmul._TUNED_GEMV_GPU": per_gpu}
+
+
+# Round 21 (sixteenth session) timed the attention's trigger and the o, gate_up, qkv and down
+# launches here; round 22 the GEMV's chunk prefetch (experiments/gemv-prefetch.patch).
 ENGINE_VARIANTS = (  # label -> settings ("module.NAME" in onetrip.models / .engine / .ops) for the run
     ("default", {}),
-    ("no early weights", _early(qkv=0, o=0, gate_up=0, down=0, plain=0)),
+    ("round 21 off", _gemv({"fused.TRIGGER_O": False}, o=None)),
+    ("H100 table off", {"skinny_matmul._TUNED_GEMV_GPU": {}}),
+    ("default (again)", {}),
 )
 
 
@@ -285,8 +304,11 @@ def _settings(settings: dict):
 
 def engine_ab(flush, copy, dev="cuda", new_tokens=None, prompt=32):
     """The decode step at batch 1 (one graph) under each of ENGINE_VARIANTS; new_tokens
-    from env AB_NEW_TOKENS (default 128; the bench's 256 to compare with it)."""
+    from env AB_NEW_TOKENS (default 128; the bench's 256 to compare with it). The variant
+    list runs AB_ROUNDS times in turn (default 1), two timed runs a variant each round; each
+    variant keeps its fastest run (``ms_per_step``) and every round's (``rounds_ms``)."""
     new_tokens = new_tokens or int(os.environ.get("AB_NEW_TOKENS", "128"))
+    rounds = int(os.environ.get("AB_ROUNDS", "1"))
     from onetrip.bench.decode import _prompts, build, run_engine
     from onetrip.engine.budget import decode_budget
 
@@ -298,22 +320,29 @@ def engine_ab(flush, copy, dev="cuda", new_tokens=None, prompt=32):
         budget = decode_budget(model.config, model.dtype, 1, [prompt], steps, copy)
         row = {"preset": preset, "limit_tok_s": budget.limit_tok_s}
         ref = None
-        for label, settings in ENGINE_VARIANTS:
-            try:
-                with _settings(settings):
-                    best = None
-                    for _ in range(2):  # two timed runs, the faster kept
-                        toks, _, decode, _ = run_engine(model, prompts, new_tokens, graphs=True)
-                        best = decode if best is None else min(best, decode)
-                ms = best * 1e3 / steps
-                ref = toks if ref is None else ref
-                row[label] = {"ms_per_step": ms, "tok_s": 1e3 / ms, "pct_of_limit": budget.pct_of_limit(ms),
-                              "same_tokens": toks == ref, "settings": settings}
-            except Exception as exc:  # noqa: BLE001 - recorded
-                row[label] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+        for _ in range(rounds):
+            for label, settings in ENGINE_VARIANTS:
+                try:
+                    with _settings(settings):
+                        best = None
+                        for _ in range(2):  # two timed runs, the faster kept
+                            toks, _, decode, _ = run_engine(model, prompts, new_tokens, graphs=True)
+                            best = decode if best is None else min(best, decode)
+                    ms = best * 1e3 / steps
+                    ref = toks if ref is None else ref
+                    past = row.get(label, {}).get("rounds_ms", [])
+                    row[label] = {"ms_per_step": min([ms, *past]), "rounds_ms": [*past, ms],
+                                  "same_tokens": toks == ref,
+                                  "settings": {k: v if isinstance(v, (bool, int, float, str)) else repr(v)
+                                               for k, v in settings.items()}}
+                    row[label]["tok_s"] = 1e3 / row[label]["ms_per_step"]
+                    row[label]["pct_of_limit"] = budget.pct_of_limit(row[label]["ms_per_step"])
+                except Exception as exc:  # noqa: BLE001 - recorded
+                    row[label] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
         rows.append(row)
         print(f"engine {preset}: " + ", ".join(
-            f"{v}: " + (f"{r['ms_per_step']:.3f} ms ({r['pct_of_limit']:.1f}%, same {r['same_tokens']})"
+            f"{v}: " + (f"{r['ms_per_step']:.3f} ms ({r['pct_of_limit']:.1f}%, same {r['same_tokens']}; rounds "
+                        + "/".join(f"{x:.3f}" for x in r["rounds_ms"]) + ")"
                         if "ms_per_step" in r else r["error"])
             for v, r in row.items() if isinstance(r, dict)), flush=True)
         del model

@@ -151,3 +151,50 @@ def test_cuda_graph_replay(gen, page):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, eager_out) and torch.equal(kc.nan_to_num(), eager_k.nan_to_num())
+
+
+@pytest.mark.gpu
+def test_trigger_next_with_early_o_in_a_graph(gen, monkeypatch):
+    """``trigger_next``: the attention kernel triggers the next kernel at its start, so the
+    o GEMV (launched under PDL) is placed while the attention runs and loads its whole
+    weight before it waits (the H100 launch of the 1B's o, forced here on any GPU). Captured
+    in a graph and replayed on new tokens and lengths, attention + o + residual equal
+    ordinary launches bit for bit, and the cache too."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs sm_90 or later")
+    from onetrip.ops.gemv_norm import gemv_add_residual, loads_weight_early
+    skm = importlib.import_module("onetrip.ops.skinny_matmul")
+    monkeypatch.setattr(skm, "_TUNED_GEMV_GPU", {"": {(2048, 2048, "residual"): (4, 1024, 4, 2)}})
+    device, dtype = "cuda", torch.bfloat16
+    q, k, v, kc, vc, L, _ = make_case([300], 1, 32, 8, 64, 512, dtype, device, gen)
+    cos, sin = rope_tables(512, 64, device)
+    wo = (torch.randn((2048, 2048), device=device, generator=gen) * 0.02).to(dtype)
+    res = torch.randn((1, 2048), device=device, generator=gen).to(dtype)
+    assert loads_weight_early(wo)
+    k0, v0, lens, out = kc.clone(), vc.clone(), L.clone(), torch.empty_like(q)
+
+    def step(trigger):
+        append_attention(q, k, v, kc, vc, lens, cos, sin, out=out, trigger_next=trigger)
+        return gemv_add_residual(out.view(1, 2048), wo, res)[0]
+
+    def new_inputs(length, seed):
+        g = torch.Generator(device=device).manual_seed(seed)
+        for t in (q, k, v, res):
+            t.copy_(torch.randn(t.shape, device=device, generator=g).to(dtype))
+        lens.fill_(length)
+        kc.copy_(k0)
+        vc.copy_(v0)
+
+    expected = []
+    monkeypatch.setenv("ONETRIP_PDL", "0")
+    for length, seed in ((300, 1), (17, 2)):
+        new_inputs(length, seed)
+        expected.append((step(False).clone(), kc.clone()))
+    monkeypatch.setenv("ONETRIP_PDL", "1")
+    new_inputs(300, 3)
+    graph, h = capture(lambda: step(True))
+    for (length, seed), (h_ref, k_ref) in zip(((300, 1), (17, 2)), expected):
+        new_inputs(length, seed)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(h, h_ref) and torch.equal(kc.nan_to_num(), k_ref.nan_to_num())

@@ -39,7 +39,7 @@ from ..ops.append_attention import append_attention
 from ..ops.append_kv import append_kv
 from ..ops.decode_attention import MAX_Q_LEN, decode_attention
 from ..ops.flash_attention import flash_attention
-from ..ops.gemv_norm import gemv_add_residual, gemv_rms_norm
+from ..ops.gemv_norm import gemv_add_residual, gemv_rms_norm, loads_weight_early
 from ..ops.glu import silu_mul
 from ..ops.norm import add_rms_norm, rms_norm
 from ..ops.rotary import apply_rotary
@@ -54,6 +54,12 @@ if TYPE_CHECKING:  # llama.py imports this module
 # (benchmarks/ab_next.py round 9) the 1B step 0.872 -> 0.849 ms, the 8B 4.003 -> 3.967 ms.
 # False restores the pair; prefill always appends, then attends.
 APPEND_IN_ATTENTION = True
+# At batch 1, where the o GEMV after the attention loads its whole weight before its PDL
+# wait (``gemv_norm.loads_weight_early``: Llama-3.2-1B's 2048 x 2048 launch), the attention
+# kernel triggers it at its start (``append_attention(trigger_next=True)``), so W_o streams
+# while the attention's chain of small loads runs with the HBM idle. H100 (round 21,
+# benchmarks/NOTES.md): 1B step 1.041 -> 1.028 ms. False: the attention never triggers.
+TRIGGER_O = True
 
 
 def _gemv(x: torch.Tensor) -> bool:
@@ -95,9 +101,11 @@ def _attention(attn: "Attention", x: torch.Tensor, cos: torch.Tensor, sin: torch
 
 def _attend(attn: "Attention", qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
             lens: Optional[torch.Tensor], lens_after: Optional[torch.Tensor],
-            positions: Optional[torch.Tensor], starts: Optional[list[int]] = None) -> torch.Tensor:
+            positions: Optional[torch.Tensor], starts: Optional[list[int]] = None,
+            trigger_next: bool = False) -> torch.Tensor:
     """qkv (batch, seq, (heads + 2 kv_heads) x head_dim) -> attention output (batch, seq,
-    heads x head_dim), before the output projection."""
+    heads x head_dim), before the output projection. ``trigger_next``: append_attention's
+    scheduling hint for the kernel after it."""
     c = attn.config
     b, s, _ = qkv.shape
     q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
@@ -114,7 +122,8 @@ def _attend(attn: "Attention", qkv: torch.Tensor, cos: torch.Tensor, sin: torch.
         q, k = apply_rotary(q, k, cos, sin, positions)
         out = flash_attention(q, k, v, causal=True)
     elif s <= MAX_Q_LEN and APPEND_IN_ATTENTION:
-        out = append_attention(q, k, v, cache.k, cache.v, lens, cos, sin, block_table=cache.block_table)
+        out = append_attention(q, k, v, cache.k, cache.v, lens, cos, sin, block_table=cache.block_table,
+                               trigger_next=trigger_next)
     else:
         table = cache.block_table  # (batch, max_blocks) int32 for a paged cache, else None
         q = append_kv(q, k, v, cache.k, cache.v, lens, cos, sin, block_table=table)  # q rotated in place
@@ -216,7 +225,8 @@ def _decode_one_row(model: "Model", x: torch.Tensor, cos: torch.Tensor, sin: tor
             qkv = _linear(normed, attn.wqkv.weight, attn.wqkv.bias)
         else:
             qkv = gemv_rms_norm(h, ss, layer.attn_norm, eps, attn.wqkv.weight, attn.wqkv.bias)
-        o = _attend(attn, qkv.view(1, 1, -1), cos, sin, lens, lens_after, None)
+        o = _attend(attn, qkv.view(1, 1, -1), cos, sin, lens, lens_after, None,
+                    trigger_next=TRIGGER_O and loads_weight_early(attn.wo.weight))
         h, ss = gemv_add_residual(o, attn.wo.weight, h)
         gate_up = gemv_rms_norm(h, ss, layer.mlp_norm, eps, mlp.w_gate_up.weight)
         h, ss = gemv_add_residual(gate_up, mlp.w_down.weight, h, silu_mul=True)

@@ -209,6 +209,19 @@ def sm_count(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
+@functools.lru_cache(maxsize=None)
+def _gpu_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
+def gpu_name(device: torch.device) -> str:
+    """The name of ``device`` ("NVIDIA H100 80GB HBM3"), for launch tables measured on one
+    GPU model; "" off CUDA."""
+    if device.type != "cuda":
+        return ""
+    return _gpu_name(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def acc_dtype(t: torch.Tensor) -> torch.dtype:
     """The accumulation dtype of the references: float32, or float64 for float64 inputs."""
     return torch.float64 if t.dtype == torch.float64 else torch.float32

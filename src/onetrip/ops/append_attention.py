@@ -37,11 +37,12 @@ from .rotary import _work
 def _append_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                          v_cache: torch.Tensor, cache_seqlens: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                          block_table: Optional[torch.Tensor], out: torch.Tensor, interleaved: bool,
-                         softmax_scale: float, window_left: int, softcap: float, num_splits: int) -> None:
+                         softmax_scale: float, window_left: int, softcap: float, num_splits: int,
+                         trigger_next: bool = False) -> None:
     if use_triton(q):
         config = _default_config(q, k_cache, block_table, num_splits)
         _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale, window_left, softcap, config,
-                append=(k, v, cos, sin, interleaved))
+                append=(k, v, cos, sin, interleaved), trigger_next=trigger_next)
         return
     # CPU without the interpreter: the pair in float32, each output rounded once like the kernel.
     q_rot, kc, vc = append_kv_ref(q.float(), k.float(), v.float(), k_cache.float(), v_cache.float(), cache_seqlens,
@@ -55,7 +56,7 @@ def _append_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_ca
 
 @_append_attention_op.register_fake
 def _(q, k, v, k_cache, v_cache, cache_seqlens, cos, sin, block_table, out, interleaved, softmax_scale,
-      window_left, softcap, num_splits):
+      window_left, softcap, num_splits, trigger_next=False):
     return None
 
 
@@ -76,6 +77,7 @@ def append_attention(
     softcap: float = 0.0,
     num_splits: Optional[int] = None,
     out: Optional[torch.Tensor] = None,
+    trigger_next: bool = False,
 ) -> torch.Tensor:
     """Rotate and append the new tokens' k, v to the cache and attend over it, one launch.
 
@@ -90,6 +92,9 @@ def append_attention(
             ``append_kv`` takes it. Not updated here: add q_len afterwards.
         cos, sin, interleaved: the rotary tables and layout of ``append_kv``.
         softmax_scale, window, softcap, num_splits, out: as ``decode_attention``.
+        trigger_next: a scheduling hint, results unchanged: on Hopper the kernel lets the
+            next kernel, if launched under programmatic dependent launch, be placed while it
+            runs (the batch-1 engine's o GEMV loads its weight then: ``gemv_norm.loads_weight_early``).
 
     Returns:
         out (batch, q_len, heads, head_dim): ``decode_attention`` of the rotated q over the
@@ -104,7 +109,7 @@ def append_attention(
     def launch(work):
         (qw, _), (kw, _), (vw, _) = (_work(t, B, True) for t in (q, k, v))
         call_op(_append_attention_op, qw, kw, vw, k_cache, v_cache, cache_seqlens, cos, sin, block_table, work,
-                bool(interleaved), softmax_scale, int(window[0]), float(softcap), num_splits or 0)
+                bool(interleaved), softmax_scale, int(window[0]), float(softcap), num_splits or 0, bool(trigger_next))
     return _into_out(out, q, launch)
 
 

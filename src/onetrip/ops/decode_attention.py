@@ -39,7 +39,7 @@ from typing import Optional
 import torch
 import triton
 
-from ._common import call_op, output, sm_count, use_triton
+from ._common import call_op, hopper_or_newer, output, pdl_mode, sm_count, use_triton
 from ._decode_jit import _decode_kernel
 from ._decode_tma import kv_descriptors
 from ._kv_checks import MAX_Q_LEN, _check_args  # noqa: F401 - MAX_Q_LEN re-exported (models.fused)
@@ -159,9 +159,13 @@ def _merge_chunk(splits: int, rows: int, block_d: int, num_warps: int) -> int:
 
 
 def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale: float, window_left: int,
-            softcap: float, config: DecodeConfig | None = None, append: Optional[tuple] = None):
+            softcap: float, config: DecodeConfig | None = None, append: Optional[tuple] = None,
+            trigger_next: bool = False):
     """Launch on validated tensors (last dims unit stride). ``append``: (k_new, v_new, cos,
-    sin, interleaved) to rotate and write the new tokens in the same launch. ``config.use_tma``
+    sin, interleaved) to rotate and write the new tokens in the same launch. ``trigger_next``
+    (Hopper, ``pdl_mode`` on): the kernel triggers its dependents at its start (kernel PDL
+    = 2), so the next kernel, if launched under PDL, is placed on the SMs this grid leaves
+    idle and can load what does not depend on it (``append_attention``). ``config.use_tma``
     with a paged or misaligned cache raises ValueError (``_decode_tma.kv_descriptors``); an
     empty cache (max_seq 0) has nothing to read and takes the pointer path. Returns the
     compiled attention kernel (its ``n_regs``, ``n_spills``), or None when nothing ran."""
@@ -186,7 +190,9 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale:
     kn, vn, cos, sin, interleaved = append if append is not None else (q, q, q, q, False)
     use_tma = cfg.use_tma and k_cache.numel() > 0
     descs = kv_descriptors(k_cache, v_cache, paged, cfg.block_n, block_d) if use_tma else (None, None)
-    stages = {"num_stages": cfg.num_stages} if use_tma else {}  # the pointer path: Triton's default
+    extra = {"num_stages": cfg.num_stages} if use_tma else {}  # the pointer path: Triton's default
+    if trigger_next and pdl_mode() and hopper_or_newer(q):
+        extra["PDL"] = 2  # launched without PDL itself: it starts after the previous kernel ends
     kernel = _decode_kernel[(B * KVH, S)](
         q, k_cache, v_cache, out, *descs, cache_seqlens, block_table if paged else cache_seqlens, ws_o, ws_lse,
         kn, vn, cos, sin,
@@ -201,7 +207,7 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale:
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, MIN_TILES=cfg.min_tiles,
         APPEND=append is not None, INTERLEAVED=interleaved, BLOCK_Q=max(16, triton.next_power_of_2(Q)),
         TABLE_AHEAD=paged and cfg.table_ahead, USE_TMA=use_tma,
-        num_warps=cfg.num_warps, **stages,
+        num_warps=cfg.num_warps, **extra,
     )
     if S > 1:
         block_r = min(triton.next_power_of_2(group * Q), 16)

@@ -32,7 +32,8 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from ._common import call_op, check_dtype_match, check_same_device, check_shape, check_tensor, sm_count, use_triton
+from ._common import (call_op, check_dtype_match, check_same_device, check_shape, check_tensor, gpu_name, pdl_args,
+                      sm_count, use_triton)
 from .skinny_matmul import _launch, skinny_config
 
 
@@ -53,12 +54,25 @@ def _check_weight(weight: torch.Tensor, x: torch.Tensor, k: int) -> tuple[int, i
 
 def _residual_config(n: int, k: int, device: torch.device, dtype: torch.dtype, silu_mul: bool):
     fusion = "silu_residual" if silu_mul else "residual"
-    return dataclasses.replace(skinny_config(1, n, k, sm_count(device), dtype, fusion=fusion), split_k=1)
+    return dataclasses.replace(skinny_config(1, n, k, sm_count(device), dtype, fusion=fusion, gpu=gpu_name(device)),
+                               split_k=1)
 
 
 def partials(n: int, k: int, device: torch.device, dtype: torch.dtype, silu_mul: bool = False) -> int:
     """How many sums of squares ``gemv_add_residual`` writes for an (n, k) weight: its grid."""
     return triton.cdiv(n, _residual_config(n, k, device, dtype, silu_mul).block_n)
+
+
+def loads_weight_early(weight: torch.Tensor, silu_mul: bool = False) -> bool:
+    """Whether ``gemv_add_residual`` with this (n, k) weight, launched under PDL, loads its
+    whole weight before it waits for the previous kernel (its launch's early chunks cover
+    k): then the kernel before it gains by triggering it early (``append_attention``'s
+    ``trigger_next``), since only x and the residual are waited for."""
+    if not (weight.is_cuda and pdl_args(weight)):
+        return False
+    n, k = weight.shape
+    cfg = _residual_config(n, k, weight.device, weight.dtype, silu_mul)
+    return cfg.block_m == 1 and cfg.early * cfg.block_k >= k
 
 
 @torch.library.custom_op("onetrip::gemv_add_residual", mutates_args=("h", "ss"))
@@ -88,7 +102,8 @@ def _norm_op(h: torch.Tensor, ss: torch.Tensor, norm_weight: torch.Tensor, eps: 
         rstd = torch.rsqrt(ss.sum() / k + eps)
         out.copy_(F.linear((h.float() * rstd * norm_weight.float()).to(h.dtype), weight, bias))
         return
-    cfg = dataclasses.replace(skinny_config(1, n, k, sm_count(h.device), h.dtype, fusion="norm"), split_k=1)
+    cfg = dataclasses.replace(skinny_config(1, n, k, sm_count(h.device), h.dtype, fusion="norm",
+                                            gpu=gpu_name(h.device)), split_k=1)
     _launch(h, weight, bias, out, cfg, ss_in=ss, norm_weight=norm_weight, eps=eps, norm_late=rstd_late)
 
 

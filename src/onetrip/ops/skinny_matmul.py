@@ -36,6 +36,7 @@ from ._common import (
     check_same_device,
     check_shape,
     check_tensor,
+    gpu_name,
     is_interpreting,
     output,
     pdl_args,
@@ -184,7 +185,7 @@ class SkinnyConfig:
 
 
 def skinny_config(M: int, N: int, K: int, sms: int, dtype: torch.dtype = torch.bfloat16, *,
-                  fusion: str = "plain") -> SkinnyConfig:
+                  fusion: str = "plain", gpu: str = "") -> SkinnyConfig:
     """A config from the shape and the SM count (a first guess, to be tuned on a GPU).
 
     - M <= 8, or float32: multiply + sum with a (block_m, block_n, block_k) product of at
@@ -197,7 +198,7 @@ def skinny_config(M: int, N: int, K: int, sms: int, dtype: torch.dtype = torch.b
       K chunks per split.
     """
     if M == 1 and dtype != torch.float32:
-        return _gemv_config(N, K, fusion)
+        return _gemv_config(N, K, fusion, gpu)
     block_m = triton.next_power_of_2(max(M, 1))
     use_dot = M > 8 and dtype != torch.float32 and not (is_interpreting() and dtype == torch.bfloat16)
     if use_dot:
@@ -230,9 +231,33 @@ _TUNED_GEMV = {
     (4096, 4096, "residual"): (16, 1024, 8),        # 8B o + residual                 11.4 (12.4)
     (4096, 14336, "silu_residual"): (8, 1024, 4),   # 8B down + SwiGLU + residual     30.3 (38.3)
 }
+# Launches measured on one GPU model, in the engine's decode step (benchmarks/ab_next.py,
+# NOTES.md round 21), keyed by a part of the device's name; there they take precedence
+# over _TUNED_GEMV (whose entries come from H200 sweeps). A fourth value: early chunks.
+_TUNED_GEMV_GPU = {
+    "H100": {
+        # 1B o + residual: 512 programs of 4 rows at 4 warps (64 registers as launched), all
+        # in one wave beside the attention grid, each loading its whole 16 KB of W_o (2 chunks)
+        # before its PDL wait, i.e. during the attention kernel (models.fused.TRIGGER_O):
+        # o 5.2 -> 2.0 us a layer, the attention before it 5.0 -> 6.8; step 1.042 -> 1.031 ms.
+        (2048, 2048, "residual"): (4, 1024, 4, 2),
+        # gate_up + RMSNorm, 512-wide chunks at 4 warps: 1B step 1.031 -> 1.020-1.025 ms,
+        # 8B 5.413 -> 5.350 ms (against (16, 256, 8) and the rule's (16, 256, 4)).
+        (16384, 2048, "norm"): (16, 512, 4),
+        (28672, 4096, "norm"): (16, 512, 4),
+    },
+}
 
 
-def _gemv_config(N: int, K: int, fusion: str = "plain") -> SkinnyConfig:
+def _tuned_launch(N: int, K: int, fusion: str, gpu: str) -> Optional[tuple]:
+    """The measured launch of this shape: the GPU model's table first, then _TUNED_GEMV."""
+    for family, table in _TUNED_GEMV_GPU.items():
+        if family in gpu and (N, K, fusion) in table:
+            return table[N, K, fusion]
+    return _TUNED_GEMV.get((N, K, fusion))
+
+
+def _gemv_config(N: int, K: int, fusion: str = "plain", gpu: str = "") -> SkinnyConfig:
     """Batch 1 (16-bit): the rule read off ``benchmarks/sweep_gemv.py`` on an H200
     (2026-11-21, benchmarks/NOTES.md), where it beat cuBLAS on all ten 1B/8B projections:
 
@@ -241,16 +266,18 @@ def _gemv_config(N: int, K: int, fusion: str = "plain") -> SkinnyConfig:
       keeps 16-32 KB of weight in flight. o_proj of 1B: 4.3 us against cuBLAS's 6.1.
     - wider (gate_up, lm_head): 16 x 256 tiles at 4 warps, already thousands of programs.
     No split-K: it never won there (its float32 partials and second launch cost more than
-    the parallelism buys at these sizes). ``_TUNED_GEMV`` overrides the rule for the
+    the parallelism buys at these sizes). ``_TUNED_GEMV`` (and, on the GPU model named
+    by ``gpu``, ``_TUNED_GEMV_GPU``) overrides the rule for the
     shapes later sweeps found >3% faster with the fusion each carries in the engine
     (one of ``GEMV_FUSIONS``): a prologue or epilogue changes the best launch (8B qkv with
     its norm: 15.2 us at 8 x 512, 4 warps; 18.6 at the plain rule's 16 x 1024, 8 warps)."""
     if fusion not in GEMV_FUSIONS:
         raise ValueError(f"fusion must be one of {GEMV_FUSIONS}, got {fusion!r}")
     early = EARLY_CHUNKS[_gemv_role(N, K, fusion)]
-    if (N, K, fusion) in _TUNED_GEMV:
-        bn, bk, warps = _TUNED_GEMV[N, K, fusion]
-        return SkinnyConfig(1, bn, bk, 1, warps, False, 1, early)
+    launch = _tuned_launch(N, K, fusion, gpu)
+    if launch is not None:
+        bn, bk, warps, *chunks = launch  # (an entry may set its own early chunks)
+        return SkinnyConfig(1, bn, bk, 1, warps, False, 1, chunks[0] if chunks else early)
     def chunk(limit: int) -> int:  # the largest power of two <= limit dividing K (EVEN_K)
         c = limit
         while c > 16 and K % c:
@@ -339,7 +366,7 @@ def _skinny_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
         return
     M, K = x.shape[0], weight.shape[1]
     cfg = (SkinnyConfig.from_list(config) if config is not None
-           else skinny_config(M, weight.shape[0], K, sm_count(x.device), x.dtype))
+           else skinny_config(M, weight.shape[0], K, sm_count(x.device), x.dtype, gpu=gpu_name(x.device)))
     _launch(x, weight, bias, out, cfg, silu_mul)
 
 
@@ -456,7 +483,7 @@ def silu_mul_matmul(
     if x2.shape[0] != 1 or F_ == 0:
         out.copy_(F.linear(glu_silu_mul(gate_up), weight, bias))
         return out
-    cfg = config or skinny_config(1, N, F_, sm_count(gate_up.device), gate_up.dtype)
+    cfg = config or skinny_config(1, N, F_, sm_count(gate_up.device), gate_up.dtype, gpu=gpu_name(gate_up.device))
     return _into_rows(out, N, lambda y2: call_op(_skinny_op, x2, weight, bias, y2,
                                                  dataclasses.replace(cfg, split_k=1).as_list(), True))
 
