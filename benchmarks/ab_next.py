@@ -267,11 +267,15 @@ def _gemv(base: dict, **entries) -> dict:
 
 
 # Round 21 (sixteenth session) timed the attention's trigger and the o, gate_up, qkv and down
-# launches here; round 22 the GEMV's chunk prefetch (experiments/gemv-prefetch.patch).
+# launches here; round 22 the GEMV's chunk prefetch (experiments/gemv-prefetch.patch); round
+# 23 the L2 eviction policies of the weights and the KV cache.
 ENGINE_VARIANTS = (  # label -> settings ("module.NAME" in onetrip.models / .engine / .ops) for the run
     ("default", {}),
+    ("weights evict_first", {"skinny_matmul.WEIGHT_EVICT": "evict_first"}),
+    ("KV evict_last", {"decode_attention.KV_EVICT": "evict_last"}),
+    ("weights evict_first, KV evict_last", {"skinny_matmul.WEIGHT_EVICT": "evict_first",
+                                            "decode_attention.KV_EVICT": "evict_last"}),
     ("round 21 off", _gemv({"fused.TRIGGER_O": False}, o=None)),
-    ("H100 table off", {"skinny_matmul._TUNED_GEMV_GPU": {}}),
     ("default (again)", {}),
 )
 

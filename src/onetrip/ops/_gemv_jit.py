@@ -24,12 +24,14 @@ def _rstd(ss_in_ptr, n_ss, K, eps, BLOCK_SS: tl.constexpr, ACC: tl.constexpr):
 
 
 @triton.jit
-def _row_weights(w_rows, k, k_hi, col_ok, stride_wk, EVEN_K: tl.constexpr):
-    """The (BLOCK_N, BLOCK_K) weight tile at columns ``k`` of a one-row GEMV's K loop."""
+def _row_weights(w_rows, k, k_hi, col_ok, stride_wk, EVEN_K: tl.constexpr, EVICT: tl.constexpr = ""):
+    """The (BLOCK_N, BLOCK_K) weight tile at columns ``k`` of a one-row GEMV's K loop, loaded
+    with L2 eviction policy ``EVICT`` ("" the default)."""
     if EVEN_K:
-        return tl.load(w_rows + k[None, :] * stride_wk, mask=col_ok[:, None], other=0.0)
+        return tl.load(w_rows + k[None, :] * stride_wk, mask=col_ok[:, None], other=0.0, eviction_policy=EVICT)
     else:
-        return tl.load(w_rows + k[None, :] * stride_wk, mask=col_ok[:, None] & (k < k_hi)[None, :], other=0.0)
+        return tl.load(w_rows + k[None, :] * stride_wk, mask=col_ok[:, None] & (k < k_hi)[None, :], other=0.0,
+                       eviction_policy=EVICT)
 
 
 @triton.jit
@@ -68,7 +70,7 @@ def _row_products(w, x_ptr, nw_ptr, k, k_hi, K, rstd, EVEN_K: tl.constexpr, SILU
 def _gemv_row(x_ptr, w_rows, k_lo, k_hi, K, stride_wk, col_ok, ss_in_ptr, n_ss, nw_ptr, eps,
               NORM_IN: tl.constexpr, NORM_LATE: tl.constexpr, BLOCK_SS: tl.constexpr, EVEN_K: tl.constexpr,
               SILU_MUL: tl.constexpr, BLOCK_K: tl.constexpr, ACC: tl.constexpr, PDL: tl.constexpr,
-              EARLY: tl.constexpr):
+              EARLY: tl.constexpr, W_EVICT: tl.constexpr = ""):
     """One program's (1, BLOCK_N) dot products of a one-row GEMV over K in [k_lo, k_hi), in
     ``ACC``: the weight rows at ``w_rows`` (BLOCK_N, 1) pointers, x made by the prologue
     (``_row_products``), the PDL wait placed as ``EARLY`` says: the one-row path of
@@ -81,17 +83,17 @@ def _gemv_row(x_ptr, w_rows, k_lo, k_hi, K, stride_wk, col_ok, ss_in_ptr, n_ss, 
         # scheduled, put this program's first EARLY chunks in flight, and only then
         # wait for the previous kernel's writes (x, the residual, the norm's partials).
         gdc_launch_dependents()
-        w = _row_weights(w_rows, k, k_hi, col_ok, stride_wk, EVEN_K)
+        w = _row_weights(w_rows, k, k_hi, col_ok, stride_wk, EVEN_K, W_EVICT)
         if EARLY > 1:  # the second chunk, if the program has one (a scalar test: 16-byte loads stay)
             k_b = k + BLOCK_K
             has_b = k_lo + BLOCK_K < k_hi
-            w_b = _row_weights(w_rows, k_b, k_hi, col_ok & has_b, stride_wk, EVEN_K)
+            w_b = _row_weights(w_rows, k_b, k_hi, col_ok & has_b, stride_wk, EVEN_K, W_EVICT)
         gdc_wait()
     else:
         # Launched early under PDL: nothing the previous kernel wrote is read, and
         # nothing is written, before this wait.
         pdl_start(PDL)
-        w = _row_weights(w_rows, k, k_hi, col_ok, stride_wk, EVEN_K)
+        w = _row_weights(w_rows, k, k_hi, col_ok, stride_wk, EVEN_K, W_EVICT)
     rstd = 1.0
     if NORM_IN and not NORM_LATE:
         # The row's sum of squares arrives as the producer GEMV's per-program partials
@@ -106,7 +108,7 @@ def _gemv_row(x_ptr, w_rows, k_lo, k_hi, K, stride_wk, col_ok, ss_in_ptr, n_ss, 
         loop_lo += BLOCK_K
     for k0 in range(loop_lo, k_hi, BLOCK_K):
         k = k0 + ks
-        w = _row_weights(w_rows, k, k_hi, col_ok, stride_wk, EVEN_K)
+        w = _row_weights(w_rows, k, k_hi, col_ok, stride_wk, EVEN_K, W_EVICT)
         acc2 += _row_products(w, x_ptr, nw_ptr, k, k_hi, K, rstd, EVEN_K, SILU_MUL, NORM_IN, NORM_LATE, ACC)
     acc = tl.sum(acc2, axis=1)[None, :]  # (1, BLOCK_N)
     if NORM_IN and NORM_LATE:

@@ -73,6 +73,7 @@ def _skinny_matmul_kernel(
     ACC: tl.constexpr = tl.float32,  # one row: the dtype of the products and sums (float64 for float32 x)
     PDL: tl.constexpr = 0,  # programmatic dependent launch (_common.pdl_mode)
     EARLY: tl.constexpr = 0,  # one row under PDL: weight chunks put in flight before the wait (0-2)
+    W_EVICT: tl.constexpr = "",  # one row: the weight loads' L2 eviction policy (WEIGHT_EVICT)
 ):
     # HAS_BIAS / SPLIT / USE_DOT are constexpr so each variant compiles to straight-line code
     # without the others' loads and stores: one kernel body instead of four copies.
@@ -96,7 +97,7 @@ def _skinny_matmul_kernel(
         # on the H200 (cuBLAS's float32 GEMV is that accurate), and Hopper's float64 FMA
         # runs at half the float32 rate, far above what a GEMV's bytes allow.
         acc = _gemv_row(x_ptr, w_rows, k_lo, k_hi, K, stride_wk, col_ok, ss_in_ptr, n_ss, nw_ptr, eps,
-                        NORM_IN, NORM_LATE, BLOCK_SS, EVEN_K, SILU_MUL, BLOCK_K, ACC, PDL, EARLY)
+                        NORM_IN, NORM_LATE, BLOCK_SS, EVEN_K, SILU_MUL, BLOCK_K, ACC, PDL, EARLY, W_EVICT)
     else:
         pdl_start(PDL)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -295,6 +296,12 @@ def _gemv_config(N: int, K: int, fusion: str = "plain", gpu: str = "") -> Skinny
 # 3.878 -> 3.837 ms; two everywhere lost (+3%, +5%: gate_up's extra registers cost it an
 # SM slot, and the prefetch took bandwidth from the kernel draining beside it).
 EARLY_CHUNKS = {"qkv": 1, "o": 1, "gate_up": 1, "down": 1, "plain": 1}
+# The L2 eviction policy of the batch-1 GEMVs' weight loads ("" the default). A decode step
+# streams every weight once (2.5 GB on the 1B against a 50-60 MiB L2): "evict_first" keeps
+# the lines that are read again (the KV cache, the activations) from being pushed out. H100
+# (round 23, benchmarks/NOTES.md): the 1B's attention kernel 7.4 -> 6.3 us a layer, step
+# 1.016 -> 0.998-1.005 ms; 8B 5.343 -> 5.325 ms.
+WEIGHT_EVICT = "evict_first"
 
 
 def _gemv_role(N: int, K: int, fusion: str) -> str:
@@ -348,6 +355,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
         EVEN_K=k_per_split % cfg.block_k == 0 and K % k_per_split == 0, SILU_MUL=silu_mul,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         ACC=tl.float64 if x.dtype == torch.float32 and cfg.block_m == 1 and not cfg.use_dot else tl.float32,
+        W_EVICT=WEIGHT_EVICT if M == 1 and not cfg.use_dot else "",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_gemv_pdl_args(x, cfg),
     )
     if split:
