@@ -34,7 +34,7 @@ POINTERS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "y_ptr": "*bf1
             "table_ptr": "*i32", "ws_o_ptr": "*fp32", "ws_lse_ptr": "*fp32",
             "kn_ptr": "*bf16", "vn_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32"}  # decode attention
 FLOATS = ("eps", "qk_scale", "softcap_log2")
-BASE = dict(W_EVICT="", HAS_BIAS=False, RES_OUT=False, NORM_IN=False, NORM_LATE=False, BLOCK_SS=512, SPLIT=False,
+BASE = dict(W_EVICT="evict_first", HAS_BIAS=False, RES_OUT=False, NORM_IN=False, NORM_LATE=False, BLOCK_SS=512, SPLIT=False,
             USE_DOT=False, EVEN_K=True, SILU_MUL=False, BLOCK_M=1, BLOCK_N=8, BLOCK_K=1024, ACC=tl.float32, PDL=0, EARLY=0)
 VARIANTS = {  # (constexprs, num_warps): the engine's configs at batch 1 (_gemv_config)
     "qkv/o/down plain, 8 x 1024": ({}, 8),
@@ -87,7 +87,7 @@ def report(fn, constexprs: dict, num_warps: int) -> str:
 # decode_attention at 32 query / 8 kv heads, q_len 1 (16 score rows: tl.dot's minimum), split-KV
 DECODE = dict(GROUP=4, Q_LEN=1, PAGED=False, PAGE_SIZE=1, SOFTCAP=False, HAS_WINDOW=False, SPLIT=True,
               PRECISION="tf32", BLOCK_M=16, BLOCK_D=128, MIN_TILES=4, APPEND=False, INTERLEAVED=False,
-              BLOCK_Q=16, TABLE_AHEAD=False, USE_TMA=False, PDL=0, KV_EVICT="",  # constexprs with defaults are passed too
+              BLOCK_Q=16, TABLE_AHEAD=False, USE_TMA=False, PDL=0,  # constexprs with defaults are passed too
               k_desc=None, v_desc=None)                      # (ASTSource needs them); no descriptors
 
 

@@ -12,16 +12,16 @@ from ._jit import cast_out, dot_f32, gdc_launch_dependents, pdl_start, tanh
 
 @triton.jit
 def _kv_tile(k_ptr, v_ptr, blk, slot, j_ok, kvh, d, d_ok, stride_kb, stride_ks, stride_kh,
-             stride_vb, stride_vs, stride_vh, EVICT: tl.constexpr = ""):
+             stride_vb, stride_vs, stride_vh):
     """The (BLOCK_N, BLOCK_D) K and V tiles of the keys at cache (blk, slot) (``_cache_slot``),
     zeros where not ``j_ok`` (those slots may hold anything and are never read)."""
     kv_mask = j_ok[:, None] & d_ok[None, :]
     k_off = blk.to(tl.int64) * stride_kb + slot * stride_ks + kvh * stride_kh
-    k = tl.load(k_ptr + k_off[:, None] + d[None, :], mask=kv_mask, other=0.0, eviction_policy=EVICT)
+    k = tl.load(k_ptr + k_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
     # V is issued with K, before the scores need K: both tiles' HBM latency (~1 us, cold)
     # overlaps instead of following one another.
     v_off = blk.to(tl.int64) * stride_vb + slot * stride_vs + kvh * stride_vh
-    v = tl.load(v_ptr + v_off[:, None] + d[None, :], mask=kv_mask, other=0.0, eviction_policy=EVICT)
+    v = tl.load(v_ptr + v_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
     return k, v
 
 
@@ -77,7 +77,6 @@ def _decode_kernel(
     TABLE_AHEAD: tl.constexpr = False,              # PAGED: load the next tile's table entries early
     USE_TMA: tl.constexpr = False,                  # contiguous: K/V tiles through k_desc, v_desc (_decode_tma)
     PDL: tl.constexpr = 0,                          # 1: under PDL (wait, then trigger); 2: trigger only
-    KV_EVICT: tl.constexpr = "",                    # the cached K/V loads' L2 eviction policy
 ):
     # PDL 2 (``trigger_next``): launched as usual, after the previous kernel, but lets the
     # next (PDL-launched) kernel's programs be placed on the SMs this small grid leaves
@@ -169,7 +168,7 @@ def _decode_kernel(
             else:
                 blk, slot = _cache_slot(table_ptr, b, j, j_ok, stride_tb, PAGED, PAGE_SIZE)
             k, v = _kv_tile(k_ptr, v_ptr, blk, slot, j_ok, kvh, d, d_ok, stride_kb, stride_ks, stride_kh,
-                            stride_vb, stride_vs, stride_vh, KV_EVICT)
+                            stride_vb, stride_vs, stride_vh)
         m_i, l_i, acc = _attend_tile(q, k, v, j, j_ok, qpos, m_i, l_i, acc, qk_scale, softcap_log2, window_left,
                                      SOFTCAP, HAS_WINDOW, PRECISION)
     if USE_TMA:

@@ -54,8 +54,6 @@ LOG2E = 1.4426950408889634
 # splits of 2"; with this floor at 4, those 16 splits had only 8 holding keys. With the
 # merge sliced, 16 splits of 2 tiles read 34-37% of copy against 31%: round 14.)
 MIN_TILES = 4
-# The L2 eviction policy of the cached K/V tiles' loads (pointer path; "" the default).
-KV_EVICT = ""
 # Splits the merge takes whole rows of head_dim for; more are merged in slices of 32 dims, a
 # program each, so that tens of partials still load in one round trip.
 MERGE_WHOLE = 8
@@ -193,8 +191,6 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale:
     use_tma = cfg.use_tma and k_cache.numel() > 0
     descs = kv_descriptors(k_cache, v_cache, paged, cfg.block_n, block_d) if use_tma else (None, None)
     extra = {"num_stages": cfg.num_stages} if use_tma else {}  # the pointer path: Triton's default
-    if KV_EVICT:
-        extra["KV_EVICT"] = KV_EVICT
     if trigger_next and pdl_mode() and hopper_or_newer(q):
         extra["PDL"] = 2  # launched without PDL itself: it starts after the previous kernel ends
     kernel = _decode_kernel[(B * KVH, S)](
