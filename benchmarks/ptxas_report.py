@@ -87,7 +87,7 @@ def report(fn, constexprs: dict, num_warps: int) -> str:
 # decode_attention at 32 query / 8 kv heads, q_len 1 (16 score rows: tl.dot's minimum), split-KV
 DECODE = dict(GROUP=4, Q_LEN=1, PAGED=False, PAGE_SIZE=1, SOFTCAP=False, HAS_WINDOW=False, SPLIT=True,
               PRECISION="tf32", BLOCK_M=16, BLOCK_D=128, MIN_TILES=4, APPEND=False, INTERLEAVED=False,
-              BLOCK_Q=16, TABLE_AHEAD=False, USE_TMA=False, PDL=0,  # constexprs with defaults are passed too
+              BLOCK_Q=16, TABLE_AHEAD=False, USE_TMA=False, TRIGGER=False,  # constexprs with defaults are passed too
               k_desc=None, v_desc=None)                      # (ASTSource needs them); no descriptors
 
 

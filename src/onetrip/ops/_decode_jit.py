@@ -7,7 +7,7 @@ import triton.language as tl
 
 from ._decode_append import _cache_slot, _new_kv, _rope_rows
 from ._decode_tma import _kv_tile_tma
-from ._jit import cast_out, dot_f32, gdc_launch_dependents, pdl_start, tanh
+from ._jit import cast_out, dot_f32, gdc_launch_dependents, tanh
 
 
 @triton.jit
@@ -76,16 +76,14 @@ def _decode_kernel(
     BLOCK_Q: tl.constexpr,                          # APPEND: the new tokens as one key tile (>= 16 for tl.dot)
     TABLE_AHEAD: tl.constexpr = False,              # PAGED: load the next tile's table entries early
     USE_TMA: tl.constexpr = False,                  # contiguous: K/V tiles through k_desc, v_desc (_decode_tma)
-    PDL: tl.constexpr = 0,                          # 1: under PDL (wait, then trigger); 2: trigger only
+    TRIGGER: tl.constexpr = False,                  # let the next (PDL-launched) kernel be placed now
 ):
-    # PDL 2 (``trigger_next``): launched as usual, after the previous kernel, but lets the
+    # TRIGGER (``trigger_next``): launched as usual, after the previous kernel, but lets the
     # next (PDL-launched) kernel's programs be placed on the SMs this small grid leaves
     # idle, where they can load weights that depend on nothing here. (Triggering before the
     # key loop instead timed the same on an H100: round 21, benchmarks/NOTES.md.)
-    if PDL == 2:
+    if TRIGGER:
         gdc_launch_dependents()
-    else:
-        pdl_start(PDL)
     pid = tl.program_id(0)
     split = tl.program_id(1)
     b = pid // kv_heads

@@ -163,8 +163,8 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale:
             trigger_next: bool = False):
     """Launch on validated tensors (last dims unit stride). ``append``: (k_new, v_new, cos,
     sin, interleaved) to rotate and write the new tokens in the same launch. ``trigger_next``
-    (Hopper, ``pdl_mode`` on): the kernel triggers its dependents at its start (kernel PDL
-    = 2), so the next kernel, if launched under PDL, is placed on the SMs this grid leaves
+    (Hopper, ``pdl_mode`` on): the kernel triggers its dependents at its start (kernel
+    TRIGGER), so the next kernel, if launched under PDL, is placed on the SMs this grid leaves
     idle and can load what does not depend on it (``append_attention``). ``config.use_tma``
     with a paged or misaligned cache raises ValueError (``_decode_tma.kv_descriptors``); an
     empty cache (max_seq 0) has nothing to read and takes the pointer path. Returns the
@@ -192,7 +192,7 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale:
     descs = kv_descriptors(k_cache, v_cache, paged, cfg.block_n, block_d) if use_tma else (None, None)
     extra = {"num_stages": cfg.num_stages} if use_tma else {}  # the pointer path: Triton's default
     if trigger_next and pdl_mode() and hopper_or_newer(q):
-        extra["PDL"] = 2  # launched without PDL itself: it starts after the previous kernel ends
+        extra["TRIGGER"] = True  # launched without PDL itself: it starts after the previous kernel ends
     kernel = _decode_kernel[(B * KVH, S)](
         q, k_cache, v_cache, out, *descs, cache_seqlens, block_table if paged else cache_seqlens, ws_o, ws_lse,
         kn, vn, cos, sin,
