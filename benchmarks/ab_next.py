@@ -30,6 +30,7 @@ results files.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import importlib
@@ -103,6 +104,19 @@ def _tma_variants(heur, layout):
     return variants
 
 
+@contextlib.contextmanager
+def _module_flags(module, flags):
+    """Module-level switches (e.g. decode_attention.MERGE_PDL) set for the block, then restored."""
+    saved = {k: getattr(module, k) for k, _ in flags}
+    try:
+        for k, v in flags:
+            setattr(module, k, v)
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(module, k, v)
+
+
 def decode_sweep(flush, copy, dev="cuda", cells=CELLS, variants_of=_decode_variants):
     rows = []
     D = HEADS[2]
@@ -114,14 +128,16 @@ def decode_sweep(flush, copy, dev="cuda", cells=CELLS, variants_of=_decode_varia
                                   block_table=t0["block_table"]).float()
         row = {"cell": f"B={b} ctx={ctx} {layout}", "input_sets": len(sets),
                "heuristic": dataclasses.astuple(heur), "configs": {}}
-        for cfg in dict.fromkeys(variants_of(heur, layout)):
-            key = str(list(dataclasses.astuple(cfg)))
+        for variant in dict.fromkeys(variants_of(heur, layout)):
+            cfg, flags = variant if isinstance(variant, tuple) else (variant, ())
+            key = str(list(dataclasses.astuple(cfg))) + "".join(f" {k}={v}" for k, v in flags)
             outs = [torch.empty_like(t["q"]) for t in sets]
             calls = [lambda t=t, o=o: da._launch(t["q"], t["k_cache"], t["v_cache"], t["cache_seqlens"],  # noqa: E731
                                                  t["block_table"], o, D ** -0.5, -1, 0.0, cfg)
                      for t, o in zip(sets, outs)]
             try:
-                us = 1e3 * time_per_call(calls, flush)  # already per call
+                with _module_flags(da, flags):  # read at launch, i.e. when the graph is captured
+                    us = 1e3 * time_per_call(calls, flush)  # already per call
             except Exception as exc:  # noqa: BLE001 - recorded, the sweep goes on
                 row["configs"][key] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
                 continue
@@ -204,19 +220,21 @@ def profile_small(flush, copy, dev="cuda"):
     sdpa = [lambda t=t: F.scaled_dot_product_attention(  # noqa: E731
         t["q"].transpose(1, 2), t["k_cache"].transpose(1, 2), t["v_cache"].transpose(1, 2), enable_gqa=True)
         for t in sets]
-    variants = (("heuristic", heur, ours(heur)),
+    variants = (("heuristic", heur, ours(heur), ()),
+                ("heuristic, merge under PDL", heur, ours(heur), (("MERGE_PDL", True),)),
                 ("2x splits", dataclasses.replace(heur, num_splits=2 * heur.num_splits),
-                 ours(dataclasses.replace(heur, num_splits=2 * heur.num_splits))),
-                ("sdpa", None, sdpa))
-    for label, cfg, calls in variants:
+                 ours(dataclasses.replace(heur, num_splits=2 * heur.num_splits)), ()),
+                ("sdpa", None, sdpa, ()))
+    for label, cfg, calls, flags in variants:
         try:
-            for c in calls:
-                c()
-            torch.cuda.synchronize()
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
+            with _module_flags(da, flags):
                 for c in calls:
                     c()
+                torch.cuda.synchronize()
+                with torch.cuda.graph(g):
+                    for c in calls:
+                        c()
             g.replay()
             torch.cuda.synchronize()
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -354,6 +372,27 @@ def splits_merge(flush, copy, dev="cuda"):
     return decode_sweep(flush, copy, dev, cells=SPLIT_CELLS, variants_of=_many_split_variants)
 
 
+# Round 24 (H100): the split merge launched under PDL (decode_attention.MERGE_PDL): the
+# attention kernel triggers at its start, the merge's programs are placed while it runs
+# and wait for its partials. Beside it, half and twice the split count with the merge so.
+MERGE_CELLS = ((1, 4096, "contiguous"), (1, 8192, "contiguous"), (1, 32768, "contiguous"), (1, 4096, "paged-64"),
+               (4, 8192, "contiguous"), (1, 131072, "paged-64"))
+PDL_ON = (("MERGE_PDL", True),)
+
+
+def _merge_pdl_variants(heur, layout):
+    S = heur.num_splits
+    out = [heur, (heur, PDL_ON), (dataclasses.replace(heur, num_splits=2 * S), PDL_ON)]
+    if S > 2:
+        out.append((dataclasses.replace(heur, num_splits=S // 2), PDL_ON))
+    return out
+
+
+def merge_pdl(flush, copy, dev="cuda"):
+    """decode_sweep over MERGE_CELLS with _merge_pdl_variants, two rounds (A B A B)."""
+    return [decode_sweep(flush, copy, dev, MERGE_CELLS, _merge_pdl_variants) for _ in range(2)]
+
+
 def _jsonable(o):
     return sorted(o) if isinstance(o, (set, frozenset)) else str(o)
 
@@ -363,7 +402,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("gpu-out"))
     ap.add_argument("--only", nargs="+", choices=("engine", "read_floor", "append", "decode_sweep", "tma_sweep",
                                                   "profile_b1_4k", "paged_short", "paged_long", "engine_traces",
-                                                  "splits_merge"),
+                                                  "splits_merge", "merge_pdl"),
                     default=os.environ.get("AB_ONLY", "").split() or None, help="parts to run (env AB_ONLY)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -375,7 +414,7 @@ def main() -> int:
     parts = (("engine", engine_ab), ("read_floor", read_floor), ("append", append_ab), ("decode_sweep", decode_sweep),
              ("tma_sweep", tma_sweep), ("profile_b1_4k", profile_small), ("paged_short", paged_short),
              ("paged_long", paged_long), ("engine_traces", functools.partial(engine_traces, out_dir=args.out)),
-             ("splits_merge", splits_merge))
+             ("splits_merge", splits_merge), ("merge_pdl", merge_pdl))
     for name, fn in parts:
         if args.only and name not in args.only:
             continue

@@ -130,6 +130,32 @@ def focus_candidates(width, rows, is_rms, residual, splits=(), block_ms=(), unro
                 yield cfg
 
 
+def near_candidates(width, rows, is_rms, residual):
+    """--near: today's pick and its neighbours one step away in each knob (split halved and
+    doubled, a chunk held more or fewer, the other chunk / warp pairs, drop_y and unroll
+    flipped), for re-sweeping on another GPU model the picks an H200's sweeps chose."""
+    pick = norm.norm_config(rows, width, torch.device("cuda"), is_rms=is_rms, has_residual=residual)
+    yield pick
+    if pick.mode != "loop":
+        return
+    seen = {pick}
+    def ok(c):
+        segment = c.block_n * c.split * (c.hold + 1)
+        return (1 <= c.split <= 16 and segment <= width and c not in seen
+                and not (residual and c.num_warps == 32 and c.hold > 0)  # spills
+                and c.block_n // (32 * c.num_warps) <= 64)
+    variants = [dataclasses.replace(pick, split=pick.split * 2), dataclasses.replace(pick, split=max(1, pick.split // 2)),
+                dataclasses.replace(pick, hold=min(2, pick.hold + 1)), dataclasses.replace(pick, hold=max(0, pick.hold - 1)),
+                dataclasses.replace(pick, drop_y=not pick.drop_y),
+                dataclasses.replace(pick, unroll=1 if pick.unroll > 1 else 2)]
+    for chunk, warps in ((4096, 16), (8192, 16), (8192, 32), (16384, 32)):
+        variants.append(dataclasses.replace(pick, block_n=chunk, num_warps=warps))
+    for c in variants:
+        if ok(c):
+            seen.add(c)
+            yield c
+
+
 def report(kernel):
     if kernel is None:
         return {}
@@ -197,6 +223,8 @@ def main():
                     "beside the pick (repeatable), in place of the single-row grid")
     ap.add_argument("--held", action="store_true", help="with --focus: rows split so that every program holds "
                     "its whole segment in registers (hold = its chunks), in place of the single-row grid")
+    ap.add_argument("--near", action="store_true", help="norms: today's pick and its neighbours one step away "
+                    "in each knob (near_candidates), to re-sweep the picks on another GPU model")
     ap.add_argument("--picks", action="store_true", help="with --focus: time today's pick alone (A/B runs of "
                     "two builds, e.g. a patch from benchmarks/experiments applied in between)")
     ap.add_argument("--flip", action="append", default=[], help="with --focus --picks: also time the pick with "
@@ -271,10 +299,13 @@ def main():
             block_ms = [int(k) for k in args.block_m.split(",") if k]
             unrolls = [int(k) for k in args.unroll.split(",") if k]
             holds = [int(k) for k in args.hold.split(",") if k]
-            cands = list(focus_candidates(width, rows, is_rms, res, splits, block_ms, unrolls, holds, args.picks,
-                                          args.held)
-                         if args.focus
-                         else norm_candidates(width))
+            if args.near:
+                cands = list(near_candidates(width, rows, is_rms, res))
+            elif args.focus:
+                cands = list(focus_candidates(width, rows, is_rms, res, splits, block_ms, unrolls, holds, args.picks,
+                                              args.held))
+            else:
+                cands = list(norm_candidates(width))
             if args.set:  # e.g. drop_y=True on every variant of the sweep
                 fields = {k: eval(v) for k, v in (a.split("=", 1) for a in args.set)}
                 cands = [cands[0]] + [dataclasses.replace(c, **fields) for c in cands[1:]]

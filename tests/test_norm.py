@@ -2,6 +2,7 @@ import pytest
 import torch
 
 import onetrip
+from onetrip.ops import _norm_picks as norm_picks
 from onetrip.ops import norm as norm_mod
 from onetrip.ops.norm import NormConfig, add_layer_norm_ref, add_rms_norm_ref
 from onetrip.testing import assert_close, poison_, strided_like, upcast
@@ -195,6 +196,22 @@ def test_config_rule():
     assert norm_mod.norm_config(1, 262144, cpu).mode == "loop"
     for table in picks.values():  # every pick a loop whose chunk is narrower than its rows
         assert all(c.mode == "loop" and c.block_n < w for w, c in table.items())
+
+
+def test_gpu_model_picks(monkeypatch):
+    """A GPU model's own loop picks replace LOOP_PICKS' on that model only, under the same
+    rows-per-SM rule; each is a loop whose chunk (and split) fits its width."""
+    cpu = torch.device("cpu")
+    picks, h100 = norm_mod.LOOP_PICKS, norm_picks.LOOP_PICKS_GPU["H100"]
+    monkeypatch.setattr(norm_mod, "gpu_name", lambda device: "NVIDIA H100 80GB HBM3")
+    for (is_rms, residual, width), pick in h100.items():
+        assert pick.mode == "loop" and pick.block_n * pick.split * (pick.hold + 1) <= width
+        assert width in picks[(is_rms, residual)]  # a replacement, never a new width
+        assert norm_mod.norm_config(256, width, cpu, is_rms=is_rms, has_residual=residual) == pick
+    monkeypatch.setattr(norm_mod, "gpu_name", lambda device: "NVIDIA H200")
+    for (is_rms, residual, width), pick in h100.items():
+        assert norm_mod.norm_config(256, width, cpu, is_rms=is_rms, has_residual=residual) == \
+            picks[(is_rms, residual)][width]
 
 
 def test_empty(device):

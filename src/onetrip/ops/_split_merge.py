@@ -16,7 +16,7 @@ is never used).
 import triton
 import triton.language as tl
 
-from ._jit import cast_out
+from ._jit import cast_out, pdl_start
 
 
 @triton.jit
@@ -73,7 +73,9 @@ def _merge_kernel(
     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
     CHUNK_S: tl.constexpr,             # splits whose partial outputs load as one tile
     BLOCK_DS: tl.constexpr = 0,        # head_dim in slices of this many (0: whole), a program each
+    PDL: tl.constexpr = 0,             # launched under PDL: wait for the attention kernel's partials
 ):
+    pdl_start(PDL)  # (then lets the next PDL-launched kernel be placed)
     # One program per BLOCK_R output rows of one (b, kvh), and per slice of head_dim: many
     # splits (tens, each a few key tiles) merge in more programs, each in one L2 round trip.
     GQ: tl.constexpr = GROUP * Q_LEN

@@ -53,13 +53,14 @@ from ._common import (
     check_same_device,
     check_shape,
     check_tensor,
+    gpu_name,
     is_interpreting,
     output,
     rows_out,
     sm_count,
     use_triton,
 )
-from ._norm_picks import LOOP_PICKS, ROWS_PICKS, NormConfig
+from ._norm_picks import LOOP_PICKS, ROWS_PICKS, NormConfig, gpu_loop_pick
 from ._norm_jit import _chunk_stats, _load_h, _load_wb, _loop_row, _mean_rstd, _store_y, _wait_row
 
 _ROWS, _COOP, _STATS, _APPLY, _LOOP = 0, 1, 2, 3, 4  # the kernel's PHASE
@@ -206,7 +207,8 @@ def norm_config(rows: int, width: int, device: torch.device, *, is_rms: bool = T
     """
     block_n = triton.next_power_of_2(max(width, 1))
     picks = LOOP_PICKS[(is_rms, has_residual)]
-    pick = picks.get(block_n if has_residual else min(block_n, max(picks)))
+    key = block_n if has_residual else min(block_n, max(picks))
+    pick = gpu_loop_pick(gpu_name(device), is_rms, has_residual, key) or picks.get(key)
     sms = sm_count(device)
     if pick is not None and rows * pick.split >= (sms if pick.split == 1 else sms // 2) \
             and (dense or block_n > 8192):
