@@ -199,19 +199,22 @@ def test_config_rule():
 
 
 def test_gpu_model_picks(monkeypatch):
-    """A GPU model's own loop picks replace LOOP_PICKS' on that model only, under the same
-    rows-per-SM rule; each is a loop whose chunk (and split) fits its width."""
+    """A GPU model's own picks replace LOOP_PICKS' / ROWS_PICKS' (or the rule's) on that
+    model only, under the same rows-per-SM rule; each fits its width."""
     cpu = torch.device("cpu")
-    picks, h100 = norm_mod.LOOP_PICKS, norm_picks.LOOP_PICKS_GPU["H100"]
-    monkeypatch.setattr(norm_mod, "gpu_name", lambda device: "NVIDIA H100 80GB HBM3")
-    for (is_rms, residual, width), pick in h100.items():
-        assert pick.mode == "loop" and pick.block_n * pick.split * (pick.hold + 1) <= width
-        assert width in picks[(is_rms, residual)]  # a replacement, never a new width
-        assert norm_mod.norm_config(256, width, cpu, is_rms=is_rms, has_residual=residual) == pick
-    monkeypatch.setattr(norm_mod, "gpu_name", lambda device: "NVIDIA H200")
-    for (is_rms, residual, width), pick in h100.items():
-        assert norm_mod.norm_config(256, width, cpu, is_rms=is_rms, has_residual=residual) == \
-            picks[(is_rms, residual)][width]
+    h100 = norm_picks.PICKS_GPU["H100"]
+    def config(name, is_rms, residual, width):
+        monkeypatch.setattr(norm_mod, "gpu_name", lambda device: name)
+        return norm_mod.norm_config(256, width, cpu, is_rms=is_rms, has_residual=residual)
+    for (mode, is_rms, residual, width), pick in h100.items():
+        assert pick.mode == mode
+        if mode == "loop":
+            assert pick.block_n * pick.split * (pick.hold + 1) <= width
+            assert width in norm_mod.LOOP_PICKS[(is_rms, residual)]  # a replacement, never a new width
+        else:
+            assert pick.block_n == width
+        assert config("NVIDIA H100 80GB HBM3", is_rms, residual, width) == pick
+        assert config("NVIDIA H200", is_rms, residual, width) != pick
 
 
 def test_empty(device):

@@ -82,29 +82,37 @@ LOOP_PICKS = {
 }
 
 
-# Per GPU model (a substring of the device's name): entries that replace LOOP_PICKS' on that
-# GPU, keyed by (is_rms, has_residual, width rounded up to a power of two). From one H100
-# 80GB HBM3 sweep of each LOOP_PICKS entry's neighbours (tune_ops.py --near --rotate 2, 2**26
-# bf16 elements, seventeenth session, results/tune-ops-near-h100-20261125{,-64rows}.json), where a neighbour
-# beat the H200's pick by 3 points or more, or won at both 256K shapes (256 and 64 rows):
-# layer_norm 64K two chunks an iteration 86.7 -> 93.0%; add_layer_norm 32K 16384-wide
-# chunks at 32 warps 94.4 -> 97.5%; rms_norm 256K 8 programs a row 82.7 -> 84.0% (64 rows of
-# 256K: 71.7 -> 73.7%). Neighbours within 2 points, or that won at 2**26 but lost at 64
-# rows (layer_norm 256K split 8: +3.6 / -2.7), were not taken.
-LOOP_PICKS_GPU = {
+# Per GPU model (a substring of the device's name): picks that replace LOOP_PICKS' and
+# ROWS_PICKS' (or the rule's) on that GPU, keyed by (mode, is_rms, has_residual, width
+# rounded up to a power of two), from H100 80GB HBM3 sweeps (seventeenth session, bf16):
+# - "loop": each LOOP_PICKS entry's neighbours (tune_ops.py --near --rotate 2, 2**26
+#   elements, results/tune-ops-near-h100-20261125{,-64rows}.json), taken where a neighbour
+#   beat the H200's pick by 3 points or more, or won at both 256K shapes (256 and 64 rows):
+#   layer_norm 64K two chunks an iteration 86.7 -> 93.0%; add_layer_norm 32K 16384-wide
+#   chunks at 32 warps 94.4 -> 97.5%; rms_norm 256K 8 programs a row 82.7 -> 84.0% (64
+#   rows: 71.7 -> 73.7%). Not taken: neighbours within 2 points, or that won at 2**26 but
+#   lost at 64 rows (layer_norm 256K split 8: +3.6 / -2.7).
+# - "rows": layer_norm 4K, a row a program at 8 warps (Liger-Kernel's launch) instead of the
+#   rule's two rows: 96.5 -> 97.9% at 2**26 elements, 87.0 -> 90.3% at 4096 x 4096, where
+#   Liger had read 91% to our 88% in the ops bench (tune_ops.py --modes rows --rotate 4
+#   --repeat 2, results/tune-ops-rows-h100-20261125{,-4096sq}.json; the other rows picks
+#   at 2K-8K were within a point of their best there).
+PICKS_GPU = {
     "H100": {
-        (False, False, 65536): _loop(16384, 32, hints=True, vec=True, unroll=2, const_n=True, drop_y=True),
-        (False, True, 32768): _loop(16384, 32, stash=True, vec=True, const_n=True),
-        (True, False, 262144): _loop(8192, 16, hints=True, vec=True, const_n=True, split=8, hold=2, drop_y=True),
+        ("loop", False, False, 65536): _loop(16384, 32, hints=True, vec=True, unroll=2, const_n=True, drop_y=True),
+        ("loop", False, True, 32768): _loop(16384, 32, stash=True, vec=True, const_n=True),
+        ("loop", True, False, 262144): _loop(8192, 16, hints=True, vec=True, const_n=True, split=8, hold=2,
+                                             drop_y=True),
+        ("rows", False, False, 4096): NormConfig("rows", 1, 4096, 8),
     },
 }
 
 
-def gpu_loop_pick(gpu: str, is_rms: bool, has_residual: bool, block_n: int):
-    """The GPU model's own "loop" pick for this (family, width), or None."""
-    for family, table in LOOP_PICKS_GPU.items():
-        if family in gpu and (is_rms, has_residual, block_n) in table:
-            return table[is_rms, has_residual, block_n]
+def gpu_pick(gpu: str, mode: str, is_rms: bool, has_residual: bool, block_n: int):
+    """The GPU model's own pick of ``mode`` for this (family, width), or None."""
+    for family, table in PICKS_GPU.items():
+        if family in gpu and (mode, is_rms, has_residual, block_n) in table:
+            return table[mode, is_rms, has_residual, block_n]
     return None
 
 # Mode "rows" where the rule in ``norm_config`` (two rows a program up to 4K, ~32 elements a

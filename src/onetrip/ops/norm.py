@@ -60,7 +60,7 @@ from ._common import (
     sm_count,
     use_triton,
 )
-from ._norm_picks import LOOP_PICKS, ROWS_PICKS, NormConfig, gpu_loop_pick
+from ._norm_picks import LOOP_PICKS, ROWS_PICKS, NormConfig, gpu_pick
 from ._norm_jit import _chunk_stats, _load_h, _load_wb, _loop_row, _mean_rstd, _store_y, _wait_row
 
 _ROWS, _COOP, _STATS, _APPLY, _LOOP = 0, 1, 2, 3, 4  # the kernel's PHASE
@@ -192,7 +192,8 @@ def norm_config(rows: int, width: int, device: torch.device, *, is_rms: bool = T
     """A program per row ("loop") where ``LOOP_PICKS`` has the width and there is a row for
     every SM (for a row split over programs, half the SMs' worth of programs); else whole
     rows up to 16K elements (32K for RMSNorm), ``ROWS_PICKS`` where it has the width; else
-    chunks of ``chunk`` ("coop", "two_pass").
+    chunks of ``chunk`` ("coop", "two_pass"). On a GPU model that ``PICKS_GPU`` names, its
+    own "loop" and "rows" picks come first.
 
     Whole rows: 94-99% of copy up to 16K wide with tiles of two rows up to 4K (LayerNorm to
     16K; one row from 2K to 8K where ROWS_PICKS says) and ~32 elements a thread; add +
@@ -208,13 +209,15 @@ def norm_config(rows: int, width: int, device: torch.device, *, is_rms: bool = T
     block_n = triton.next_power_of_2(max(width, 1))
     picks = LOOP_PICKS[(is_rms, has_residual)]
     key = block_n if has_residual else min(block_n, max(picks))
-    pick = gpu_loop_pick(gpu_name(device), is_rms, has_residual, key) or picks.get(key)
+    gpu = gpu_name(device)
+    pick = gpu_pick(gpu, "loop", is_rms, has_residual, key) or picks.get(key)
     sms = sm_count(device)
     if pick is not None and rows * pick.split >= (sms if pick.split == 1 else sms // 2) \
             and (dense or block_n > 8192):
         return pick
     if block_n <= 16384 or (block_n == 32768 and is_rms):
-        row_pick = ROWS_PICKS[(is_rms, has_residual)].get(block_n)
+        row_pick = (gpu_pick(gpu, "rows", is_rms, has_residual, block_n)
+                    or ROWS_PICKS[(is_rms, has_residual)].get(block_n))
         if row_pick is not None:
             return dataclasses.replace(row_pick, block_m=min(row_pick.block_m, triton.next_power_of_2(max(rows, 1))))
         pair = 2 if block_n <= 4096 or not is_rms else 1
