@@ -221,7 +221,6 @@ def profile_small(flush, copy, dev="cuda"):
         t["q"].transpose(1, 2), t["k_cache"].transpose(1, 2), t["v_cache"].transpose(1, 2), enable_gqa=True)
         for t in sets]
     variants = (("heuristic", heur, ours(heur), ()),
-                ("heuristic, merge under PDL", heur, ours(heur), (("MERGE_PDL", True),)),
                 ("2x splits", dataclasses.replace(heur, num_splits=2 * heur.num_splits),
                  ours(dataclasses.replace(heur, num_splits=2 * heur.num_splits)), ()),
                 ("sdpa", None, sdpa, ()))
@@ -372,27 +371,6 @@ def splits_merge(flush, copy, dev="cuda"):
     return decode_sweep(flush, copy, dev, cells=SPLIT_CELLS, variants_of=_many_split_variants)
 
 
-# Round 24 (H100): the split merge launched under PDL (decode_attention.MERGE_PDL): the
-# attention kernel triggers at its start, the merge's programs are placed while it runs
-# and wait for its partials. Beside it, half and twice the split count with the merge so.
-MERGE_CELLS = ((1, 4096, "contiguous"), (1, 8192, "contiguous"), (1, 32768, "contiguous"), (1, 4096, "paged-64"),
-               (4, 8192, "contiguous"), (1, 131072, "paged-64"))
-PDL_ON = (("MERGE_PDL", True),)
-
-
-def _merge_pdl_variants(heur, layout):
-    S = heur.num_splits
-    out = [heur, (heur, PDL_ON), (dataclasses.replace(heur, num_splits=2 * S), PDL_ON)]
-    if S > 2:
-        out.append((dataclasses.replace(heur, num_splits=S // 2), PDL_ON))
-    return out
-
-
-def merge_pdl(flush, copy, dev="cuda"):
-    """decode_sweep over MERGE_CELLS with _merge_pdl_variants, two rounds (A B A B)."""
-    return [decode_sweep(flush, copy, dev, MERGE_CELLS, _merge_pdl_variants) for _ in range(2)]
-
-
 def _jsonable(o):
     return sorted(o) if isinstance(o, (set, frozenset)) else str(o)
 
@@ -402,7 +380,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("gpu-out"))
     ap.add_argument("--only", nargs="+", choices=("engine", "read_floor", "append", "decode_sweep", "tma_sweep",
                                                   "profile_b1_4k", "paged_short", "paged_long", "engine_traces",
-                                                  "splits_merge", "merge_pdl"),
+                                                  "splits_merge"),
                     default=os.environ.get("AB_ONLY", "").split() or None, help="parts to run (env AB_ONLY)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -414,7 +392,7 @@ def main() -> int:
     parts = (("engine", engine_ab), ("read_floor", read_floor), ("append", append_ab), ("decode_sweep", decode_sweep),
              ("tma_sweep", tma_sweep), ("profile_b1_4k", profile_small), ("paged_short", paged_short),
              ("paged_long", paged_long), ("engine_traces", functools.partial(engine_traces, out_dir=args.out)),
-             ("splits_merge", splits_merge), ("merge_pdl", merge_pdl))
+             ("splits_merge", splits_merge))
     for name, fn in parts:
         if args.only and name not in args.only:
             continue

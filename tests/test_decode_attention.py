@@ -318,28 +318,6 @@ def test_bad_input(device):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("page", [None, 16])
-def test_merge_under_pdl(gen, page, monkeypatch):
-    """The split merge launched under programmatic dependent launch (``MERGE_PDL``) gives
-    the very bits of the ordinary launch, eagerly and replayed from a graph: it changes
-    when the merge's programs are placed, not what they compute."""
-    q = torch.randn((3, 2, 8, 128), device="cuda", generator=gen).to(torch.bfloat16)
-    k, v, table, L = make_cache([0, 700, 4000], 4096, 2, 128, torch.bfloat16, "cuda", gen, page)
-    for splits in (3, 16, 40):
-        monkeypatch.setattr(da, "MERGE_PDL", False)
-        plain = run(q, k, v, L, table, num_splits=splits)
-        monkeypatch.setattr(da, "MERGE_PDL", True)
-        out = torch.full_like(q, float("nan"))
-        graph, _ = capture(lambda: decode_attention(q, k, v, L, block_table=table, num_splits=splits, out=out))
-        assert torch.equal(run(q, k, v, L, table, num_splits=splits), plain)
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, plain)
-        check(out, q, k, v, L, table)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("page", [None, 16])
 def test_cuda_graph_capture(gen, page):
     """append_kv + decode_attention captured once, replayed after cache_seqlens changes in
     place: nothing in either call may depend on the lengths' values at capture time. Each

@@ -1,7 +1,8 @@
 """The split-KV merge of decode attention (flash-decoding's second step), in its own file
 beside ``decode_attention.py``, which launches it. (Merging inside the attention kernel,
 by the last split of each (sequence, kv head) to finish, was measured twice on an H200 and
-lost both times: benchmarks/NOTES.md.)
+lost both times; launching this merge under PDL while the attention kernel runs measured
+the same as launching it after: benchmarks/NOTES.md, rounds 1, 8 and 24.)
 
 Each (sequence, kv head) was cut into ``num_splits`` runs of keys; split s left a partial
 output O_s (normalized over its own keys) and lse_s, the log2 of its sum of exponentials
@@ -16,7 +17,7 @@ is never used).
 import triton
 import triton.language as tl
 
-from ._jit import cast_out, pdl_start
+from ._jit import cast_out
 
 
 @triton.jit
@@ -73,9 +74,7 @@ def _merge_kernel(
     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
     CHUNK_S: tl.constexpr,             # splits whose partial outputs load as one tile
     BLOCK_DS: tl.constexpr = 0,        # head_dim in slices of this many (0: whole), a program each
-    PDL: tl.constexpr = 0,             # launched under PDL: wait for the attention kernel's partials
 ):
-    pdl_start(PDL)  # (then lets the next PDL-launched kernel be placed)
     # One program per BLOCK_R output rows of one (b, kvh), and per slice of head_dim: many
     # splits (tens, each a few key tiles) merge in more programs, each in one L2 round trip.
     GQ: tl.constexpr = GROUP * Q_LEN

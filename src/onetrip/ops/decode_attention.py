@@ -57,10 +57,6 @@ MIN_TILES = 4
 # Splits the merge takes whole rows of head_dim for; more are merged in slices of 32 dims, a
 # program each, so that tens of partials still load in one round trip.
 MERGE_WHOLE = 8
-# The merge launched under programmatic dependent launch (Hopper, ``pdl_mode`` on): the
-# attention kernel triggers at its start, so the merge's programs are placed while it runs
-# and wait (``gdc_wait``) for its partials instead of for a launch. An A/B switch.
-MERGE_PDL = False
 
 
 @dataclass(frozen=True)
@@ -195,9 +191,7 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale:
     use_tma = cfg.use_tma and k_cache.numel() > 0
     descs = kv_descriptors(k_cache, v_cache, paged, cfg.block_n, block_d) if use_tma else (None, None)
     extra = {"num_stages": cfg.num_stages} if use_tma else {}  # the pointer path: Triton's default
-    pdl = pdl_mode() and hopper_or_newer(q)
-    merge_pdl = pdl and S > 1 and MERGE_PDL
-    if pdl and (trigger_next or merge_pdl):
+    if trigger_next and pdl_mode() and hopper_or_newer(q):
         extra["TRIGGER"] = True  # launched without PDL itself: it starts after the previous kernel ends
     kernel = _decode_kernel[(B * KVH, S)](
         q, k_cache, v_cache, out, *descs, cache_seqlens, block_table if paged else cache_seqlens, ws_o, ws_lse,
@@ -222,7 +216,6 @@ def _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale:
             ws_o, ws_lse, out, KVH, S, D, *out.stride()[:3],
             GROUP=group, Q_LEN=Q, BLOCK_R=block_r, BLOCK_D=block_d,
             CHUNK_S=_merge_chunk(S, block_r, block_ds, 4), BLOCK_DS=block_ds, num_warps=4,
-            **({"PDL": 1, "launch_pdl": True} if merge_pdl else {}),
         )
     return kernel
 
