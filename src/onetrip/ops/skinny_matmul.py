@@ -45,6 +45,7 @@ from ._common import (
     use_triton,
 )
 from ._gemv_jit import _gemv_row
+from ._gemv_picks import _TUNED_GEMV, _TUNED_GEMV_GPU, EARLY_CHUNKS  # noqa: F401 - tests and A/Bs patch them here
 from ._jit import cast_out, pdl_start
 from .glu import silu_mul as glu_silu_mul  # the unfused path of silu_mul_matmul
 
@@ -221,33 +222,6 @@ def skinny_config(M: int, N: int, K: int, sms: int, dtype: torch.dtype = torch.b
 # What a batch-1 GEMV carries besides the product (gemv_norm): an RMSNorm in the prologue,
 # a residual add + sum of squares in the epilogue, or SwiGLU in the prologue as well.
 GEMV_FUSIONS = ("plain", "norm", "residual", "silu_residual")
-# Batch-1 shapes where an H200 sweep's best launch beat the rule below by more than 3%
-# (benchmarks/ab_next.py, 2026-11-21, benchmarks/results/ab-round{2,3}-h200-20261121.json):
-# (N, K, fusion) -> (block_n, block_k, num_warps), time in us (the rule's).
-_TUNED_GEMV = {
-    (16384, 2048, "plain"): (32, 256, 4),           # Llama-3.2-1B gate_up            18.4 (20.9)
-    (16384, 2048, "norm"): (16, 256, 8),            # 1B gate_up + RMSNorm            19.9 (22.0)
-    (6144, 4096, "plain"): (8, 512, 4),             # Llama-3.1-8B qkv                14.7 (16.2)
-    (6144, 4096, "norm"): (8, 512, 4),              # 8B qkv + RMSNorm                15.2 (18.6)
-    (4096, 4096, "residual"): (16, 1024, 8),        # 8B o + residual                 11.4 (12.4)
-    (4096, 14336, "silu_residual"): (8, 1024, 4),   # 8B down + SwiGLU + residual     30.3 (38.3)
-}
-# Launches measured on one GPU model, in the engine's decode step (benchmarks/ab_next.py,
-# NOTES.md round 21), keyed by a part of the device's name; there they take precedence
-# over _TUNED_GEMV (whose entries come from H200 sweeps). A fourth value: early chunks.
-_TUNED_GEMV_GPU = {
-    "H100": {
-        # 1B o + residual: 512 programs of 4 rows at 4 warps (64 registers as launched), all
-        # in one wave beside the attention grid, each loading its whole 16 KB of W_o (2 chunks)
-        # before its PDL wait, i.e. during the attention kernel (models.fused.TRIGGER_O):
-        # o 5.2 -> 2.0 us a layer, the attention before it 5.0 -> 6.8; step 1.042 -> 1.031 ms.
-        (2048, 2048, "residual"): (4, 1024, 4, 2),
-        # gate_up + RMSNorm, 512-wide chunks at 4 warps: 1B step 1.031 -> 1.020-1.025 ms,
-        # 8B 5.413 -> 5.350 ms (against (16, 256, 8) and the rule's (16, 256, 4)).
-        (16384, 2048, "norm"): (16, 512, 4),
-        (28672, 4096, "norm"): (16, 512, 4),
-    },
-}
 
 
 def _tuned_launch(N: int, K: int, fusion: str, gpu: str) -> Optional[tuple]:
@@ -290,12 +264,6 @@ def _gemv_config(N: int, K: int, fusion: str = "plain", gpu: str = "") -> Skinny
     return SkinnyConfig(1, 16, chunk(256), 1, 4, False, 1, early)
 
 
-# Weight chunks a batch-1 GEMV puts in flight before its PDL wait, by its place in a layer.
-# The chunk loads overlap the previous kernel's last wave. Measured over the whole step
-# (benchmarks/NOTES.md, round 13): one chunk everywhere, 1B 0.817 -> 0.804 ms and 8B
-# 3.878 -> 3.837 ms; two everywhere lost (+3%, +5%: gate_up's extra registers cost it an
-# SM slot, and the prefetch took bandwidth from the kernel draining beside it).
-EARLY_CHUNKS = {"qkv": 1, "o": 1, "gate_up": 1, "down": 1, "plain": 1}
 # The L2 eviction policy of the batch-1 GEMVs' weight loads ("" the default). A decode step
 # streams every weight once (2.5 GB on the 1B against a 50-60 MiB L2): "evict_first" keeps
 # the lines that are read again (the KV cache, the activations) from being pushed out. H100
