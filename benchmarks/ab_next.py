@@ -22,6 +22,11 @@ GEMV's weight beside each kernel (removed), and what one kernel reads of 4-64 MB
   +5-15% at batch 1 x 4K / 8K (29% of copy -> ~33%); nothing at batch 16-64 (one tile ahead
   already covers the latency when every SM is busy).
 
+Round 24 (H100, seventeenth session: the split merge launched under PDL, with the
+``profile_b1_4k`` and ``read_floor`` parts; ab-round24-merge-pdl-h100-20261125.json) ran here;
+its part is in git history at 8775e86. A decode_sweep variant may be a (config, module
+flags) pair, the flags set while its graph is captured (``_module_flags``).
+
 Every variant is timed as one CUDA graph (median of 15 replays) over enough input copies
 to pass 256 MiB; writes ab-next.json. Earlier rounds' code is in git history beside their
 results files.
@@ -106,7 +111,8 @@ def _tma_variants(heur, layout):
 
 @contextlib.contextmanager
 def _module_flags(module, flags):
-    """Module-level switches (e.g. decode_attention.MERGE_PDL) set for the block, then restored."""
+    """Module-level switches (e.g. decode_attention.MERGE_WHOLE) set for the block, then restored
+    (a variant of decode_sweep may be a (config, ((NAME, value), ...)) pair)."""
     saved = {k: getattr(module, k) for k, _ in flags}
     try:
         for k, v in flags:

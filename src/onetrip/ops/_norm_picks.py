@@ -115,6 +115,7 @@ def gpu_pick(gpu: str, mode: str, is_rms: bool, has_residual: bool, block_n: int
             return table[mode, is_rms, has_residual, block_n]
     return None
 
+
 # Mode "rows" where the rule in ``norm_config`` (two rows a program up to 4K, ~32 elements a
 # thread) lost in the thirteenth session's sweeps on an H200 (tune_ops.py --modes rows
 # --rotate 4: the kernels timed back to back, as the ops bench now does; two runs alike
