@@ -25,7 +25,7 @@ GEMV's weight beside each kernel (removed), and what one kernel reads of 4-64 MB
 Round 24 (H100, seventeenth session: the split merge launched under PDL, with the
 ``profile_b1_4k`` and ``read_floor`` parts; ab-round24-merge-pdl-h100-20261125.json) ran here;
 its part is in git history at 8775e86. A decode_sweep variant may be a (config, module
-flags) pair, the flags set while its graph is captured (``_module_flags``).
+flags) pair, the flags (decode_attention's) set while its graph is captured (``ab_engine._settings``).
 
 Every variant is timed as one CUDA graph (median of 15 replays) over enough input copies
 to pass 256 MiB; writes ab-next.json. Earlier rounds' code is in git history beside their
@@ -35,7 +35,6 @@ results files.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import functools
 import importlib
@@ -55,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sweep_gemv import time_per_call  # noqa: E402
 
-from ab_engine import engine_ab, engine_traces  # noqa: E402  (the batch-1 step's A/Bs)
+from ab_engine import _settings, engine_ab, engine_traces  # noqa: E402  (the batch-1 step's A/Bs)
 from onetrip.bench import harness  # noqa: E402
 from onetrip.bench.decode_attn import DecodeCell, make_inputs  # noqa: E402
 from onetrip.ops.decode_attention import decode_attention  # noqa: E402
@@ -109,20 +108,6 @@ def _tma_variants(heur, layout):
     return variants
 
 
-@contextlib.contextmanager
-def _module_flags(module, flags):
-    """Module-level switches (e.g. decode_attention.MERGE_WHOLE) set for the block, then restored
-    (a variant of decode_sweep may be a (config, ((NAME, value), ...)) pair)."""
-    saved = {k: getattr(module, k) for k, _ in flags}
-    try:
-        for k, v in flags:
-            setattr(module, k, v)
-        yield
-    finally:
-        for k, v in saved.items():
-            setattr(module, k, v)
-
-
 def decode_sweep(flush, copy, dev="cuda", cells=CELLS, variants_of=_decode_variants):
     rows = []
     D = HEADS[2]
@@ -142,7 +127,7 @@ def decode_sweep(flush, copy, dev="cuda", cells=CELLS, variants_of=_decode_varia
                                                  t["block_table"], o, D ** -0.5, -1, 0.0, cfg)
                      for t, o in zip(sets, outs)]
             try:
-                with _module_flags(da, flags):  # read at launch, i.e. when the graph is captured
+                with _settings({f"decode_attention.{k}": v for k, v in flags}):  # read when captured
                     us = 1e3 * time_per_call(calls, flush)  # already per call
             except Exception as exc:  # noqa: BLE001 - recorded, the sweep goes on
                 row["configs"][key] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
@@ -233,7 +218,7 @@ def profile_small(flush, copy, dev="cuda"):
     for label, cfg, calls, flags in variants:
         try:
             g = torch.cuda.CUDAGraph()
-            with _module_flags(da, flags):
+            with _settings({f"decode_attention.{k}": v for k, v in flags}):
                 for c in calls:
                     c()
                 torch.cuda.synchronize()

@@ -218,6 +218,8 @@ def _decode_one_row(model: "Model", x: torch.Tensor, cos: torch.Tensor, sin: tor
     c = model.config
     eps = c.rms_norm_eps
     h = ss = None
+    # Every layer's W_o has one shape: whether its GEMV loads it early is asked once a step.
+    trigger_o = TRIGGER_O and bool(model.layers) and loads_weight_early(model.layers[0].attn.wo.weight)
     for i, layer in enumerate(model.layers):
         attn, mlp = layer.attn, layer.mlp
         if i == 0:
@@ -226,7 +228,7 @@ def _decode_one_row(model: "Model", x: torch.Tensor, cos: torch.Tensor, sin: tor
         else:
             qkv = gemv_rms_norm(h, ss, layer.attn_norm, eps, attn.wqkv.weight, attn.wqkv.bias)
         o = _attend(attn, qkv.view(1, 1, -1), cos, sin, lens, lens_after, None,
-                    trigger_next=TRIGGER_O and loads_weight_early(attn.wo.weight))
+                    trigger_next=trigger_o)
         h, ss = gemv_add_residual(o, attn.wo.weight, h)
         gate_up = gemv_rms_norm(h, ss, layer.mlp_norm, eps, mlp.w_gate_up.weight)
         h, ss = gemv_add_residual(gate_up, mlp.w_down.weight, h, silu_mul=True)

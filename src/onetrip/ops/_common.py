@@ -222,6 +222,16 @@ def gpu_name(device: torch.device) -> str:
     return _gpu_name(device.index if device.index is not None else torch.cuda.current_device())
 
 
+def gpu_table_entry(tables: dict, gpu: str, key):
+    """``tables[family][key]`` for the first GPU family (a part of the device's name, e.g.
+    "H100") that ``gpu`` contains and whose table has ``key``; None if none has. The
+    launch tables measured on one GPU model (the GEMVs', the norms') are read this way."""
+    for family, table in tables.items():
+        if family in gpu and key in table:
+            return table[key]
+    return None
+
+
 def acc_dtype(t: torch.Tensor) -> torch.dtype:
     """The accumulation dtype of the references: float32, or float64 for float64 inputs."""
     return torch.float64 if t.dtype == torch.float64 else torch.float32

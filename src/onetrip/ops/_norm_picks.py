@@ -108,14 +108,6 @@ PICKS_GPU = {
 }
 
 
-def gpu_pick(gpu: str, mode: str, is_rms: bool, has_residual: bool, block_n: int):
-    """The GPU model's own pick of ``mode`` for this (family, width), or None."""
-    for family, table in PICKS_GPU.items():
-        if family in gpu and (mode, is_rms, has_residual, block_n) in table:
-            return table[mode, is_rms, has_residual, block_n]
-    return None
-
-
 # Mode "rows" where the rule in ``norm_config`` (two rows a program up to 4K, ~32 elements a
 # thread) lost in the thirteenth session's sweeps on an H200 (tune_ops.py --modes rows
 # --rotate 4: the kernels timed back to back, as the ops bench now does; two runs alike

@@ -54,13 +54,14 @@ from ._common import (
     check_shape,
     check_tensor,
     gpu_name,
+    gpu_table_entry,
     is_interpreting,
     output,
     rows_out,
     sm_count,
     use_triton,
 )
-from ._norm_picks import LOOP_PICKS, ROWS_PICKS, NormConfig, gpu_pick
+from ._norm_picks import LOOP_PICKS, PICKS_GPU, ROWS_PICKS, NormConfig
 from ._norm_jit import _chunk_stats, _load_h, _load_wb, _loop_row, _mean_rstd, _store_y, _wait_row
 
 _ROWS, _COOP, _STATS, _APPLY, _LOOP = 0, 1, 2, 3, 4  # the kernel's PHASE
@@ -210,13 +211,13 @@ def norm_config(rows: int, width: int, device: torch.device, *, is_rms: bool = T
     picks = LOOP_PICKS[(is_rms, has_residual)]
     key = block_n if has_residual else min(block_n, max(picks))
     gpu = gpu_name(device)
-    pick = gpu_pick(gpu, "loop", is_rms, has_residual, key) or picks.get(key)
+    pick = gpu_table_entry(PICKS_GPU, gpu, ("loop", is_rms, has_residual, key)) or picks.get(key)
     sms = sm_count(device)
     if pick is not None and rows * pick.split >= (sms if pick.split == 1 else sms // 2) \
             and (dense or block_n > 8192):
         return pick
     if block_n <= 16384 or (block_n == 32768 and is_rms):
-        row_pick = (gpu_pick(gpu, "rows", is_rms, has_residual, block_n)
+        row_pick = (gpu_table_entry(PICKS_GPU, gpu, ("rows", is_rms, has_residual, block_n))
                     or ROWS_PICKS[(is_rms, has_residual)].get(block_n))
         if row_pick is not None:
             return dataclasses.replace(row_pick, block_m=min(row_pick.block_m, triton.next_power_of_2(max(rows, 1))))

@@ -37,6 +37,7 @@ from ._common import (
     check_shape,
     check_tensor,
     gpu_name,
+    gpu_table_entry,
     is_interpreting,
     output,
     pdl_args,
@@ -226,10 +227,8 @@ GEMV_FUSIONS = ("plain", "norm", "residual", "silu_residual")
 
 def _tuned_launch(N: int, K: int, fusion: str, gpu: str) -> Optional[tuple]:
     """The measured launch of this shape: the GPU model's table first, then _TUNED_GEMV."""
-    for family, table in _TUNED_GEMV_GPU.items():
-        if family in gpu and (N, K, fusion) in table:
-            return table[N, K, fusion]
-    return _TUNED_GEMV.get((N, K, fusion))
+    launch = gpu_table_entry(_TUNED_GEMV_GPU, gpu, (N, K, fusion))
+    return launch if launch is not None else _TUNED_GEMV.get((N, K, fusion))
 
 
 def _gemv_config(N: int, K: int, fusion: str = "plain", gpu: str = "") -> SkinnyConfig:
