@@ -178,7 +178,8 @@ NORM_INTS = dict(M=1024, N=65536, C=8, seg_n=65536, stride_xm=65536, stride_rm=6
 
 def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: int = 8192,
                 hints: bool = False, stash: bool = False, vec: bool = False, unroll: int = 1,
-                const_n: int = 0, split: int = 1, block_m: int = 1, hold: int = 0, drop_y: bool = False) -> str:
+                const_n: int = 0, split: int = 1, block_m: int = 1, hold: int = 0, drop_y: bool = False,
+                cluster: bool = False) -> str:
     """The split-row norm kernel at ``phase`` (norm._COOP, _STATS, _APPLY, _LOOP); ``split``
     programs a row of ``const_n`` (or 65536) columns in mode "loop", waiting on each other;
     ``block_m`` rows a program; ``hold`` chunks held in registers between the passes."""
@@ -186,7 +187,7 @@ def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: i
     const = dict(IS_RMS=is_rms, GEMMA=False, HAS_RESIDUAL=residual, HAS_WEIGHT=True, HAS_BIAS=not is_rms,
                  PHASE=phase, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_C=max(2, NORM_INTS["N"] // block_n),
                  HINTS=hints, STASH=stash and residual, VEC=vec, UNROLL=unroll, CONST_N=const_n, SPLIT=split,
-                 SEG_N=(const_n // split if const_n else 0), LOOP_PART=0, HOLD=hold, DROP_Y=drop_y)
+                 SEG_N=(const_n // split if const_n else 0), LOOP_PART=0, HOLD=hold, DROP_Y=drop_y, CLUSTER=cluster)
     sig, attrs = {}, {}
     for i, n in enumerate(fn.arg_names):
         if n in const:
@@ -226,6 +227,11 @@ def norm_main() -> None:
                 f"{' const' if const_n else ''}"
             print(f"norm {label:52s} 16 warps: "
                   f"{norm_report(4, is_rms, residual, 16, 8192, True, True, True, 1, const_n, 4)}")
+    for is_rms, residual in kinds:  # "loop" split as clusters of 16: 256K rows, 16 warps, chunks of 8192
+        for hold in (0, 1):
+            label = f"{'add_' if residual else ''}{'rms' if is_rms else 'layer'}_norm loop cluster 16 hold {hold} 256K"
+            print(f"norm {label:52s} 16 warps: "
+                  f"{norm_report(4, is_rms, residual, 16, 8192, True, True, True, 1, 262144, 16, 1, hold, True, True)}")
     for is_rms, residual in kinds:  # "loop", 2 rows a program: 64K rows, 32 warps, chunks of 8192
         label = f"{'add_' if residual else ''}{'rms' if is_rms else 'layer'}_norm loop 2 rows 64K const"
         print(f"norm {label:52s} 32 warps: "

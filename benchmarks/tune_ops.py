@@ -69,7 +69,7 @@ def norm_candidates(width):
 
 
 def focus_candidates(width, rows, is_rms, residual, splits=(), block_ms=(), unrolls=(), holds=(), picks=False,
-                     held=False):
+                     held=False, cluster=False):
     """--focus: today's pick (and it with the width as a constant), the coop split, and
     "loop" with its L2 hints (a residual: h stashed) at six chunk / warp pairs (torch.compile's
     own reductions run a program of 16-32 warps per row, with the shapes as constants), with
@@ -82,13 +82,22 @@ def focus_candidates(width, rows, is_rms, residual, splits=(), block_ms=(), unro
     the pick is (no 32-warp programs with a residual: they spill). ``picks`` (--picks): the
     pick alone (an A/B of two builds of the kernel, one process each); ``held`` (--held):
     rows split so that each program's whole segment stays in registers between the passes
-    (hold = its chunks: no re-read at all, one exchange of sums a program)."""
+    (hold = its chunks: no re-read at all, one exchange of sums a program); ``cluster``
+    (--cluster): split rows whose programs are one thread-block cluster (sums through
+    shared memory, Hopper), 4-16 programs a row, 0-1 chunks held."""
     pick = norm.norm_config(rows, width, torch.device("cuda"), is_rms=is_rms, has_residual=residual)
     yield pick
     if picks:
         return
     if pick.mode == "loop":
         yield dataclasses.replace(pick, const_n=True)
+    if cluster:
+        for split, (chunk, warps), hold in itertools.product((4, 8, 16), ((2048, 8), (4096, 8), (4096, 16),
+                                                                          (8192, 16)), (0, 1)):
+            if chunk * split * (hold + 1) <= width:
+                yield norm.NormConfig("loop", 1, chunk, warps, hints=True, stash=residual, vec=True, const_n=True,
+                                      split=split, hold=hold, drop_y=not residual, cluster=True)
+        return
     if held:
         for chunk, warps, hold in ((4096, 8, 2), (8192, 16, 1), (8192, 16, 2), (16384, 32, 2)):
             split = width // (chunk * hold)
@@ -223,6 +232,8 @@ def main():
                     "beside the pick (repeatable), in place of the single-row grid")
     ap.add_argument("--held", action="store_true", help="with --focus: rows split so that every program holds "
                     "its whole segment in registers (hold = its chunks), in place of the single-row grid")
+    ap.add_argument("--cluster", action="store_true", help="with --focus: split rows launched as thread-block "
+                    "clusters (4-16 programs a row, sums through shared memory), in place of the single-row grid")
     ap.add_argument("--near", action="store_true", help="norms: today's pick and its neighbours one step away "
                     "in each knob (near_candidates), to re-sweep the picks on another GPU model")
     ap.add_argument("--picks", action="store_true", help="with --focus: time today's pick alone (A/B runs of "
@@ -303,7 +314,7 @@ def main():
                 cands = list(near_candidates(width, rows, is_rms, res))
             elif args.focus:
                 cands = list(focus_candidates(width, rows, is_rms, res, splits, block_ms, unrolls, holds, args.picks,
-                                              args.held))
+                                              args.held, args.cluster))
             else:
                 cands = list(norm_candidates(width))
             if args.set:  # e.g. drop_y=True on every variant of the sweep

@@ -92,7 +92,8 @@ def test_no_weight_and_fp32_weight(device, gen, kind):
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("mode", ["rows", "two_pass", "loop", "loop hints", "loop stash", "loop vec", "loop unroll",
                                   "loop const", "loop split", "loop split const", "loop 2 rows", "loop 4 rows const",
-                                  "loop hold", "loop hold 2 const", "loop hold split"]
+                                  "loop hold", "loop hold 2 const", "loop hold split", "loop split cluster",
+                                  "loop split const cluster", "loop hold split cluster"]
                          + (["coop"] if ON_GPU else []))
 def test_modes(device, gen, kind, mode):
     """Every mode on one awkward width: tiles of 2 rows (the last half past the end);
@@ -102,7 +103,9 @@ def test_modes(device, gen, kind, mode):
     constant width); on a GPU they wait on each other, under the interpreter the passes
     are two launches. "loop 2 rows" / "4 rows": a program over several rows (the last
     block ragged: 11 rows). "loop hold": the first chunk(s) kept in registers for pass 2
-    (h from the stash's rounding, or without it in float32)."""
+    (h from the stash's rounding, or without it in float32). "cluster": a split row's
+    programs one thread-block cluster on a Hopper GPU, their sums exchanged through shared
+    memory (elsewhere the config falls back to the split above)."""
     rows, width = 11, 1023
     x = strided_like((rows, width), torch.bfloat16, device, generator=gen)
     r = strided_like((rows, width), torch.bfloat16, device, generator=gen) + 2.0
@@ -120,7 +123,13 @@ def test_modes(device, gen, kind, mode):
            "loop 4 rows const": NormConfig("loop", 4, 128, 4, hints=True, const_n=True, unroll=2),
            "loop hold": NormConfig("loop", 2, 128, 4, hints=True, stash=True, vec=True, hold=1),
            "loop hold 2 const": NormConfig("loop", 1, 128, 4, hints=True, const_n=True, hold=2),
-           "loop hold split": NormConfig("loop", 1, 128, 4, hints=True, stash=True, vec=True, split=3, hold=2)}[mode]
+           "loop hold split": NormConfig("loop", 1, 128, 4, hints=True, stash=True, vec=True, split=3, hold=2),
+           "loop split cluster": NormConfig("loop", 1, 128, 4, hints=True, stash=True, vec=True, split=3,
+                                            cluster=True),
+           "loop split const cluster": NormConfig("loop", 1, 128, 4, hints=True, stash=True, const_n=True, split=8,
+                                                  cluster=True),
+           "loop hold split cluster": NormConfig("loop", 1, 128, 4, hints=True, stash=True, vec=True, split=3, hold=2,
+                                                 cluster=True)}[mode]
     for res in (r, None):  # with and without the residual add
         y = poison_(torch.empty_like(x))
         h = poison_(torch.empty_like(x)) if res is not None else None
@@ -144,7 +153,8 @@ def test_layer_norm_far_from_zero(device, gen, width, dtype):
     for cfg in (NormConfig("two_pass", 1, c, 4), NormConfig("loop", 1, c, 4),
                 NormConfig("loop", 1, c, 4, stash=True), NormConfig("loop", 1, c, 4, vec=True),
                 NormConfig("loop", 1, c, 4, stash=True, split=4), NormConfig("loop", 2, c, 4, vec=True),
-                NormConfig("loop", 1, c, 4, hold=2), NormConfig("loop", 1, c, 4, stash=True, hold=1)):
+                NormConfig("loop", 1, c, 4, hold=2), NormConfig("loop", 1, c, 4, stash=True, hold=1),
+                NormConfig("loop", 1, c, 4, stash=True, split=4, cluster=True)):
         y, h = poison_(torch.empty_like(x)), poison_(torch.empty_like(x))
         norm_mod._launch(x, r, w, b, y, h, 1e-5, False, False, cfg)
         _check("layer", x, r, w, b, 1e-5, y, h)
@@ -211,6 +221,9 @@ def test_gpu_model_picks(monkeypatch):
         if mode == "loop":
             assert pick.block_n * pick.split * (pick.hold + 1) <= width
             assert width in norm_mod.LOOP_PICKS[(is_rms, residual)]  # a replacement, never a new width
+            if pick.cluster:  # a cluster size that launches (2-8, or 16), the row cut into exactly that many
+                seg = -(-(-(-width // pick.split)) // pick.block_n) * pick.block_n
+                assert -(-width // seg) == pick.split and (2 <= pick.split <= 8 or pick.split == 16)
         else:
             assert pick.block_n == width
         assert config("NVIDIA H100 80GB HBM3", is_rms, residual, width) == pick
@@ -255,11 +268,11 @@ def test_loop_stash_in_place(device, gen, kind):
     r = strided_like((5, 111), torch.bfloat16, device, generator=gen)
     w, b = _params(kind, 111, torch.bfloat16, device, gen)
     x0, r0 = x.clone(), r.clone()
-    for split, hold in ((1, 0), (3, 0), (1, 2)):
+    for split, hold, cluster in ((1, 0, False), (3, 0, False), (1, 2, False), (3, 0, True), (7, 1, True)):
         r.copy_(r0)
         y = poison_(torch.empty_like(x))
         norm_mod._launch(x, r, w, b, y, r, 1e-6, kind != "layer", kind == "gemma",
-                         NormConfig("loop", 1, 16, 4, hints=True, stash=True, split=split, hold=hold))
+                         NormConfig("loop", 1, 16, 4, hints=True, stash=True, split=split, hold=hold, cluster=cluster))
         _check(kind, x0, r0, w, b, 1e-6, y, r)
 
 
@@ -280,3 +293,31 @@ def test_loop_const_n(device, gen, kind, width, split):
         y = poison_(torch.empty_like(r))
         norm_mod._launch(x, None, w, b, y, None, 1e-6, kind != "layer", kind == "gemma", cfg)
         _check(kind, x, None, w, b, 1e-6, y, None)
+
+
+@pytest.mark.skipif(not ON_GPU or torch.cuda.get_device_capability()[0] < 9, reason="thread-block clusters: Hopper")
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("width, chunk, split", [(70001, 1024, 8), (262144, 8192, 16)])
+def test_cluster_split_gpu(gen, kind, width, chunk, split):
+    """The cluster path is taken (its compiled kernel launches clusters of ``split``), right
+    on wide rows (70001: 8 segments of 9 chunks of 1024, the last ragged; 256K in 16),
+    eagerly and replayed from a CUDA graph with new inputs."""
+    device = torch.device("cuda")
+    cfg = NormConfig("loop", 1, chunk, 16, hints=True, stash=True, vec=True, const_n=True, split=split, hold=1,
+                     drop_y=True, cluster=True)
+    x = torch.randn(5, width, generator=gen, device=device).to(torch.bfloat16)
+    r = torch.randn(5, width, generator=gen, device=device).to(torch.bfloat16)
+    w, b = _params(kind, width, torch.bfloat16, device, gen)
+    y, h = poison_(torch.empty_like(x)), poison_(torch.empty_like(x))
+    kernel = norm_mod._launch(x, r, w, b, y, h, 1e-6, kind != "layer", kind == "gemma", cfg)
+    assert kernel.packed_metadata[1] == split
+    _check(kind, x, r, w, b, 1e-6, y, h)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        norm_mod._launch(x, r, w, b, y, h, 1e-6, kind != "layer", kind == "gemma", cfg)
+    x.copy_(torch.randn(5, width, generator=gen, device=device))
+    poison_(y)
+    poison_(h)
+    graph.replay()
+    torch.cuda.synchronize()
+    _check(kind, x, r, w, b, 1e-6, y, h)

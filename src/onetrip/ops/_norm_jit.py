@@ -5,6 +5,7 @@ the modes)."""
 import triton
 import triton.language as tl
 
+from ._cluster import share3, smem_load
 from ._jit import cast_out
 
 
@@ -161,21 +162,30 @@ def _chunk_cols(col0, i, N, BLOCK_N: tl.constexpr, EVEN: tl.constexpr):
 
 
 @triton.jit
-def _split_combine(part_ptr, row, N, SEG, SPLIT: tl.constexpr, BLOCK_S: tl.constexpr, IS_RMS: tl.constexpr):
+def _split_combine(part_ptr, row, N, SEG, SPLIT: tl.constexpr, BLOCK_S: tl.constexpr, IS_RMS: tl.constexpr,
+                   CLUSTER: tl.constexpr = False):
     """A row's statistics from the partials (c_j, s1_j, s2_j) of its SPLIT segments (sums of
     d = h - c_j over n_j columns): moved to the common shift c_0,
         S1 = sum_j s1_j + n_j (c_j - c_0),   S2 = sum_j s2_j + (c_j - c_0)(2 s1_j + n_j (c_j - c_0)).
     Every segment shifts by its own first value because with the stash (and h written over
     the residual) another segment's first value may already be overwritten when it is read.
-    Returns (c_0, S1, S2); RMSNorm sums s2 alone."""
+    The partials come from global memory, or with CLUSTER from this CTA's shared memory at
+    address ``part_ptr`` (``_cluster.share3``'s buffer). Returns (c_0, S1, S2); RMSNorm sums
+    s2 alone."""
     j = tl.arange(0, BLOCK_S)
     ok = j < SPLIT
-    pp = part_ptr + (row.to(tl.int64) * SPLIT + j) * 3  # (BLOCK_S,)
-    s2 = tl.load(pp + 2, mask=ok, other=0.0, volatile=True)
+    if CLUSTER:
+        slot = part_ptr + 4 * j  # (BLOCK_S,) shared addresses of value 0; value k at + 64 k
+        s2 = tl.where(ok, smem_load(slot + 128), 0.0)
+        cj = tl.where(ok, smem_load(slot), 0.0)
+        s1 = tl.where(ok, smem_load(slot + 64), 0.0)
+    else:
+        pp = part_ptr + (row.to(tl.int64) * SPLIT + j) * 3  # (BLOCK_S,)
+        s2 = tl.load(pp + 2, mask=ok, other=0.0, volatile=True)
+        cj = tl.load(pp, mask=ok, other=0.0, volatile=True)
+        s1 = tl.load(pp + 1, mask=ok, other=0.0, volatile=True)
     if IS_RMS:
         return 0.0, 0.0, tl.sum(s2)
-    cj = tl.load(pp, mask=ok, other=0.0, volatile=True)
-    s1 = tl.load(pp + 1, mask=ok, other=0.0, volatile=True)
     nj = tl.minimum(tl.maximum(N - j * SEG, 0), SEG).to(tl.float32)
     c0 = tl.sum(tl.where(j == 0, cj, 0.0))
     dc = tl.where(ok, cj - c0, 0.0)
@@ -243,7 +253,7 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
               HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HINTS: tl.constexpr,
               STASH: tl.constexpr, VEC: tl.constexpr, UNROLL: tl.constexpr, SPLIT: tl.constexpr,
               BLOCK_S: tl.constexpr, LOOP_PART: tl.constexpr, EVEN: tl.constexpr, HOLD: tl.constexpr = 0,
-              DROP_Y: tl.constexpr = False):
+              DROP_Y: tl.constexpr = False, CLUSTER: tl.constexpr = False):
     """Mode "loop": a program per BLOCK_M rows (per segment of SEG columns of a row with
     SPLIT > 1), two passes over its chunks of BLOCK_N. Pass 1 sums the statistics; pass 2
     reads each chunk again, which a row of <= 512 KB finds in L2 (two programs an SM hold
@@ -252,7 +262,9 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
 
     SPLIT > 1: the SPLIT programs of a row exchange their partial sums between the passes
     (``_split_combine``): each waits on a per-row counter, as mode "coop" does (LOOP_PART 0),
-    so a program holds SPLIT times fewer bytes in L2 for SPLIT times less time. Under the
+    so a program holds SPLIT times fewer bytes in L2 for SPLIT times less time. CLUSTER
+    (Hopper): the row's programs are one thread-block cluster and exchange their sums
+    through distributed shared memory instead (``_cluster``): no atomics, no polling. Under the
     interpreter, which cannot wait on a sibling, the passes run as two launches instead:
     LOOP_PART 1 (pass 1, partials stored) and 2 (partials combined, pass 2).
 
@@ -322,7 +334,9 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
         else:
             s1 = v1
             s2 = v2
-    if SPLIT > 1:
+    if SPLIT > 1 and CLUSTER:  # the row's programs are one cluster: sums through shared memory
+        c, s1, s2 = _split_combine(share3(c, s1, s2, SPLIT), row, N, SEG, SPLIT, BLOCK_S, IS_RMS, True)
+    elif SPLIT > 1:
         if LOOP_PART != 2:
             part = part_ptr + (row.to(tl.int64) * SPLIT + seg) * 3
             if not IS_RMS:

@@ -27,6 +27,7 @@ class NormConfig:
     split: int = 1  # "loop": programs a row, each over a segment of whole chunks (<= 16)
     hold: int = 0  # "loop": leading chunks of a program's segment held in registers between the passes (<= 2)
     drop_y: bool = False  # "loop" with hints: pass 2's streamed y stored evict_first (y is never read again)
+    cluster: bool = False  # "loop" split (Hopper): a row's programs one cluster, sums through shared memory
 
 
 def _loop(block_n: int, warps: int, **flags) -> NormConfig:
@@ -97,12 +98,30 @@ LOOP_PICKS = {
 #   Liger had read 91% to our 88% in the ops bench (tune_ops.py --modes rows --rotate 4
 #   --repeat 2, results/tune-ops-rows-h100-20261125{,-4096sq}.json; the other rows picks
 #   at 2K-8K were within a point of their best there).
+# - "loop" as thread-block clusters (``cluster``, eighteenth session: a split row's sums
+#   exchanged through shared memory, ``_cluster.py``; tune_ops.py --focus --cluster
+#   --rotate 2, results/tune-ops-cluster-h100-20261125-{128k,256k,64rows,64k}.json), taken
+#   where the best cluster config beat the pick by 3 points, or by 2 with its neighbour
+#   (the other hold) beating it too; at 256K at both shapes (256 and 64 rows):
+#   rms_norm 128K 89.7 -> 92.4%, 256K 80.7 -> 88.1 (64 rows 68.3 -> 76.8);
+#   layer_norm 128K 84.2 -> 89.2, 256K 77.3 -> 83.6 (67.5 -> 73.5); add_rms_norm 128K
+#   91.8 -> 93.8; add_layer_norm 128K 89.2 -> 92.8, 256K (the H200's pick, two programs a
+#   row, as a cluster: results/tune-ops-cluster-held-h100-20261125*.json) 86.0 -> 88.7 (64
+#   rows 81.7 -> 87.2). Not taken: add_rms_norm 256K (the pick won; as a cluster it lost
+#   4-11 points), layer_norm 64K (93.2 -> 91.7 at best), whole segments held in registers
+#   (--held: 14-30 points lower without a residual; add_rms_norm 128K +1.9, one run).
+_CLUSTER = dict(hints=True, vec=True, const_n=True, cluster=True)
 PICKS_GPU = {
     "H100": {
         ("loop", False, False, 65536): _loop(16384, 32, hints=True, vec=True, unroll=2, const_n=True, drop_y=True),
         ("loop", False, True, 32768): _loop(16384, 32, stash=True, vec=True, const_n=True),
-        ("loop", True, False, 262144): _loop(8192, 16, hints=True, vec=True, const_n=True, split=8, hold=2,
-                                             drop_y=True),
+        ("loop", True, False, 131072): _loop(4096, 16, split=8, hold=1, drop_y=True, **_CLUSTER),
+        ("loop", True, False, 262144): _loop(4096, 16, split=16, hold=1, drop_y=True, **_CLUSTER),
+        ("loop", False, False, 131072): _loop(4096, 16, split=8, drop_y=True, **_CLUSTER),
+        ("loop", False, False, 262144): _loop(4096, 16, split=16, hold=1, drop_y=True, **_CLUSTER),
+        ("loop", True, True, 131072): _loop(4096, 8, stash=True, split=16, **_CLUSTER),
+        ("loop", False, True, 131072): _loop(4096, 8, stash=True, split=16, **_CLUSTER),
+        ("loop", False, True, 262144): _loop(16384, 32, stash=True, split=2, drop_y=True, **_CLUSTER),
         ("rows", False, False, 4096): NormConfig("rows", 1, 4096, 8),
     },
 }

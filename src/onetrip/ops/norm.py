@@ -28,8 +28,10 @@ How rows are covered (``NormConfig.mode``):
     pass finds the row in L2 while the rows of the programs in flight fit there (eviction
     hints keep them; with a residual, pass 1 stores h and pass 2 re-reads h alone; the
     first chunks may stay in registers instead, ``hold``). No program waits on another,
-    except with ``split``: a row's 2-8 programs exchange their sums once between the
-    passes (as "coop" does), so each holds a fraction of the row in L2. Chosen where
+    except with ``split``: a row's 2-16 programs exchange their sums once between the
+    passes (as "coop" does), so each holds a fraction of the row in L2; with ``cluster``
+    (Hopper) those programs are one thread-block cluster and the sums go through
+    distributed shared memory, not global atomics (``_cluster.py``). Chosen where
     ``LOOP_PICKS`` has the width (8K RMSNorm and from 16K wide without a residual, 32K-256K
     with one) and there is a row for every SM (``norm_config``).
 """
@@ -61,6 +63,7 @@ from ._common import (
     sm_count,
     use_triton,
 )
+from ._cluster import cluster_arrive, cluster_ok, launch_clusters
 from ._norm_picks import LOOP_PICKS, PICKS_GPU, ROWS_PICKS, NormConfig
 from ._norm_jit import _chunk_stats, _load_h, _load_wb, _loop_row, _mean_rstd, _store_y, _wait_row
 
@@ -88,12 +91,15 @@ def _norm_kernel(
     LOOP_PART: tl.constexpr = 0,  # "loop" split: 0 both passes (waiting), 1 pass 1, 2 pass 2
     HOLD: tl.constexpr = 0,     # "loop": chunks a program holds in registers between the passes
     DROP_Y: tl.constexpr = False,  # "loop" with HINTS: the streamed y stored evict_first too
+    CLUSTER: tl.constexpr = False,  # "loop" split: launched as clusters of SPLIT (_cluster.launch_clusters)
 ):
     if PHASE == 4:
-        if SPLIT > 1 and LOOP_PART == 0:
+        if SPLIT > 1 and LOOP_PART == 0 and not CLUSTER:
             t = tl.atomic_add(sync_ptr, 1)  # ticket in start order, as "coop" (no deadlock)
         else:
-            t = tl.program_id(0)
+            t = tl.program_id(0)  # a cluster's ranks run together: no order to keep
+        if CLUSTER:
+            cluster_arrive(t)
         BLOCK_S: tl.constexpr = 2 if SPLIT <= 2 else (4 if SPLIT <= 4 else (8 if SPLIT <= 8 else 16))
         # CONST_N > 0: the width (and so the dense rows' strides) and the segment as constants,
         # so the trip count, masks and row addresses are known to the compiler (each choice
@@ -107,7 +113,7 @@ def _norm_kernel(
         _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, t // SPLIT, t % SPLIT, M, n, seg_cols,
                   sx, sr, sy, sh, eps, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, HINTS,
                   STASH, VEC, UNROLL, SPLIT, BLOCK_S, LOOP_PART,
-                  CONST_N > 0 and CONST_N == SEG_N * SPLIT and SEG_N % BLOCK_N == 0, HOLD, DROP_Y)
+                  CONST_N > 0 and CONST_N == SEG_N * SPLIT and SEG_N % BLOCK_N == 0, HOLD, DROP_Y, CLUSTER)
         return
     # -- which chunk of columns (and, split, which row) this program owns -------------------
     if PHASE == 1:
@@ -255,38 +261,51 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
     # A split row's programs wait on each other in one launch on a GPU; the interpreter
     # runs programs one at a time, so there the passes are two launches.
     wait = _can_wait(x.device)
-    dummy = x
-    part = dummy
-    if cfg.mode in ("coop", "two_pass"):
-        part = torch.empty((M, C, 2), dtype=torch.float32, device=x.device)
-    elif split > 1:
-        part = torch.empty((M, split, 3), dtype=torch.float32, device=x.device)
-    sync = dummy
-    if cfg.mode == "coop" or (split > 1 and wait):
-        sync = torch.zeros(1 + M, dtype=torch.int32, device=x.device)
-    phases = {"rows": ((_ROWS, 0),), "coop": ((_COOP, 0),), "two_pass": ((_STATS, 0), (_APPLY, 0)),
-              "loop": ((_LOOP, 0),) if split == 1 or wait else ((_LOOP, 1), (_LOOP, 2))}[cfg.mode]
+    # cfg.cluster where a cluster of `split` can be launched (Hopper); elsewhere the split
+    # row exchanges its sums through global memory as without it.
+    cluster = cfg.mode == "loop" and cfg.cluster and split > 1 and wait and cluster_ok(x.device, split)
     if cfg.mode == "loop" and split > 1 and cfg.block_m != 1:
         raise ValueError(f"config.block_m={cfg.block_m} with split={cfg.split}: a split row is one row a program")
-    grid = (triton.cdiv(M, cfg.block_m) * (split if cfg.mode == "loop" else C),)
     const_n = N if cfg.const_n and dense else 0
-    for phase, part_of_loop in phases:
-        kernel = _norm_kernel[grid](
-            x, residual if residual is not None else dummy, weight if weight is not None else dummy,
-            bias if bias is not None else dummy, y, h if h is not None else dummy, part, sync,
-            M, N, C, seg,
-            x.stride(0), residual.stride(0) if residual is not None else 0, y.stride(0),
-            h.stride(0) if h is not None else 0,
-            eps,
+
+    def launch(phase, part_of_loop, part, sync, clusters):
+        args = (x, residual if residual is not None else x, weight if weight is not None else x,
+                bias if bias is not None else x, y, h if h is not None else x, part, sync,
+                M, N, C, seg,
+                x.stride(0), residual.stride(0) if residual is not None else 0, y.stride(0),
+                h.stride(0) if h is not None else 0,
+                eps)
+        meta = dict(
             IS_RMS=is_rms, GEMMA=gemma,
             HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
             PHASE=phase, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_C=max(2, triton.next_power_of_2(C)),
             HINTS=cfg.hints, STASH=cfg.stash and residual is not None, VEC=cfg.vec,
             UNROLL=cfg.unroll, CONST_N=const_n, SPLIT=split, SEG_N=seg if const_n else 0, LOOP_PART=part_of_loop,
             HOLD=cfg.hold if part_of_loop == 0 else 0,  # two launches: pass 2 cannot hold pass 1's registers
-            DROP_Y=cfg.drop_y,
+            DROP_Y=cfg.drop_y, CLUSTER=clusters,
             num_warps=cfg.num_warps,
         )
+        if clusters:  # None when this Triton's launcher cannot be given a cluster size
+            return launch_clusters(_norm_kernel, M, split, *args, **meta)
+        grid = (triton.cdiv(M, cfg.block_m) * (split if cfg.mode == "loop" else C),)
+        return _norm_kernel[grid](*args, **meta)
+
+    if cluster:
+        kernel = launch(_LOOP, 0, x, x, True)
+        if kernel is not None:
+            return kernel
+    part = x
+    if cfg.mode in ("coop", "two_pass"):
+        part = torch.empty((M, C, 2), dtype=torch.float32, device=x.device)
+    elif split > 1:
+        part = torch.empty((M, split, 3), dtype=torch.float32, device=x.device)
+    sync = x
+    if cfg.mode == "coop" or (split > 1 and wait):
+        sync = torch.zeros(1 + M, dtype=torch.int32, device=x.device)
+    phases = {"rows": ((_ROWS, 0),), "coop": ((_COOP, 0),), "two_pass": ((_STATS, 0), (_APPLY, 0)),
+              "loop": ((_LOOP, 0),) if split == 1 or wait else ((_LOOP, 1), (_LOOP, 2))}[cfg.mode]
+    for phase, part_of_loop in phases:
+        kernel = launch(phase, part_of_loop, part, sync, False)
     return kernel
 
 
