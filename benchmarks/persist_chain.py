@@ -78,11 +78,12 @@ def _tile(x_ptr, w_ptr, y_ptr, t, N, K, stride_w, w0, SILU_MUL: tl.constexpr, HA
     if HAVE_W0:
         w = w0
     else:
-        w = _row_weights(w_rows, ks, K, col_ok, 1, True)
+        w = _row_weights(w_rows, ks, K, col_ok, 1, True, "")
     acc = w.to(tl.float32) * _x_chunk(x_ptr, ks, K, SILU_MUL)[None, :]
     for k0 in range(BLOCK_K, K, BLOCK_K):
         k = k0 + ks
-        acc += _row_weights(w_rows, k, K, col_ok, 1, True).to(tl.float32) * _x_chunk(x_ptr, k, K, SILU_MUL)[None, :]
+        w = _row_weights(w_rows, k, K, col_ok, 1, True, "")
+        acc += w.to(tl.float32) * _x_chunk(x_ptr, k, K, SILU_MUL)[None, :]
     tl.store(y_ptr + cols, cast_out(tl.sum(acc, axis=1), y_ptr.dtype.element_ty), mask=col_ok)
 
 
@@ -106,7 +107,7 @@ def _persist_chain_kernel(
         if PRELOAD:  # the weights never depend on phase 1
             cols = pid * BN2 + tl.arange(0, BN2)
             w0 = _row_weights(w2_ptr + cols.to(tl.int64)[:, None] * stride_w2, tl.arange(0, BK2), K2,
-                              cols < N2, 1, True)
+                              cols < N2, 1, True, "")
         tl.debug_barrier()  # every thread's stores of mid issued before the count releases them
         arrived = tl.atomic_add(sync_ptr, 1, sem="release") + 1
         while arrived < P:

@@ -24,9 +24,10 @@ def _rstd(ss_in_ptr, n_ss, K, eps, BLOCK_SS: tl.constexpr, ACC: tl.constexpr):
 
 
 @triton.jit
-def _row_weights(w_rows, k, k_hi, col_ok, stride_wk, EVEN_K: tl.constexpr, EVICT: tl.constexpr = ""):
+def _row_weights(w_rows, k, k_hi, col_ok, stride_wk, EVEN_K: tl.constexpr, EVICT: tl.constexpr):
     """The (BLOCK_N, BLOCK_K) weight tile at columns ``k`` of a one-row GEMV's K loop, loaded
-    with L2 eviction policy ``EVICT`` ("" the default)."""
+    with L2 eviction policy ``EVICT`` ("" for none; no default: Triton 3.6 passes a jit
+    function's default string to it unwrapped, which fails to compile)."""
     if EVEN_K:
         return tl.load(w_rows + k[None, :] * stride_wk, mask=col_ok[:, None], other=0.0, eviction_policy=EVICT)
     else:
