@@ -32,10 +32,8 @@ Per row (N = C * SEG, SEG a power of two <= BLOCK * chunks):
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -170,20 +168,13 @@ VARIANTS = {  # width: (c, block, warps, held)
 
 
 def main() -> int:
+    from gemv_chain import chain_setup
     from sweep_gemv import time_per_call
 
-    from onetrip.bench import harness
     from onetrip.ops import norm
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=Path("gpu-out"))
-    args = ap.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
+    args, copy, flush, res = chain_setup()
     dev, dt = torch.device("cuda"), torch.bfloat16
-    copy = harness.copy_bandwidth_gbs(dev)
-    flush = harness.new_flush_buffer(dev)
-    res = {"meta": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-                    "copy_gbs": copy, "date": time.strftime("%Y-%m-%d %H:%M")}, "rows": []}
     print(f"copy {copy:.0f} GB/s", flush=True)
     for (rows, width), is_rms in [(s, r) for s in ((512, 131072), (256, 262144), (64, 262144)) for r in (True, False)]:
         name = "rms_norm" if is_rms else "layer_norm"

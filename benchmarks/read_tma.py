@@ -26,10 +26,8 @@ Timing as everywhere in these A/Bs: one CUDA graph of calls over input copies pa
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -154,18 +152,11 @@ POINTER_SUMS = {
 
 
 def main() -> int:
-    from onetrip.bench import harness
+    from gemv_chain import chain_setup
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=Path("gpu-out"))
-    args = ap.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
+    args, copy, flush, res = chain_setup()
     dev = torch.device("cuda")
     _check(dev)
-    copy = harness.copy_bandwidth_gbs(dev)
-    flush = harness.new_flush_buffer(dev)
-    res = {"meta": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-                    "copy_gbs": copy, "date": time.strftime("%Y-%m-%d %H:%M")}, "rows": []}
     print(f"copy {copy:.0f} GB/s", flush=True)
     for nbytes, copies, variants in PLANS:
         n = nbytes // 2

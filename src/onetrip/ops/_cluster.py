@@ -32,6 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._common import is_interpreting
+
 MAX_RANKS = 16  # cluster sizes 2-8 are portable; 16 is allowed on H100 / H200 (Triton's launcher opts in)
 
 
@@ -79,12 +81,10 @@ def smem_load(addr):
 
 def cluster_ok(device: torch.device, ranks: int) -> bool:
     """A cluster of ``ranks`` can be launched here: a Hopper-or-newer GPU (not Triton's
-    interpreter), 2-8 ranks or 16, and a Triton whose compiled kernels carry the packed
-    launch metadata this module patches."""
+    interpreter), 2-8 ranks or 16. (Whether this Triton's launcher takes a cluster size is
+    known at the launch: ``launch_clusters`` returns None when it does not.)"""
     if device.type != "cuda" or not (2 <= ranks <= 8 or ranks == MAX_RANKS):
         return False
-    from ._common import is_interpreting
-
     return not is_interpreting() and torch.cuda.get_device_capability(device)[0] >= 9
 
 
