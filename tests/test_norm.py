@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 import torch
 
@@ -208,6 +210,16 @@ def test_config_rule():
         assert all(c.mode == "loop" and c.block_n < w for w, c in table.items())
 
 
+def test_segments():
+    """A split row's programs: segments of whole chunks, none empty; a cluster never 9-15."""
+    loop = NormConfig("loop", 1, 4096, 16, split=16)
+    assert norm_mod._segments(262144, loop) == (16, 16384)
+    assert norm_mod._segments(140000, loop) == (12, 12288)  # the global exchange takes any count
+    assert norm_mod._segments(140000, dataclasses.replace(loop, cluster=True)) == (7, 20480)
+    assert norm_mod._segments(5000, dataclasses.replace(loop, cluster=True)) == (2, 4096)
+    assert norm_mod._segments(5000, dataclasses.replace(loop, split=1)) == (1, 5000)
+
+
 def test_gpu_model_picks(monkeypatch):
     """A GPU model's own picks replace LOOP_PICKS' / ROWS_PICKS' (or the rule's) on that
     model only, under the same rows-per-SM rule; each fits its width."""
@@ -298,11 +310,13 @@ def test_loop_const_n(device, gen, kind, width, split):
 
 @pytest.mark.skipif(not ON_GPU or torch.cuda.get_device_capability()[0] < 9, reason="thread-block clusters: Hopper")
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("width, chunk, split", [(70001, 1024, 8), (262144, 8192, 16)])
-def test_cluster_split_gpu(gen, kind, width, chunk, split):
-    """The cluster path is taken (its compiled kernel launches clusters of ``split``), right
-    on wide rows (70001: 8 segments of 9 chunks of 1024, the last ragged; 256K in 16),
-    eagerly and replayed from a CUDA graph with new inputs."""
+@pytest.mark.parametrize("width, chunk, split, ranks", [(70001, 1024, 8, 8), (262144, 8192, 16, 16),
+                                                        (140000, 4096, 16, 7)])
+def test_cluster_split_gpu(gen, kind, width, chunk, split, ranks):
+    """The cluster path is taken (its compiled kernel launches clusters of ``ranks``), right
+    on wide rows (70001: 8 segments of 9 chunks of 1024, the last ragged; 256K in 16;
+    140000 asked in 16 would be 12, which no cluster launches: 7 wider ones instead), eagerly
+    and replayed from a CUDA graph with new inputs."""
     device = torch.device("cuda")
     cfg = NormConfig("loop", 1, chunk, 16, hints=True, stash=True, vec=True, const_n=True, split=split, hold=1,
                      drop_y=True, cluster=True)
@@ -311,7 +325,7 @@ def test_cluster_split_gpu(gen, kind, width, chunk, split):
     w, b = _params(kind, width, torch.bfloat16, device, gen)
     y, h = poison_(torch.empty_like(x)), poison_(torch.empty_like(x))
     kernel = norm_mod._launch(x, r, w, b, y, h, 1e-6, kind != "layer", kind == "gemma", cfg)
-    assert kernel.packed_metadata[1] == split
+    assert kernel.packed_metadata[1] == ranks
     _check(kind, x, r, w, b, 1e-6, y, h)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -236,6 +236,21 @@ def norm_config(rows: int, width: int, device: torch.device, *, is_rms: bool = T
     return NormConfig("coop" if coop else "two_pass", 1, chunk, chunk_warps)
 
 
+def _segments(N: int, cfg: NormConfig) -> tuple[int, int]:
+    """(programs, columns) a row is split into by "loop" ``cfg``: segments of whole chunks,
+    none empty, so a row may take fewer programs than ``cfg.split``. A cluster has 2-8 ranks
+    or 16 (``_cluster.cluster_ok``): a count of 9-15 takes 8 wider segments instead (a 140000
+    wide row of 4096-chunks in 16 would be 12)."""
+    if cfg.mode != "loop" or cfg.split == 1:
+        return 1, N
+    for parts in (cfg.split, 8):
+        seg = triton.cdiv(triton.cdiv(N, parts), cfg.block_n) * cfg.block_n
+        split = triton.cdiv(N, seg)
+        if not (cfg.cluster and 8 < split < 16):
+            break
+    return split, seg
+
+
 def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bool,
             config: NormConfig | None = None):
     """Launch on validated 2-D views (unit column stride); ``h`` is None without a residual.
@@ -254,10 +269,7 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
         raise ValueError(f"config.split={cfg.split} must be from 1 to 16")
     if not 0 <= cfg.hold <= 2:
         raise ValueError(f"config.hold={cfg.hold} must be 0, 1 or 2")
-    split, seg = 1, N
-    if cfg.mode == "loop" and cfg.split > 1:  # segments of whole chunks; none empty
-        seg = triton.cdiv(triton.cdiv(N, cfg.split), cfg.block_n) * cfg.block_n
-        split = triton.cdiv(N, seg)
+    split, seg = _segments(N, cfg)
     # A split row's programs wait on each other in one launch on a GPU; the interpreter
     # runs programs one at a time, so there the passes are two launches.
     wait = _can_wait(x.device)
