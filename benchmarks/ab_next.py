@@ -24,8 +24,8 @@ GEMV's weight beside each kernel (removed), and what one kernel reads of 4-64 MB
 
 Round 24 (H100, seventeenth session: the split merge launched under PDL, with the
 ``profile_b1_4k`` and ``read_floor`` parts; ab-round24-merge-pdl-h100-20261125.json) ran here;
-its part is in git history at 8775e86. A decode_sweep variant may be a (config, module
-flags) pair, the flags (decode_attention's) set while its graph is captured (``ab_engine._settings``).
+its part (decode_sweep variants carrying module flags, set while a graph was captured) is
+in git history at 8775e86.
 
 Every variant is timed as one CUDA graph (median of 15 replays) over enough input copies
 to pass 256 MiB; writes ab-next.json. Earlier rounds' code is in git history beside their
@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sweep_gemv import time_per_call  # noqa: E402
 
-from ab_engine import _settings, engine_ab, engine_traces  # noqa: E402  (the batch-1 step's A/Bs)
+from ab_engine import engine_ab, engine_traces  # noqa: E402  (the batch-1 step's A/Bs)
 from onetrip.bench import harness  # noqa: E402
 from onetrip.bench.decode_attn import DecodeCell, make_inputs  # noqa: E402
 from onetrip.ops.decode_attention import decode_attention  # noqa: E402
@@ -119,16 +119,14 @@ def decode_sweep(flush, copy, dev="cuda", cells=CELLS, variants_of=_decode_varia
                                   block_table=t0["block_table"]).float()
         row = {"cell": f"B={b} ctx={ctx} {layout}", "input_sets": len(sets),
                "heuristic": dataclasses.astuple(heur), "configs": {}}
-        for variant in dict.fromkeys(variants_of(heur, layout)):
-            cfg, flags = variant if isinstance(variant, tuple) else (variant, ())
-            key = str(list(dataclasses.astuple(cfg))) + "".join(f" {k}={v}" for k, v in flags)
+        for cfg in dict.fromkeys(variants_of(heur, layout)):
+            key = str(list(dataclasses.astuple(cfg)))
             outs = [torch.empty_like(t["q"]) for t in sets]
             calls = [lambda t=t, o=o: da._launch(t["q"], t["k_cache"], t["v_cache"], t["cache_seqlens"],  # noqa: E731
                                                  t["block_table"], o, D ** -0.5, -1, 0.0, cfg)
                      for t, o in zip(sets, outs)]
             try:
-                with _settings({f"decode_attention.{k}": v for k, v in flags}):  # read when captured
-                    us = 1e3 * time_per_call(calls, flush)  # already per call
+                us = 1e3 * time_per_call(calls, flush)  # already per call
             except Exception as exc:  # noqa: BLE001 - recorded, the sweep goes on
                 row["configs"][key] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
                 continue
@@ -211,20 +209,19 @@ def profile_small(flush, copy, dev="cuda"):
     sdpa = [lambda t=t: F.scaled_dot_product_attention(  # noqa: E731
         t["q"].transpose(1, 2), t["k_cache"].transpose(1, 2), t["v_cache"].transpose(1, 2), enable_gqa=True)
         for t in sets]
-    variants = (("heuristic", heur, ours(heur), ()),
+    variants = (("heuristic", heur, ours(heur)),
                 ("2x splits", dataclasses.replace(heur, num_splits=2 * heur.num_splits),
-                 ours(dataclasses.replace(heur, num_splits=2 * heur.num_splits)), ()),
-                ("sdpa", None, sdpa, ()))
-    for label, cfg, calls, flags in variants:
+                 ours(dataclasses.replace(heur, num_splits=2 * heur.num_splits))),
+                ("sdpa", None, sdpa))
+    for label, cfg, calls in variants:
         try:
+            for c in calls:
+                c()
+            torch.cuda.synchronize()
             g = torch.cuda.CUDAGraph()
-            with _settings({f"decode_attention.{k}": v for k, v in flags}):
+            with torch.cuda.graph(g):
                 for c in calls:
                     c()
-                torch.cuda.synchronize()
-                with torch.cuda.graph(g):
-                    for c in calls:
-                        c()
             g.replay()
             torch.cuda.synchronize()
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:

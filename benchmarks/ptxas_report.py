@@ -35,7 +35,8 @@ POINTERS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "y_ptr": "*bf1
             "kn_ptr": "*bf16", "vn_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32"}  # decode attention
 FLOATS = ("eps", "qk_scale", "softcap_log2")
 BASE = dict(W_EVICT="evict_first", HAS_BIAS=False, RES_OUT=False, NORM_IN=False, NORM_LATE=False, BLOCK_SS=512,
-            SPLIT=False, USE_DOT=False, EVEN_K=True, SILU_MUL=False, BLOCK_M=1, BLOCK_N=8, BLOCK_K=1024, ACC=tl.float32, PDL=0, EARLY=0)
+            SPLIT=False, USE_DOT=False, EVEN_K=True, SILU_MUL=False, BLOCK_M=1, BLOCK_N=8, BLOCK_K=1024,
+            ACC=tl.float32, PDL=0, EARLY=0)
 VARIANTS = {  # (constexprs, num_warps): the engine's configs at batch 1 (_gemv_config)
     "qkv/o/down plain, 8 x 1024": ({}, 8),
     "qkv + RMSNorm prologue": ({"NORM_IN": True}, 8),

@@ -148,17 +148,16 @@ def near_candidates(width, rows, is_rms, residual):
     if pick.mode != "loop":
         return
     seen = {pick}
+
     def ok(c):
         segment = c.block_n * c.split * (c.hold + 1)
         return (1 <= c.split <= 16 and segment <= width and c not in seen
                 and not (residual and c.num_warps == 32 and c.hold > 0)  # spills
                 and c.block_n // (32 * c.num_warps) <= 64)
-    variants = [dataclasses.replace(pick, split=pick.split * 2), dataclasses.replace(pick, split=max(1, pick.split // 2)),
-                dataclasses.replace(pick, hold=min(2, pick.hold + 1)), dataclasses.replace(pick, hold=max(0, pick.hold - 1)),
-                dataclasses.replace(pick, drop_y=not pick.drop_y),
-                dataclasses.replace(pick, unroll=1 if pick.unroll > 1 else 2)]
-    for chunk, warps in ((4096, 16), (8192, 16), (8192, 32), (16384, 32)):
-        variants.append(dataclasses.replace(pick, block_n=chunk, num_warps=warps))
+    steps = [dict(split=pick.split * 2), dict(split=max(1, pick.split // 2)), dict(hold=min(2, pick.hold + 1)),
+             dict(hold=max(0, pick.hold - 1)), dict(drop_y=not pick.drop_y), dict(unroll=1 if pick.unroll > 1 else 2)]
+    steps += [dict(block_n=chunk, num_warps=warps) for chunk, warps in ((4096, 16), (8192, 16), (8192, 32), (16384, 32))]
+    variants = [dataclasses.replace(pick, **step) for step in steps]
     for c in variants:
         if ok(c):
             seen.add(c)
