@@ -92,6 +92,7 @@ def _norm_kernel(
     HOLD: tl.constexpr = 0,     # "loop": chunks a program holds in registers between the passes
     DROP_Y: tl.constexpr = False,  # "loop" with HINTS: the streamed y stored evict_first too
     CLUSTER: tl.constexpr = False,  # "loop" split: launched as clusters of SPLIT (_cluster.launch_clusters)
+    LATE_WB: tl.constexpr = False,  # "rows": the weight and bias loaded after the statistics
 ):
     if PHASE == 4:
         if SPLIT > 1 and LOOP_PART == 0 and not CLUSTER:
@@ -123,7 +124,11 @@ def _norm_kernel(
     chunk = t % C
     cols = chunk * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
     col_ok = cols < N
-    w, b = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS)
+    if PHASE == 0 and LATE_WB:
+        w = 0.0  # loaded after the statistics (below)
+        b = 0.0
+    else:
+        w, b = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS)
 
     if PHASE == 0:
         # -- whole rows: a tile of BLOCK_M rows ----------------------------------------------
@@ -134,14 +139,17 @@ def _norm_kernel(
         h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL, True)
         if IS_RMS:
             mean = 0.0
+            mean_lo = 0.0
             rstd = tl.rsqrt(tl.sum(h * h, axis=1) / N + eps)[:, None]  # (BLOCK_M, 1)
         else:
             mean, mean_lo, rstd = _mean_rstd(h, mask, N, eps, x_ptr.dtype.element_ty == tl.float32)
             mean = mean[:, None]
             mean_lo = mean_lo[:, None]
             rstd = rstd[:, None]
+        if LATE_WB:
+            w, b = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS)
         _store_y(y_ptr, h, mean, rstd, w, b, rows, cols, mask, stride_ym, IS_RMS, GEMMA, HAS_WEIGHT, HAS_BIAS,
-                 mean_lo if not IS_RMS else 0.0, TWO_PART=x_ptr.dtype.element_ty == tl.float32 and not IS_RMS)
+                 mean_lo, TWO_PART=x_ptr.dtype.element_ty == tl.float32 and not IS_RMS)
     else:
         # -- split rows (BLOCK_M == 1): statistics are scalars. Keeping them scalar matters: a
         # (1, BLOCK_C) tensor of partials broadcast against the (1, BLOCK_N) chunk made the
@@ -294,7 +302,7 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
             HINTS=cfg.hints, STASH=cfg.stash and residual is not None, VEC=cfg.vec,
             UNROLL=cfg.unroll, CONST_N=const_n, SPLIT=split, SEG_N=seg if const_n else 0, LOOP_PART=part_of_loop,
             HOLD=cfg.hold if part_of_loop == 0 else 0,  # two launches: pass 2 cannot hold pass 1's registers
-            DROP_Y=cfg.drop_y, CLUSTER=clusters,
+            DROP_Y=cfg.drop_y, CLUSTER=clusters, LATE_WB=cfg.late_wb,
             num_warps=cfg.num_warps,
         )
         if clusters:  # None when this Triton's launcher cannot be given a cluster size
