@@ -1,0 +1,72 @@
+"""Experiment: what the weight and bias cost the wide norms (issue 2; NOTES.md, nineteenth
+session). The loop re-reads a row's weight (and bias) from L2 in pass 2, for every row, as
+it re-reads the row itself: at 128K-256K, with a quarter of the row held, L2 serves ~2.5
+(RMSNorm) to ~4.5 (LayerNorm) bytes an element besides the HBM traffic's 4. If L2's
+bandwidth is what holds LayerNorm 5-7 points under RMSNorm there, dropping the bias (and
+then the weight) frees it and the time falls; if not, the time stays.
+
+The library's own kernels and picks, timed as ``onetrip bench ops`` times them (a replay of
+back-to-back calls over input sets that pass 256 MiB), with the weight and bias present or
+None; bytes counted as if present (so the % compares time alone).
+
+    python benchmarks/norm_wb.py --out DIR      # on an H100/H200
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+SHAPES = [(4096, 4096), (1024, 65536), (512, 131072), (256, 262144), (64, 262144)]
+VARIANTS = {"rms": [("weight", True, False), ("none", False, False)],
+            "layer": [("weight + bias", True, True), ("weight", True, False), ("none", False, False)]}
+
+
+def main() -> int:
+    from gemv_chain import chain_setup
+
+    from onetrip.bench import harness
+    from onetrip.bench.ops import timing_plan
+    from onetrip.ops import norm
+
+    args, copy, flush, res = chain_setup()
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    print(f"copy {copy:.0f} GB/s", flush=True)
+    for rows, width in SHAPES:
+        for kind, variants in VARIANTS.items():
+            nbytes = 2 * rows * width * 2 + (1 if kind == "rms" else 2) * width * 2
+            n_sets, n_calls = timing_plan(nbytes)
+            xs = [torch.randn(rows, width, device=dev).to(dt) for _ in range(n_sets)]
+            ys = [torch.empty_like(x) for x in xs]
+            w = torch.randn(width, device=dev).to(dt)
+            b = torch.randn(width, device=dev).to(dt)
+            for label, has_w, has_b in variants:
+                wv, bv = (w if has_w else None), (b if has_b else None)
+                if kind == "rms":
+                    fns = [lambda x=x, y=y: norm.rms_norm(x, wv, 1e-6, out=y) for x, y in zip(xs, ys)]
+                else:
+                    fns = [lambda x=x, y=y: norm.layer_norm(x, wv, bv, 1e-5, out=y) for x, y in zip(xs, ys)]
+
+                def replay(fns=fns):
+                    for i in range(n_calls):
+                        fns[i % n_sets]()
+                t = harness.per_call(harness.time_ms(replay, flush=flush), n_calls)
+                pct = 100 * nbytes / (t.median_ms * 1e6) / copy
+                res["rows"].append({"op": f"{kind}_norm", "rows": rows, "width": width, "params": label,
+                                    "us": 1e3 * t.median_ms, "pct_of_copy": pct, "sets": n_sets, "calls": n_calls})
+                print(f"{kind:5s} {rows:4d} x {width:6d} {label:14s} {1e3 * t.median_ms:8.2f} us {pct:5.1f}%",
+                      flush=True)
+            del xs, ys
+            torch.cuda.empty_cache()
+    (args.out / "norm-wb.json").write_text(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

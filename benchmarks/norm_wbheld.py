@@ -1,0 +1,198 @@
+"""Experiment: the split-row cluster norm with its weight and bias held in registers over
+several rows (issue 2's 128K-256K rows; NOTES.md, nineteenth session).
+
+Why: dropping the weight and bias from the library's picks (``norm_wb.py``, H100) raised
+layer_norm 88.2 -> 92.2% of copy at 128K and 80.5 -> 89.9% at 256K, rms_norm 87.9 -> 91.2%
+at 256K: in pass 2 every row re-reads its weight (and bias) from L2 beside the row itself,
+2 (4) of the ~6-8 bytes an element that L2 sends an SM. Here each program of a row's
+cluster loads its segment's weight (and bias) once, as a tuple of chunks in registers, and
+normalizes R rows one after the other with them (R = 1: the library's design, the weight
+re-read; HELD_WB False: re-read for every row, R only batching rows). Pass 1 reads the
+segment's chunks from HBM (the first HOLD kept in registers), the sums go through the
+cluster (``_cluster.share3``), pass 2 re-reads the rest from L2.
+
+16-bit dense rows, N = C x SEG, SEG a multiple of BLOCK, Llama convention (an experiment).
+
+    python benchmarks/norm_wbheld.py --out DIR      # on an H100/H200
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from onetrip.ops._cluster import cluster_arrive, share3  # noqa: E402
+from onetrip.ops._jit import cast_out  # noqa: E402
+from onetrip.ops._norm_jit import _split_combine  # noqa: E402
+from norm_stream import _opaque  # noqa: E402
+
+
+@triton.jit
+def _wb_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, eps, N: tl.constexpr, SEG: tl.constexpr, BLOCK: tl.constexpr,
+               C: tl.constexpr, R: tl.constexpr, IS_RMS: tl.constexpr, HELD_WB: tl.constexpr, HOLD: tl.constexpr):
+    pid = tl.program_id(0)
+    cluster_arrive(pid)
+    BLOCK_S: tl.constexpr = 2 if C <= 2 else (4 if C <= 4 else (8 if C <= 8 else 16))
+    NCH: tl.constexpr = SEG // BLOCK
+    lo = (pid % C) * SEG
+    first = (pid // C) * R
+    offs = tl.arange(0, BLOCK)
+    ws = ()
+    bs = ()
+    if HELD_WB:
+        for k in tl.static_range(NCH):
+            ws = ws + (tl.load(w_ptr + lo + k * BLOCK + offs),)
+            if not IS_RMS:
+                bs = bs + (tl.load(b_ptr + lo + k * BLOCK + offs),)
+    for i in tl.range(0, R):
+        row = first + i
+        if row < M:  # the same for the whole cluster
+            xrow = x_ptr + row.to(tl.int64) * N + lo
+            yrow = y_ptr + row.to(tl.int64) * N + lo
+            c = 0.0
+            if not IS_RMS:
+                c = tl.load(xrow).to(tl.float32)
+            a1 = tl.zeros([BLOCK], tl.float32)
+            a2 = tl.zeros([BLOCK], tl.float32)
+            held = ()
+            for k in tl.static_range(NCH):
+                if k < HOLD:
+                    v = tl.load(xrow + k * BLOCK + offs, eviction_policy="evict_first")
+                    held = held + (v,)
+                else:
+                    v = tl.load(xrow + k * BLOCK + offs, eviction_policy="evict_last")
+                d = v.to(tl.float32) - c
+                a1 += d
+                a2 += d * d
+            c0, s1, s2 = _split_combine(share3(c, tl.sum(a1), tl.sum(a2), C), row, N, SEG, C, BLOCK_S, IS_RMS, True)
+            if i + 1 < R and row + 1 < M:
+                cluster_arrive(pid)  # slots read: the siblings may write the next row's
+            mean_lo = s1 / N
+            if IS_RMS:
+                rstd = tl.rsqrt(s2 / N + eps)
+            else:
+                rstd = tl.rsqrt(tl.maximum(s2 / N - mean_lo * mean_lo, 0.0) + eps)
+            for k in tl.static_range(NCH):
+                if k < HOLD:
+                    h = held[k].to(tl.float32)
+                else:
+                    h = tl.load(xrow + k * BLOCK + offs, eviction_policy="evict_first").to(tl.float32)
+                if HELD_WB:  # (_opaque: widened here, each row; hoisted, the float32 copies took 128 registers)
+                    wv = _opaque(ws[k], True).to(tl.float32)
+                else:
+                    wv = tl.load(w_ptr + lo + k * BLOCK + offs).to(tl.float32)
+                if IS_RMS:
+                    y = cast_out(h * rstd, y_ptr.dtype.element_ty).to(tl.float32) * wv
+                else:
+                    if HELD_WB:
+                        bv = _opaque(bs[k], True).to(tl.float32)
+                    else:
+                        bv = tl.load(b_ptr + lo + k * BLOCK + offs).to(tl.float32)
+                    y = ((h - c0) - mean_lo) * rstd * wv + bv
+                tl.store(yrow + k * BLOCK + offs, cast_out(y, y_ptr.dtype.element_ty), eviction_policy="evict_first")
+
+
+_PATCHED: set = set()
+
+
+def wb_norm(x, weight, bias, eps, y, c: int, block: int, warps: int, r: int, held_wb: bool, hold: int):
+    """RMSNorm (bias None) or LayerNorm of dense 16-bit rows x (M, N) into y: clusters of c
+    programs a row, each cluster over r rows in turn."""
+    M, N = x.shape
+    seg = N // c
+    if N % c or seg % block or not 2 <= c <= 16:
+        raise ValueError(f"N={N} must split into {c} segments of whole {block}-wide chunks")
+    clusters = triton.cdiv(M, r)
+    is_rms = bias is None
+    args = (x, weight, bias if bias is not None else weight, y, M, eps)
+    meta = dict(N=N, SEG=seg, BLOCK=block, C=c, R=r, IS_RMS=is_rms, HELD_WB=held_wb, HOLD=hold, num_warps=warps)
+    key = (x.dtype, N, c, block, warps, r, held_wb, hold, is_rms, x.device.index)
+    if key not in _PATCHED:
+        k = _wb_kernel.warmup(*args, grid=(clusters * c,), **meta)
+        k._init_handles()
+        k.packed_metadata = (k.packed_metadata[0], c, k.packed_metadata[2])  # (warps, cluster size, shared)
+        _PATCHED.add(key)
+    _wb_kernel[(clusters,)](*args, **meta)  # the launcher multiplies the grid by the cluster size
+    return y
+
+
+def ptx_report(N: int, c: int, block: int, warps: int, is_rms: bool, r: int, held_wb: bool, hold: int) -> str:
+    """Registers and spills at sm_90a (offline: Triton 3.6 + ptxas)."""
+    from ptxas_report import _compile_marked, _ptxas  # noqa: PLC0415
+
+    fn = _wb_kernel
+    const = dict(N=N, SEG=N // c, BLOCK=block, C=c, R=r, IS_RMS=is_rms, HELD_WB=held_wb, HOLD=hold)
+    sig = {n: "constexpr" if n in const else ("*bf16" if n.endswith("_ptr") else ("fp32" if n == "eps" else "i32"))
+           for n in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n.endswith("_ptr")}
+    regs, _, line = _ptxas(_compile_marked(fn, sig, const, attrs, warps).asm["ptx"])
+    return f"{regs} registers; {line}"
+
+
+# (rows, width): [(c, block, warps, r, held_wb, hold)]
+VARIANTS = {(512, 131072): [(8, 4096, 16, r, h, hold) for r in (1, 2, 4) for h in (True, False) for hold in (0, 1)],
+            (256, 262144): [(16, 4096, 16, r, h, hold) for r in (1, 2, 4) for h in (True, False) for hold in (0, 1)],
+            (64, 262144): [(16, 4096, 16, r, h, 1) for r in (1, 2) for h in (True, False)]}
+
+
+def main() -> int:
+    from gemv_chain import chain_setup
+
+    from onetrip.bench import harness
+    from onetrip.bench.ops import timing_plan
+    from onetrip.ops import norm
+
+    args, copy, flush, res = chain_setup()
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    print(f"copy {copy:.0f} GB/s", flush=True)
+    for (rows, width), is_rms in [(s, k) for s in VARIANTS for k in (True, False)]:
+        name = "rms_norm" if is_rms else "layer_norm"
+        nbytes = 2 * rows * width * 2
+        n_sets, n_calls = timing_plan(nbytes)  # as the ops bench times
+        xs = [torch.randn(rows, width, device=dev).mul_(2).add_(0.5).to(dt) for _ in range(n_sets)]
+        ys = [torch.empty_like(x) for x in xs]
+        w = torch.randn(width, device=dev).to(dt)
+        b = None if is_rms else torch.randn(width, device=dev).to(dt)
+        eps = 1e-6 if is_rms else 1e-5
+        ref = norm.rms_norm(xs[0], w, eps) if is_rms else norm.layer_norm(xs[0], w, b, eps)
+        variants = [("library pick", lambda x, y: norm.rms_norm(x, w, eps, out=y) if is_rms
+                     else norm.layer_norm(x, w, b, eps, out=y))]
+        for c, block, warps, r, held_wb, hold in VARIANTS[(rows, width)]:
+            variants.append((f"c{c} {block}x{warps}w r{r} {'wb held' if held_wb else 'wb re-read'} hold{hold}",
+                             lambda x, y, v=(c, block, warps, r, held_wb, hold): wb_norm(x, w, b, eps, y, *v)))
+        for label, fn in variants:
+            row = {"op": name, "rows": rows, "width": width, "variant": label}
+            try:
+                ys[0].fill_(float("nan"))
+                fn(xs[0], ys[0])
+                torch.cuda.synchronize()
+                row["max_err_vs_library"] = (ys[0].float() - ref.float()).abs().max().item()
+                fns = [lambda x=x, y=y: fn(x, y) for x, y in zip(xs, ys)]
+
+                def replay(fns=fns):
+                    for i in range(n_calls):
+                        fns[i % n_sets]()
+                t = harness.per_call(harness.time_ms(replay, flush=flush), n_calls)
+                row.update(us=1e3 * t.median_ms, pct_of_copy=100 * nbytes / (t.median_ms * 1e6) / copy)
+                print(f"{name:10s} {rows:4d} x {width:6d} {label:40s} {row['us']:8.2f} us {row['pct_of_copy']:5.1f}%  "
+                      f"err {row['max_err_vs_library']:.3g}", flush=True)
+            except Exception as exc:  # noqa: BLE001 - recorded
+                row["error"] = repr(exc)[:300]
+                print(f"{name} {rows} x {width} {label}: {exc!r}"[:300], flush=True)
+            res["rows"].append(row)
+        del xs, ys
+        torch.cuda.empty_cache()
+        (args.out / "norm-wbheld.json").write_text(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,85 @@
+"""benchmarks/norm_stream.py (persistent programs walking rows, the next row's loads in
+flight; clusters on Hopper) and benchmarks/norm_wbheld.py (a cluster over several rows with
+its weight held): within the 2x-PyTorch-error rule, h = x + r exact. The one-program-a-row
+streaming form runs under the interpreter too; the clusters need a Hopper GPU."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from onetrip.ops.norm import add_layer_norm_ref, add_rms_norm_ref
+from onetrip.testing import assert_close, poison_, upcast
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+
+def _inputs(gen, device, rows, width, kind, residual):
+    def rand(*shape):
+        return torch.randn(*shape, device=device, generator=gen).to(torch.bfloat16)
+    x = (torch.randn(rows, width, device=device, generator=gen) * 2 + 0.5).to(torch.bfloat16)
+    return x, rand(rows, width) if residual else None, rand(width), rand(width) if kind == "layer" else None
+
+
+def _check(x, r, w, b, y, h, eps):
+    """y against the float32 reference of h = x + r as rounded (the experiments normalize the
+    rounded h, as ``add_*_ref`` does), h exact."""
+    hh = x if r is None else x + r
+    if r is not None:
+        assert torch.equal(h, hh)
+    if b is None:
+        assert_close("y", y, add_rms_norm_ref(*upcast(hh, None, w), eps, round_to=x.dtype)[0],
+                     add_rms_norm_ref(hh, None, w, eps)[0])
+    else:
+        assert_close("y", y, add_layer_norm_ref(*upcast(hh, None, w, b), eps)[0],
+                     add_layer_norm_ref(hh, None, w, b, eps)[0])
+
+
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("rows, width, programs, prefetch", [(7, 100, 3, True), (5, 64, 5, False), (1, 17, 4, True)])
+def test_stream_one_program_a_row(device, gen, kind, residual, rows, width, programs, prefetch):
+    """Programs walking 1-3 rows each (or none: 4 programs for 1 row), ragged widths."""
+    from norm_stream import stream_norm
+
+    x, r, w, b = _inputs(gen, device, rows, width, kind, residual)
+    y = poison_(torch.empty_like(x))
+    h = poison_(torch.empty_like(x)) if residual else None
+    stream_norm(x, r, w, b, 1e-5, y, h, 1, 4, programs, prefetch)
+    _check(x, r, w, b, y, h, 1e-5)
+
+
+def _hopper():
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("clusters need Hopper")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("c, clusters, prefetch", [(4, 3, True), (2, 9, False), (16, 1, True)])
+def test_stream_clusters(gen, kind, residual, c, clusters, prefetch):
+    """Rows split over clusters of 2-16, 1-4 rows a cluster (9 rows), a ragged last segment."""
+    _hopper()
+    from norm_stream import stream_norm
+
+    x, r, w, b = _inputs(gen, "cuda", 9, 5000, kind, residual)
+    y = poison_(torch.empty_like(x))
+    h = poison_(torch.empty_like(x)) if residual else None
+    stream_norm(x, r, w, b, 1e-5, y, h, c, 4, clusters, prefetch)
+    _check(x, r, w, b, y, h, 1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+@pytest.mark.parametrize("r, held_wb, hold", [(1, False, 1), (2, True, 0), (4, True, 1), (3, False, 0)])
+def test_wb_held_clusters(gen, kind, r, held_wb, hold):
+    """Clusters of 4 over 1-4 of 9 rows (the last cluster's rows past the end skipped)."""
+    _hopper()
+    from norm_wbheld import wb_norm
+
+    x, _, w, b = _inputs(gen, "cuda", 9, 4 * 2 * 256, kind, False)
+    y = poison_(torch.empty_like(x))
+    wb_norm(x, w, b, 1e-5, y, 4, 256, 4, r, held_wb, hold)
+    _check(x, None, w, b, y, None, 1e-5)
