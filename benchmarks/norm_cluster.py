@@ -43,6 +43,8 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from onetrip.ops._cluster import launch_clusters  # noqa: E402
+
 SLOTS = 16  # ranks a cluster may have (16: non-portable, allowed on H100 / H200)
 
 
@@ -135,9 +137,6 @@ def _cluster_norm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, eps, SEG: tl.constexpr, 
         tl.store(y_row + lo + c0 + offs, y.to(y_ptr.dtype.element_ty), eviction_policy="evict_first")
 
 
-_COMPILED: dict = {}
-
-
 def cluster_norm(x, weight, bias, eps, out, c: int, block: int, warps: int, held: bool):
     """RMSNorm (bias None) or LayerNorm of dense 16-bit rows x (M, N) into out, each row split
     over a cluster of c programs; N / c a power of two, a multiple of ``block``."""
@@ -149,13 +148,8 @@ def cluster_norm(x, weight, bias, eps, out, c: int, block: int, warps: int, held
     args = (x, weight, bias if bias is not None else weight, out, N, eps)
     meta = dict(SEG=seg, BLOCK=block, C=c, IS_RMS=is_rms, HELD=held, XCH=xch_asm(c, 1 if is_rms else 2),
                 num_warps=warps)
-    key = (x.dtype, N, c, block, warps, held, is_rms, x.device.index)
-    if key not in _COMPILED:
-        k = _cluster_norm_kernel.warmup(*args, grid=(M * c,), **meta)
-        k._init_handles()
-        k.packed_metadata = (k.packed_metadata[0], c, k.packed_metadata[2])  # (warps, cluster size, shared)
-        _COMPILED[key] = k
-    _cluster_norm_kernel[(M,)](*args, **meta)  # the launcher multiplies the grid by the cluster size
+    if launch_clusters(_cluster_norm_kernel, M, c, *args, **meta) is None:
+        raise RuntimeError("this Triton's launcher takes no cluster size")
     return out
 
 
@@ -169,7 +163,7 @@ VARIANTS = {  # width: (c, block, warps, held)
 
 def main() -> int:
     from gemv_chain import chain_setup
-    from sweep_gemv import time_per_call
+    from norm_variants import graph_ms, run_variant
 
     from onetrip.ops import norm
 
@@ -182,9 +176,8 @@ def main() -> int:
         xs = [torch.randn(rows, width, device=dev).mul_(2).add_(0.5).to(dt) for _ in range(copies)]
         w = torch.randn(width, device=dev).to(dt)
         b = None if is_rms else torch.randn(width, device=dev).to(dt)
-        ys = [torch.empty_like(x) for x in xs]
+        sets = [(x, torch.empty_like(x)) for x in xs]
         ref = norm.rms_norm(xs[0], w, 1e-6) if is_rms else norm.layer_norm(xs[0], w, b, 1e-5)
-        nbytes = 2 * rows * width * 2
         variants = [("library pick", lambda x, y: norm.rms_norm(x, w, 1e-6, out=y) if is_rms
                      else norm.layer_norm(x, w, b, 1e-5, out=y))]
         for c, block, warps, held in VARIANTS[width]:
@@ -192,21 +185,9 @@ def main() -> int:
                              lambda x, y, c=c, bl=block, wa=warps, h=held: cluster_norm(
                                  x, w, b, 1e-6 if is_rms else 1e-5, y, c, bl, wa, h)))
         for label, fn in variants:
-            row = {"op": name, "rows": rows, "width": width, "variant": label}
-            try:
-                ys[0].fill_(float("nan"))
-                fn(xs[0], ys[0])
-                torch.cuda.synchronize()
-                row["max_err_vs_library"] = (ys[0].float() - ref.float()).abs().max().item()
-                us = 1e3 * time_per_call([lambda x=x, y=y: fn(x, y) for x, y in zip(xs, ys)], flush)
-                row.update(us=us, pct_of_copy=100 * nbytes / (us * 1e3) / copy)
-                print(f"{name:10s} {rows:4d} x {width:6d} {label:40s} {us:8.2f} us {row['pct_of_copy']:5.1f}%  "
-                      f"err {row['max_err_vs_library']:.3g}", flush=True)
-            except Exception as exc:  # noqa: BLE001 - recorded
-                row["error"] = repr(exc)[:300]
-                print(f"{name} {rows} x {width} {label}: {exc!r}"[:300], flush=True)
-            res["rows"].append(row)
-        del xs, ys
+            run_variant(res, {"op": name, "rows": rows, "width": width, "variant": label}, fn, sets, sets[0][1], ref,
+                        2 * rows * width * 2, copy, lambda calls: graph_ms(calls, flush))
+        del xs, sets
         torch.cuda.empty_cache()
         (args.out / "norm-cluster.json").write_text(json.dumps(res, indent=1))
     return 0

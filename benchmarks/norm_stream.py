@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from onetrip.ops._common import is_interpreting  # noqa: E402
-from onetrip.ops._cluster import cluster_arrive, share3  # noqa: E402
+from onetrip.ops._cluster import cluster_arrive, launch_clusters, share3  # noqa: E402
 from onetrip.ops._jit import cast_out  # noqa: E402
 from onetrip.ops._norm_jit import _split_combine  # noqa: E402
 
@@ -129,9 +129,6 @@ def _stream_kernel(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, M, eps, N: tl.const
             v, c = _seg_load(x_ptr, r_ptr, h_ptr, nxt, M, N, lo, cols, ok, HAS_RESIDUAL)
 
 
-_PATCHED: dict = {}
-
-
 def stream_norm(x, res, weight, bias, eps, y, h, c: int, warps: int, clusters: int, prefetch: bool = True):
     """RMSNorm (bias None) or LayerNorm of dense 16-bit rows x (+ res) (M, N) into y (and h),
     each row over c programs (one cluster), ``clusters`` clusters walking the rows."""
@@ -144,14 +141,8 @@ def stream_norm(x, res, weight, bias, eps, y, h, c: int, warps: int, clusters: i
                 ASM=not is_interpreting(), num_warps=warps)
     if c == 1:
         _stream_kernel[(clusters,)](*args, **meta)
-        return y
-    key = (x.dtype, N, c, warps, is_rms, res is not None, prefetch, x.device.index)
-    if key not in _PATCHED:
-        k = _stream_kernel.warmup(*args, grid=(clusters * c,), **meta)
-        k._init_handles()
-        k.packed_metadata = (k.packed_metadata[0], c, k.packed_metadata[2])  # (warps, cluster size, shared)
-        _PATCHED[key] = k
-    _stream_kernel[(clusters,)](*args, **meta)  # the launcher multiplies the grid by the cluster size
+    elif launch_clusters(_stream_kernel, clusters, c, *args, **meta) is None:
+        raise RuntimeError("this Triton's launcher takes no cluster size")
     return y
 
 
@@ -182,7 +173,7 @@ SHAPES = {(4096, 4096): [(1, 4), (1, 8), (2, 4)],
 
 def main() -> int:
     from gemv_chain import chain_setup
-    from sweep_gemv import time_per_call
+    from norm_variants import graph_ms, run_variant
 
     from onetrip.ops import norm
 
@@ -196,15 +187,13 @@ def main() -> int:
             continue
         copies = max(1, min(4, (256 << 20) // (rows * width * 2 * (2 if residual else 1))))
         xs = [torch.randn(rows, width, device=dev).mul_(2).add_(0.5).to(dt) for _ in range(copies)]
-        rs = [torch.randn_like(x) if residual else None for x in xs]
+        sets = [(x, torch.randn_like(x) if residual else None, torch.empty_like(x),
+                 torch.empty_like(x) if residual else None) for x in xs]  # (x, r, y, h)
         w = torch.randn(width, device=dev).to(dt)
         b = None if is_rms else torch.randn(width, device=dev).to(dt)
-        ys = [torch.empty_like(x) for x in xs]
-        hs = [torch.empty_like(x) if residual else None for x in xs]
         eps = 1e-6 if is_rms else 1e-5
-        ref = (norm.add_rms_norm(xs[0], rs[0], w, eps)[0] if is_rms else
-               norm.add_layer_norm(xs[0], rs[0], w, b, eps)[0])
-        nbytes = (4 if residual else 2) * rows * width * 2
+        ref = (norm.add_rms_norm(xs[0], sets[0][1], w, eps)[0] if is_rms else
+               norm.add_layer_norm(xs[0], sets[0][1], w, b, eps)[0])
 
         def lib(x, r, y, h):
             if is_rms:
@@ -221,24 +210,9 @@ def main() -> int:
             variants.append((f"held c{c} {warps}w one row a cluster", lambda x, r, y, h, c=c, wa=warps:
                              stream_norm(x, r, w, b, eps, y, h, c, wa, rows, prefetch=False)))
         for label, fn in variants:
-            row = {"op": kind, "rows": rows, "width": width, "variant": label}
-            try:
-                ys[0].fill_(float("nan"))
-                fn(xs[0], rs[0], ys[0], hs[0])
-                torch.cuda.synchronize()
-                row["max_err_vs_library"] = (ys[0].float() - ref.float()).abs().max().item()
-                if residual:
-                    row["h_err"] = (hs[0].float() - (xs[0] + rs[0]).float()).abs().max().item()
-                us = 1e3 * time_per_call([lambda x=x, r=r, y=y, h=h: fn(x, r, y, h)
-                                          for x, r, y, h in zip(xs, rs, ys, hs)], flush)
-                row.update(us=us, pct_of_copy=100 * nbytes / (us * 1e3) / copy)
-                print(f"{kind:10s} {rows:4d} x {width:6d} {label:40s} {us:8.2f} us {row['pct_of_copy']:5.1f}%  "
-                      f"err {row['max_err_vs_library']:.3g}", flush=True)
-            except Exception as exc:  # noqa: BLE001 - recorded
-                row["error"] = repr(exc)[:300]
-                print(f"{kind} {rows} x {width} {label}: {exc!r}"[:300], flush=True)
-            res["rows"].append(row)
-        del xs, ys, rs, hs
+            run_variant(res, {"op": kind, "rows": rows, "width": width, "variant": label}, fn, sets, sets[0][2], ref,
+                        (4 if residual else 2) * rows * width * 2, copy, lambda calls: graph_ms(calls, flush))
+        del xs, sets
         torch.cuda.empty_cache()
         (args.out / "norm-stream.json").write_text(json.dumps(res, indent=1))
     return 0

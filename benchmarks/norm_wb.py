@@ -30,8 +30,8 @@ VARIANTS = {"rms": [("weight", True, False), ("none", False, False)],
 
 def main() -> int:
     from gemv_chain import chain_setup
+    from norm_variants import bench_ms, run_variant
 
-    from onetrip.bench import harness
     from onetrip.bench.ops import timing_plan
     from onetrip.ops import norm
 
@@ -42,27 +42,19 @@ def main() -> int:
         for kind, variants in VARIANTS.items():
             nbytes = 2 * rows * width * 2 + (1 if kind == "rms" else 2) * width * 2
             n_sets, n_calls = timing_plan(nbytes)
-            xs = [torch.randn(rows, width, device=dev).to(dt) for _ in range(n_sets)]
-            ys = [torch.empty_like(x) for x in xs]
+            sets = [(x, torch.empty_like(x)) for x in (torch.randn(rows, width, device=dev).to(dt)
+                                                       for _ in range(n_sets))]
             w = torch.randn(width, device=dev).to(dt)
             b = torch.randn(width, device=dev).to(dt)
             for label, has_w, has_b in variants:
                 wv, bv = (w if has_w else None), (b if has_b else None)
                 if kind == "rms":
-                    fns = [lambda x=x, y=y: norm.rms_norm(x, wv, 1e-6, out=y) for x, y in zip(xs, ys)]
+                    fn = lambda x, y: norm.rms_norm(x, wv, 1e-6, out=y)  # noqa: E731
                 else:
-                    fns = [lambda x=x, y=y: norm.layer_norm(x, wv, bv, 1e-5, out=y) for x, y in zip(xs, ys)]
-
-                def replay(fns=fns):
-                    for i in range(n_calls):
-                        fns[i % n_sets]()
-                t = harness.per_call(harness.time_ms(replay, flush=flush), n_calls)
-                pct = 100 * nbytes / (t.median_ms * 1e6) / copy
-                res["rows"].append({"op": f"{kind}_norm", "rows": rows, "width": width, "params": label,
-                                    "us": 1e3 * t.median_ms, "pct_of_copy": pct, "sets": n_sets, "calls": n_calls})
-                print(f"{kind:5s} {rows:4d} x {width:6d} {label:14s} {1e3 * t.median_ms:8.2f} us {pct:5.1f}%",
-                      flush=True)
-            del xs, ys
+                    fn = lambda x, y: norm.layer_norm(x, wv, bv, 1e-5, out=y)  # noqa: E731
+                run_variant(res, {"op": f"{kind}_norm", "rows": rows, "width": width, "variant": label}, fn, sets,
+                            sets[0][1], None, nbytes, copy, lambda calls: bench_ms(calls, flush, n_calls))
+            del sets
             torch.cuda.empty_cache()
     (args.out / "norm-wb.json").write_text(json.dumps(res, indent=1))
     return 0

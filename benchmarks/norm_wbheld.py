@@ -29,7 +29,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from onetrip.ops._cluster import cluster_arrive, share3  # noqa: E402
+from onetrip.ops._cluster import cluster_arrive, launch_clusters, share3  # noqa: E402
 from onetrip.ops._jit import cast_out  # noqa: E402
 from onetrip.ops._norm_jit import _split_combine  # noqa: E402
 from norm_stream import _opaque  # noqa: E402
@@ -100,9 +100,6 @@ def _wb_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, eps, N: tl.constexpr, SEG: tl.cons
                 tl.store(yrow + k * BLOCK + offs, cast_out(y, y_ptr.dtype.element_ty), eviction_policy="evict_first")
 
 
-_PATCHED: set = set()
-
-
 def wb_norm(x, weight, bias, eps, y, c: int, block: int, warps: int, r: int, held_wb: bool, hold: int):
     """RMSNorm (bias None) or LayerNorm of dense 16-bit rows x (M, N) into y: clusters of c
     programs a row, each cluster over r rows in turn."""
@@ -110,17 +107,11 @@ def wb_norm(x, weight, bias, eps, y, c: int, block: int, warps: int, r: int, hel
     seg = N // c
     if N % c or seg % block or not 2 <= c <= 16:
         raise ValueError(f"N={N} must split into {c} segments of whole {block}-wide chunks")
-    clusters = triton.cdiv(M, r)
     is_rms = bias is None
     args = (x, weight, bias if bias is not None else weight, y, M, eps)
     meta = dict(N=N, SEG=seg, BLOCK=block, C=c, R=r, IS_RMS=is_rms, HELD_WB=held_wb, HOLD=hold, num_warps=warps)
-    key = (x.dtype, N, c, block, warps, r, held_wb, hold, is_rms, x.device.index)
-    if key not in _PATCHED:
-        k = _wb_kernel.warmup(*args, grid=(clusters * c,), **meta)
-        k._init_handles()
-        k.packed_metadata = (k.packed_metadata[0], c, k.packed_metadata[2])  # (warps, cluster size, shared)
-        _PATCHED.add(key)
-    _wb_kernel[(clusters,)](*args, **meta)  # the launcher multiplies the grid by the cluster size
+    if launch_clusters(_wb_kernel, triton.cdiv(M, r), c, *args, **meta) is None:
+        raise RuntimeError("this Triton's launcher takes no cluster size")
     return y
 
 
@@ -145,8 +136,8 @@ VARIANTS = {(512, 131072): [(8, 4096, 16, r, h, hold) for r in (1, 2, 4) for h i
 
 def main() -> int:
     from gemv_chain import chain_setup
+    from norm_variants import bench_ms, run_variant
 
-    from onetrip.bench import harness
     from onetrip.bench.ops import timing_plan
     from onetrip.ops import norm
 
@@ -158,7 +149,7 @@ def main() -> int:
         nbytes = 2 * rows * width * 2
         n_sets, n_calls = timing_plan(nbytes)  # as the ops bench times
         xs = [torch.randn(rows, width, device=dev).mul_(2).add_(0.5).to(dt) for _ in range(n_sets)]
-        ys = [torch.empty_like(x) for x in xs]
+        sets = [(x, torch.empty_like(x)) for x in xs]
         w = torch.randn(width, device=dev).to(dt)
         b = None if is_rms else torch.randn(width, device=dev).to(dt)
         eps = 1e-6 if is_rms else 1e-5
@@ -169,26 +160,9 @@ def main() -> int:
             variants.append((f"c{c} {block}x{warps}w r{r} {'wb held' if held_wb else 'wb re-read'} hold{hold}",
                              lambda x, y, v=(c, block, warps, r, held_wb, hold): wb_norm(x, w, b, eps, y, *v)))
         for label, fn in variants:
-            row = {"op": name, "rows": rows, "width": width, "variant": label}
-            try:
-                ys[0].fill_(float("nan"))
-                fn(xs[0], ys[0])
-                torch.cuda.synchronize()
-                row["max_err_vs_library"] = (ys[0].float() - ref.float()).abs().max().item()
-                fns = [lambda x=x, y=y: fn(x, y) for x, y in zip(xs, ys)]
-
-                def replay(fns=fns):
-                    for i in range(n_calls):
-                        fns[i % n_sets]()
-                t = harness.per_call(harness.time_ms(replay, flush=flush), n_calls)
-                row.update(us=1e3 * t.median_ms, pct_of_copy=100 * nbytes / (t.median_ms * 1e6) / copy)
-                print(f"{name:10s} {rows:4d} x {width:6d} {label:40s} {row['us']:8.2f} us {row['pct_of_copy']:5.1f}%  "
-                      f"err {row['max_err_vs_library']:.3g}", flush=True)
-            except Exception as exc:  # noqa: BLE001 - recorded
-                row["error"] = repr(exc)[:300]
-                print(f"{name} {rows} x {width} {label}: {exc!r}"[:300], flush=True)
-            res["rows"].append(row)
-        del xs, ys
+            run_variant(res, {"op": name, "rows": rows, "width": width, "variant": label}, fn, sets, sets[0][1], ref,
+                        nbytes, copy, lambda calls: bench_ms(calls, flush, n_calls))
+        del xs, sets
         torch.cuda.empty_cache()
         (args.out / "norm-wbheld.json").write_text(json.dumps(res, indent=1))
     return 0

@@ -66,7 +66,8 @@ def test_no_residual(device, gen, kind, width):
     normed, h = _run(kind, x, None, w, b, 1e-5)
     assert h is x
     _check(kind, x, None, w, b, 1e-5, normed, None)
-    single = onetrip.layer_norm(x, w, b, 1e-5) if kind == "layer" else onetrip.rms_norm(x, w, 1e-5, gemma=kind == "gemma")
+    single = (onetrip.layer_norm(x, w, b, 1e-5) if kind == "layer"
+              else onetrip.rms_norm(x, w, 1e-5, gemma=kind == "gemma"))
     assert torch.equal(single, normed)
 
 

@@ -118,7 +118,7 @@ LOOP_PICKS = {
 #   98.1 -> 99.4%, add_rms_norm the same 99.0 -> 99.4, layer_norm a row at 4 warps with the
 #   weight and bias loaded after the statistics (``late_wb``: not live while the row loads)
 #   98.0 -> 99.0; add_layer_norm's rule stays (every variant 98.9-99.3). In the ops bench
-#   (five runs, 00:21-00:34 UTC) layer_norm 1K went 0.999 -> 1.004-1.010x torch.compile;
+#   (twelve runs, 00:21-00:50 UTC) layer_norm 1K went 0.999 -> 1.004-1.010x torch.compile;
 #   rms_norm and add_rms_norm stayed level with it (0.997-1.001x; all three at 98-99% of
 #   copy, 99.4-99.8% of a copy of the same bytes), so the sweep's gain there is not seen.
 # - layer_norm 64K as a cluster of 4 (4096 x 16 warps) in place of the seventeenth
@@ -126,9 +126,9 @@ LOOP_PICKS = {
 #   behind (91.7 vs 93.2), the ops bench 1.2 ahead in each of three interleaved rounds
 #   (89.6-89.8 -> 90.8-91.0%; results/ops-...-20261125-layer64k-ab-*.json and
 #   ops-...-20261126-layer64k-ab-*.json; 90.7% in the final run, ...-norms-final.json).
-#   Taken on the bench's word, the figure the bar is
-#   read from: the two harnesses disagree on the old pick (93.2% swept, 89.7% benched),
-#   not on the cluster (91.7 / 91.0); why, is not known.
+#   Taken on the bench's word, the figure the bar is read from: the two harnesses disagree
+#   on the old pick (93.2% swept, 89.7% benched), not on the cluster (91.7 / 91.0); why,
+#   is not known.
 _CLUSTER = dict(hints=True, vec=True, const_n=True, cluster=True)
 PICKS_GPU = {
     "H100": {
