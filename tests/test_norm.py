@@ -93,7 +93,7 @@ def test_no_weight_and_fp32_weight(device, gen, kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("mode", ["rows", "rows late", "two_pass", "loop", "loop hints", "loop stash", "loop vec",
+@pytest.mark.parametrize("mode", ["rows", "rows late", "rows const", "two_pass", "loop", "loop hints", "loop stash", "loop vec",
                                   "loop unroll", "loop const", "loop split", "loop split const", "loop 2 rows",
                                   "loop 4 rows const", "loop hold", "loop hold 2 const", "loop hold split",
                                   "loop split cluster"]
@@ -101,7 +101,8 @@ def test_no_weight_and_fp32_weight(device, gen, kind):
                          + (["coop", "loop split const cluster", "loop hold split cluster"] if ON_GPU else []))
 def test_modes(device, gen, kind, mode):
     """Every mode on one awkward width: tiles of 2 rows (the last half past the end; "late":
-    the weight and bias loaded after the statistics);
+    the weight and bias loaded after the statistics; "const": the width and row strides
+    compile-time constants);
     chunks of 128 split 1023 into 8 with a ragged last one. "loop stash" re-reads h as
     stored (with a residual; without one it is plain "loop"). "loop split": 3 programs a
     row over segments of 3, 3 and 2 chunks (the last ragged), 8 of one chunk (with the
@@ -117,6 +118,7 @@ def test_modes(device, gen, kind, mode):
     w, b = _params(kind, width, torch.bfloat16, device, gen)
     cfg = {"rows": NormConfig("rows", 2, 1024, 4),
            "rows late": NormConfig("rows", 2, 1024, 4, late_wb=True),
+           "rows const": NormConfig("rows", 2, 1024, 4, const_n=True),
            "two_pass": NormConfig("two_pass", 1, 128, 4), "coop": NormConfig("coop", 1, 128, 4),
            "loop": NormConfig("loop", 1, 128, 4), "loop hints": NormConfig("loop", 1, 128, 4, hints=True),
            "loop stash": NormConfig("loop", 1, 128, 4, hints=True, stash=True),

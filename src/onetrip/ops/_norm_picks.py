@@ -23,7 +23,7 @@ class NormConfig:
     stash: bool = False  # "loop" with a residual: pass 1 stores h, pass 2 re-reads h alone
     vec: bool = False  # "loop": per-lane partial sums in pass 1, reduced once after it
     unroll: int = 1  # "loop": chunks per loop iteration (tl.range's loop_unroll_factor)
-    const_n: bool = False  # "loop": the width as a compile-time constant where the rows are dense
+    const_n: bool = False  # "loop", "rows": the width as a compile-time constant where the rows are dense
     split: int = 1  # "loop": programs a row, each over a segment of whole chunks (<= 16)
     hold: int = 0  # "loop": leading chunks of a program's segment held in registers between the passes (<= 2)
     drop_y: bool = False  # "loop" with hints: pass 2's streamed y stored evict_first (y is never read again)
@@ -121,11 +121,20 @@ LOOP_PICKS = {
 #   (twelve runs, 00:21-00:50 UTC) layer_norm 1K went 0.999 -> 1.004-1.010x torch.compile;
 #   rms_norm and add_rms_norm stayed level with it (0.997-1.001x; all three at 98-99% of
 #   copy, 99.4-99.8% of a copy of the same bytes), so the sweep's gain there is not seen.
+# - "rows" with the width and row strides as constants (``const_n``, as torch.compile's
+#   kernels have them; two interleaved ops-bench rounds of every rows config with and
+#   without it, results/ops-...-20261126-const-ab-*.json): rms_norm 1K 98.0 / 98.2 ->
+#   98.8 / 98.9% (0.998 / 1.000 -> 1.005 / 1.006x torch.compile), add_rms_norm 1K 98.9 /
+#   98.8 -> 99.0 / 99.0, layer_norm 4096² 89.9 / 90.6 -> 91.9 / 92.1% (0.996 / 0.997 ->
+#   1.011 / 1.014x Liger); taken there. Not where it lost: layer_norm 8192² 97.5 -> 96.8
+#   (the rule's rows), add_layer_norm 16K 97.1 -> 94.4. rms_norm 2K at 8 warps with it (the
+#   rows sweep's best at 2K, 98.7 against 98.1%, results/tune-ops-rows-h100-20261125.json):
+#   0.996-0.999x Liger over ten runs before, 1.002 / 1.008x in the two after.
 # - layer_norm 64K as a cluster of 4 (4096 x 16 warps) in place of the seventeenth
 #   session's pick (16384 x 32 warps, two chunks an iteration): the sweep put it 1.5 points
 #   behind (91.7 vs 93.2), the ops bench 1.2 ahead in each of three interleaved rounds
 #   (89.6-89.8 -> 90.8-91.0%; results/ops-...-20261125-layer64k-ab-*.json and
-#   ops-...-20261126-layer64k-ab-*.json; 90.7% in the final run, ...-norms-final.json).
+#   ops-...-20261126-layer64k-ab-*.json; 90.7-91.0% in the last three runs, ...-norms-*.json).
 #   Taken on the bench's word, the figure the bar is read from: the two harnesses disagree
 #   on the old pick (93.2% swept, 89.7% benched), not on the cluster (91.7 / 91.0); why,
 #   is not known.
@@ -141,10 +150,11 @@ PICKS_GPU = {
         ("loop", True, True, 131072): _loop(4096, 8, stash=True, split=16, **_CLUSTER),
         ("loop", False, True, 131072): _loop(4096, 8, stash=True, split=16, **_CLUSTER),
         ("loop", False, True, 262144): _loop(16384, 32, stash=True, split=2, drop_y=True, **_CLUSTER),
-        ("rows", False, False, 4096): NormConfig("rows", 1, 4096, 8),
-        ("rows", True, False, 1024): NormConfig("rows", 2, 1024, 8),
-        ("rows", True, True, 1024): NormConfig("rows", 2, 1024, 8),
+        ("rows", False, False, 4096): NormConfig("rows", 1, 4096, 8, const_n=True),
+        ("rows", True, False, 1024): NormConfig("rows", 2, 1024, 8, const_n=True),
+        ("rows", True, True, 1024): NormConfig("rows", 2, 1024, 8, const_n=True),
         ("rows", False, False, 1024): NormConfig("rows", 1, 1024, 4, late_wb=True),
+        ("rows", True, False, 2048): NormConfig("rows", 1, 2048, 8, const_n=True),
     },
 }
 

@@ -85,7 +85,7 @@ def _norm_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
     HINTS: tl.constexpr = False, STASH: tl.constexpr = False, VEC: tl.constexpr = False,  # "loop": _loop_row
     UNROLL: tl.constexpr = 1,
-    CONST_N: tl.constexpr = 0,  # "loop": the width, when every row stride equals it (0: runtime)
+    CONST_N: tl.constexpr = 0,  # "loop", "rows": the width, when every row stride equals it (0: runtime)
     SPLIT: tl.constexpr = 1,    # "loop": programs a row (segments of seg_n columns)
     SEG_N: tl.constexpr = 0,    # "loop" with CONST_N: seg_n as a constant
     LOOP_PART: tl.constexpr = 0,  # "loop" split: 0 both passes (waiting), 1 pass 1, 2 pass 2
@@ -123,7 +123,10 @@ def _norm_kernel(
         t = tl.program_id(0)
     chunk = t % C
     cols = chunk * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
-    col_ok = cols < N
+    # "rows" with CONST_N > 0: the width and the dense rows' strides as constants, as in
+    # "loop" (with BLOCK_N == CONST_N the column mask folds away)
+    n = CONST_N if PHASE == 0 and CONST_N > 0 else N
+    col_ok = cols < n
     if PHASE == 0 and LATE_WB:
         w = 0.0  # loaded after the statistics (below)
         b = 0.0
@@ -136,19 +139,23 @@ def _norm_kernel(
         # slower in every case swept on an H200: benchmarks/NOTES.md.)
         rows = t * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
         mask = (rows < M)[:, None] & col_ok[None, :]
-        h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL, True)
+        sx = CONST_N if CONST_N > 0 else stride_xm
+        sr = CONST_N if CONST_N > 0 else stride_rm
+        sy = CONST_N if CONST_N > 0 else stride_ym
+        sh = CONST_N if CONST_N > 0 else stride_hm
+        h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, sx, sr, sh, HAS_RESIDUAL, True)
         if IS_RMS:
             mean = 0.0
             mean_lo = 0.0
-            rstd = tl.rsqrt(tl.sum(h * h, axis=1) / N + eps)[:, None]  # (BLOCK_M, 1)
+            rstd = tl.rsqrt(tl.sum(h * h, axis=1) / n + eps)[:, None]  # (BLOCK_M, 1)
         else:
-            mean, mean_lo, rstd = _mean_rstd(h, mask, N, eps, x_ptr.dtype.element_ty == tl.float32)
+            mean, mean_lo, rstd = _mean_rstd(h, mask, n, eps, x_ptr.dtype.element_ty == tl.float32)
             mean = mean[:, None]
             mean_lo = mean_lo[:, None]
             rstd = rstd[:, None]
         if LATE_WB:
             w, b = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS)
-        _store_y(y_ptr, h, mean, rstd, w, b, rows, cols, mask, stride_ym, IS_RMS, GEMMA, HAS_WEIGHT, HAS_BIAS,
+        _store_y(y_ptr, h, mean, rstd, w, b, rows, cols, mask, sy, IS_RMS, GEMMA, HAS_WEIGHT, HAS_BIAS,
                  mean_lo, TWO_PART=x_ptr.dtype.element_ty == tl.float32 and not IS_RMS)
     else:
         # -- split rows (BLOCK_M == 1): statistics are scalars. Keeping them scalar matters: a
