@@ -93,10 +93,10 @@ def test_no_weight_and_fp32_weight(device, gen, kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("mode", ["rows", "rows late", "rows const", "two_pass", "loop", "loop hints", "loop stash", "loop vec",
-                                  "loop unroll", "loop const", "loop split", "loop split const", "loop 2 rows",
-                                  "loop 4 rows const", "loop hold", "loop hold 2 const", "loop hold split",
-                                  "loop split cluster"]
+@pytest.mark.parametrize("mode", ["rows", "rows late", "rows const", "two_pass", "loop", "loop hints", "loop stash",
+                                  "loop vec", "loop unroll", "loop const", "loop split", "loop split const",
+                                  "loop 2 rows", "loop 4 rows const", "loop hold", "loop hold 2 const",
+                                  "loop hold split", "loop split cluster"]
                          # (on the CPU a cluster config is the split above: one of them shows the fallback)
                          + (["coop", "loop split const cluster", "loop hold split cluster"] if ON_GPU else []))
 def test_modes(device, gen, kind, mode):
