@@ -158,10 +158,9 @@ def mlp_problem(hidden: int, inter: int, dev, dt=torch.bfloat16) -> dict:
 
 
 def chain_setup(presets: bool = False):
-    """The GPU experiments' start (the chains, read_tma, norm_cluster): the command line
-    (--out; --presets with ``presets``), the copy bandwidth, an L2 flush buffer and the
-    results' meta. Returns (args, copy,
-    flush, result) with result = {"meta": ..., "rows": []}."""
+    """The GPU experiments' start (the chains, read_tma, the norm experiments): the command
+    line (--out; --presets with ``presets``), the copy bandwidth, an L2 flush buffer and the
+    results' meta. Returns (args, copy, flush, result) with result = {"meta": ..., "rows": []}."""
     from onetrip.bench import harness  # noqa: PLC0415
 
     ap = argparse.ArgumentParser()

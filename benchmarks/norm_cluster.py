@@ -43,17 +43,15 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from onetrip.ops._cluster import launch_clusters  # noqa: E402
-
-SLOTS = 16  # ranks a cluster may have (16: non-portable, allowed on H100 / H200)
+from onetrip.ops._cluster import MAX_RANKS as SLOTS, cluster_arrive, launch_clusters  # noqa: E402
 
 
 def xch_asm(c: int, n: int) -> str:
     """PTX for the exchange of n float32 sums among the c CTAs of a cluster; operands:
     outputs $0..$n-1 (the cluster's totals), inputs $n..$2n-1 (this CTA's sums). Value j
     of rank r lives at cxbuf[j * SLOTS + r]. The first cluster wait pairs with the arrive
-    issued at the kernel's start (``ARRIVE``): every sibling has started, so its shared
-    memory may be written."""
+    issued at the kernel's start (``_cluster.cluster_arrive``): every sibling has started,
+    so its shared memory may be written."""
     lines = ["{", ".reg .b32 %cxb, %cxr, %cxt, %cxd;", ".reg .pred %cxp;", ".reg .f32 %cxs, %cxv;",
              f".shared .align 16 .f32 cxbuf[{n * SLOTS}];",
              "barrier.cluster.wait.aligned;",
@@ -73,14 +71,11 @@ def xch_asm(c: int, n: int) -> str:
     return "\n".join(lines)
 
 
-ARRIVE = tl.constexpr("barrier.cluster.arrive.relaxed.aligned;\nmov.u32 $0, $1;")
-
-
 @triton.jit
 def _cluster_norm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, eps, SEG: tl.constexpr, BLOCK: tl.constexpr,
                          C: tl.constexpr, IS_RMS: tl.constexpr, HELD: tl.constexpr, XCH: tl.constexpr):
     pid = tl.program_id(0)
-    tl.inline_asm_elementwise(ARRIVE, "=r,r", [pid], dtype=tl.int32, is_pure=False, pack=1)
+    cluster_arrive(pid)
     row = pid // C
     lo = (pid % C) * SEG
     x_row = x_ptr + row.to(tl.int64) * N

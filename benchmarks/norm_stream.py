@@ -43,8 +43,8 @@ from onetrip.ops._norm_jit import _split_combine  # noqa: E402
 
 
 @triton.jit
-def _seg_load(x_ptr, r_ptr, h_ptr, row, M, N: tl.constexpr, lo, cols, ok, HAS_RESIDUAL: tl.constexpr):
-    """Row ``row``'s segment (SEG,) in x's dtype (h = x + r rounded, stored, with a residual)
+def _seg_load(x_ptr, r_ptr, row, M, N: tl.constexpr, lo, cols, ok, HAS_RESIDUAL: tl.constexpr):
+    """Row ``row``'s segment (SEG,) in x's dtype (with a residual h = x + r, rounded to it)
     and its shift h[row, lo] (float32); zeros past the last row."""
     inside = row < M
     seg_ok = ok & ((cols * 0 + row) < M)  # (the interpreter takes no scalar mask broadcast into a block)
@@ -87,12 +87,12 @@ def _stream_kernel(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, M, eps, N: tl.const
     if not IS_RMS:
         b = tl.load(b_ptr + cols, mask=ok, other=0.0)
     first = pid // C
-    v, c = _seg_load(x_ptr, r_ptr, h_ptr, first, M, N, lo, cols, ok, HAS_RESIDUAL)
+    v, c = _seg_load(x_ptr, r_ptr, first, M, N, lo, cols, ok, HAS_RESIDUAL)
     for i in tl.range(0, tl.cdiv(M - first, G)):
         row = first + i * G  # (a tensor, also under the interpreter, whose loop indices are ints)
         nxt = row + G
         if PREFETCH:
-            vn, cn = _seg_load(x_ptr, r_ptr, h_ptr, nxt, M, N, lo, cols, ok, HAS_RESIDUAL)
+            vn, cn = _seg_load(x_ptr, r_ptr, nxt, M, N, lo, cols, ok, HAS_RESIDUAL)
         base = row.to(tl.int64) * N
         if HAS_RESIDUAL:
             tl.store(h_ptr + base + cols, v, mask=ok, eviction_policy="evict_first")
@@ -126,7 +126,7 @@ def _stream_kernel(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, M, eps, N: tl.const
             v = vn
             c = cn
         else:
-            v, c = _seg_load(x_ptr, r_ptr, h_ptr, nxt, M, N, lo, cols, ok, HAS_RESIDUAL)
+            v, c = _seg_load(x_ptr, r_ptr, nxt, M, N, lo, cols, ok, HAS_RESIDUAL)
 
 
 def stream_norm(x, res, weight, bias, eps, y, h, c: int, warps: int, clusters: int, prefetch: bool = True):
@@ -148,19 +148,10 @@ def stream_norm(x, res, weight, bias, eps, y, h, c: int, warps: int, clusters: i
 
 def ptx_report(N: int, c: int, warps: int, is_rms: bool, residual: bool, prefetch: bool = True) -> str:
     """Registers and spills at sm_90a (offline: Triton 3.6 + ptxas)."""
-    from ptxas_report import _compile_marked, _ptxas  # noqa: PLC0415
+    from ptxas_report import bf16_report  # noqa: PLC0415
 
-    fn = _stream_kernel
-    const = dict(N=N, SEG=triton.next_power_of_2(triton.cdiv(N, c)), C=c, IS_RMS=is_rms, HAS_RESIDUAL=residual,
-                 PREFETCH=prefetch, ASM=True)
-    sig, attrs = {}, {}
-    for i, n in enumerate(fn.arg_names):
-        sig[n] = "constexpr" if n in const else ("*bf16" if n.endswith("_ptr") else ("fp32" if n == "eps" else "i32"))
-        if n.endswith("_ptr"):
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    k = _compile_marked(fn, sig, const, attrs, warps)
-    regs, _, line = _ptxas(k.asm["ptx"])
-    return f"{regs} registers; {line}"
+    return bf16_report(_stream_kernel, dict(N=N, SEG=triton.next_power_of_2(triton.cdiv(N, c)), C=c, IS_RMS=is_rms,
+                                            HAS_RESIDUAL=residual, PREFETCH=prefetch, ASM=True), warps)
 
 
 # (rows, width): [(c, warps)]; clusters: a few around SMs // c, and one a row (no prefetch)

@@ -117,15 +117,10 @@ def wb_norm(x, weight, bias, eps, y, c: int, block: int, warps: int, r: int, hel
 
 def ptx_report(N: int, c: int, block: int, warps: int, is_rms: bool, r: int, held_wb: bool, hold: int) -> str:
     """Registers and spills at sm_90a (offline: Triton 3.6 + ptxas)."""
-    from ptxas_report import _compile_marked, _ptxas  # noqa: PLC0415
+    from ptxas_report import bf16_report  # noqa: PLC0415
 
-    fn = _wb_kernel
-    const = dict(N=N, SEG=N // c, BLOCK=block, C=c, R=r, IS_RMS=is_rms, HELD_WB=held_wb, HOLD=hold)
-    sig = {n: "constexpr" if n in const else ("*bf16" if n.endswith("_ptr") else ("fp32" if n == "eps" else "i32"))
-           for n in fn.arg_names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n.endswith("_ptr")}
-    regs, _, line = _ptxas(_compile_marked(fn, sig, const, attrs, warps).asm["ptx"])
-    return f"{regs} registers; {line}"
+    return bf16_report(_wb_kernel, dict(N=N, SEG=N // c, BLOCK=block, C=c, R=r, IS_RMS=is_rms, HELD_WB=held_wb,
+                                        HOLD=hold), warps)
 
 
 # (rows, width): [(c, block, warps, r, held_wb, hold)]

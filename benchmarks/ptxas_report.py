@@ -76,6 +76,19 @@ def _ptxas(ptx: str) -> tuple[str, str, str]:
     return regs, stores, line
 
 
+def bf16_report(fn, constexprs: dict, num_warps: int) -> str:
+    """Registers and spills of ``fn`` with every ``*_ptr`` a 16-byte-aligned bf16 pointer (as
+    a launch on dense torch tensors marks it), ``eps`` a float and the other ints runtime
+    values (the norm experiments' kernels)."""
+    sig, attrs = {}, {}
+    for i, n in enumerate(fn.arg_names):
+        sig[n] = "constexpr" if n in constexprs else "*bf16" if n.endswith("_ptr") else "fp32" if n == "eps" else "i32"
+        if n.endswith("_ptr"):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    regs, _, line = _ptxas(_compile_marked(fn, sig, constexprs, attrs, num_warps).asm["ptx"])
+    return f"{regs} registers; {line}"
+
+
 def report(fn, constexprs: dict, num_warps: int) -> str:
     """Registers and spills of ``fn`` compiled without divisibility marks (what a launch
     whose ints are not multiples of 16 gets)."""
@@ -188,7 +201,8 @@ def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: i
     const = dict(IS_RMS=is_rms, GEMMA=False, HAS_RESIDUAL=residual, HAS_WEIGHT=True, HAS_BIAS=not is_rms,
                  PHASE=phase, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_C=max(2, NORM_INTS["N"] // block_n),
                  HINTS=hints, STASH=stash and residual, VEC=vec, UNROLL=unroll, CONST_N=const_n, SPLIT=split,
-                 SEG_N=(const_n // split if const_n else 0), LOOP_PART=0, HOLD=hold, DROP_Y=drop_y, CLUSTER=cluster)
+                 SEG_N=(const_n // split if const_n else 0), LOOP_PART=0, HOLD=hold, DROP_Y=drop_y, CLUSTER=cluster,
+                 LATE_WB=False)  # (every constexpr, defaulted ones too: ASTSource binds no defaults)
     sig, attrs = {}, {}
     for i, n in enumerate(fn.arg_names):
         if n in const:

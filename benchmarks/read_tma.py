@@ -91,8 +91,8 @@ def _read_kernel(x_desc, y_ptr, out_ptr, total, R: gl.constexpr, NSLOT: gl.const
 
 @triton.jit
 def _sum_kernel(x_ptr, out_ptr, n, per_prog, BLOCK: tl.constexpr, EVICT: tl.constexpr):
-    """Each program sums its contiguous slice of n elements with pointer loads (ab_next's
-    read floor, with an eviction hint)."""
+    """Each program sums its contiguous slice of n elements with pointer loads, with eviction
+    hint EVICT ("" for none); also ab_next's read floor."""
     lo = tl.program_id(0) * per_prog
     acc = tl.zeros((BLOCK,), tl.float32)
     for start in range(lo, tl.minimum(lo + per_prog, n), BLOCK):

@@ -240,8 +240,7 @@ def test_gpu_model_picks(monkeypatch):
             assert pick.block_n * pick.split * (pick.hold + 1) <= width
             assert width in norm_mod.LOOP_PICKS[(is_rms, residual)]  # a replacement, never a new width
             if pick.cluster:  # a cluster size that launches (2-8, or 16), the row cut into exactly that many
-                seg = -(-(-(-width // pick.split)) // pick.block_n) * pick.block_n
-                assert -(-width // seg) == pick.split and (2 <= pick.split <= 8 or pick.split == 16)
+                assert norm_mod._segments(width, pick)[0] == pick.split and (2 <= pick.split <= 8 or pick.split == 16)
         else:
             assert pick.block_n == width
         assert config("NVIDIA H100 80GB HBM3", is_rms, residual, width) == pick

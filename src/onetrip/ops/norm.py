@@ -94,6 +94,14 @@ def _norm_kernel(
     CLUSTER: tl.constexpr = False,  # "loop" split: launched as clusters of SPLIT (_cluster.launch_clusters)
     LATE_WB: tl.constexpr = False,  # "rows": the weight and bias loaded after the statistics
 ):
+    # CONST_N > 0 ("loop", "rows"): the width (and so the dense rows' strides) as constants,
+    # so the trip count, masks and row addresses are known to the compiler (each choice below
+    # is made at compile time: the runtime values are not even read then).
+    n = CONST_N if CONST_N > 0 else N
+    sx = CONST_N if CONST_N > 0 else stride_xm
+    sr = CONST_N if CONST_N > 0 else stride_rm
+    sy = CONST_N if CONST_N > 0 else stride_ym
+    sh = CONST_N if CONST_N > 0 else stride_hm
     if PHASE == 4:
         if SPLIT > 1 and LOOP_PART == 0 and not CLUSTER:
             t = tl.atomic_add(sync_ptr, 1)  # ticket in start order, as "coop" (no deadlock)
@@ -102,15 +110,7 @@ def _norm_kernel(
         if CLUSTER:
             cluster_arrive(t)
         BLOCK_S: tl.constexpr = 2 if SPLIT <= 2 else (4 if SPLIT <= 4 else (8 if SPLIT <= 8 else 16))
-        # CONST_N > 0: the width (and so the dense rows' strides) and the segment as constants,
-        # so the trip count, masks and row addresses are known to the compiler (each choice
-        # below is made at compile time: the runtime values are not even read then).
-        n = CONST_N if CONST_N > 0 else N
-        seg_cols = SEG_N if CONST_N > 0 else seg_n
-        sx = CONST_N if CONST_N > 0 else stride_xm
-        sr = CONST_N if CONST_N > 0 else stride_rm
-        sy = CONST_N if CONST_N > 0 else stride_ym
-        sh = CONST_N if CONST_N > 0 else stride_hm
+        seg_cols = SEG_N if CONST_N > 0 else seg_n  # the segment as a constant too
         _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, t // SPLIT, t % SPLIT, M, n, seg_cols,
                   sx, sr, sy, sh, eps, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, HINTS,
                   STASH, VEC, UNROLL, SPLIT, BLOCK_S, LOOP_PART,
@@ -123,10 +123,7 @@ def _norm_kernel(
         t = tl.program_id(0)
     chunk = t % C
     cols = chunk * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
-    # "rows" with CONST_N > 0: the width and the dense rows' strides as constants, as in
-    # "loop" (with BLOCK_N == CONST_N the column mask folds away)
-    n = CONST_N if PHASE == 0 and CONST_N > 0 else N
-    col_ok = cols < n
+    col_ok = cols < n  # "rows" with BLOCK_N == CONST_N: the column mask folds away
     if PHASE == 0 and LATE_WB:
         w = 0.0  # loaded after the statistics (below)
         b = 0.0
@@ -139,10 +136,6 @@ def _norm_kernel(
         # slower in every case swept on an H200: benchmarks/NOTES.md.)
         rows = t * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
         mask = (rows < M)[:, None] & col_ok[None, :]
-        sx = CONST_N if CONST_N > 0 else stride_xm
-        sr = CONST_N if CONST_N > 0 else stride_rm
-        sy = CONST_N if CONST_N > 0 else stride_ym
-        sh = CONST_N if CONST_N > 0 else stride_hm
         h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, sx, sr, sh, HAS_RESIDUAL, True)
         if IS_RMS:
             mean = 0.0
