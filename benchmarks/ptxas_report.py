@@ -193,7 +193,7 @@ NORM_INTS = dict(M=1024, N=65536, C=8, seg_n=65536, stride_xm=65536, stride_rm=6
 def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: int = 8192,
                 hints: bool = False, stash: bool = False, vec: bool = False, unroll: int = 1,
                 const_n: int = 0, split: int = 1, block_m: int = 1, hold: int = 0, drop_y: bool = False,
-                cluster: bool = False) -> str:
+                cluster: bool = False, shelf: bool = False) -> str:
     """The split-row norm kernel at ``phase`` (norm._COOP, _STATS, _APPLY, _LOOP); ``split``
     programs a row of ``const_n`` (or 65536) columns in mode "loop", waiting on each other;
     ``block_m`` rows a program; ``hold`` chunks held in registers between the passes."""
@@ -202,7 +202,7 @@ def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: i
                  PHASE=phase, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_C=max(2, NORM_INTS["N"] // block_n),
                  HINTS=hints, STASH=stash and residual, VEC=vec, UNROLL=unroll, CONST_N=const_n, SPLIT=split,
                  SEG_N=(const_n // split if const_n else 0), LOOP_PART=0, HOLD=hold, DROP_Y=drop_y, CLUSTER=cluster,
-                 LATE_WB=False)  # (every constexpr, defaulted ones too: ASTSource binds no defaults)
+                 LATE_WB=False, SHELF=shelf)  # (every constexpr, defaulted ones too: ASTSource binds no defaults)
     sig, attrs = {}, {}
     for i, n in enumerate(fn.arg_names):
         if n in const:
@@ -214,8 +214,9 @@ def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: i
         if n.endswith("_ptr") or (sig[n] == "i32" and NORM_INTS[n] % 16 == 0):
             attrs[(i,)] = [["tt.divisibility", 16]]
     k = _compile_marked(fn, sig, const, attrs, warps, None)
-    regs, spill, _ = _ptxas(k.asm["ptx"])
-    return f"{regs:>3s} registers, {spill}"
+    regs, spill, line = _ptxas(k.asm["ptx"])
+    smem = re.search(r"(\d+) bytes smem", line)
+    return f"{regs:>3s} registers, {spill}" + (f", {smem.group(1)} bytes static shared" if shelf and smem else "")
 
 
 def norm_main() -> None:

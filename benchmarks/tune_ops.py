@@ -28,6 +28,7 @@ bg = importlib.import_module("onetrip.ops.bias_gelu")  # the package re-exports 
 glu = importlib.import_module("onetrip.ops.glu")
 norm = importlib.import_module("onetrip.ops.norm")
 from onetrip.ops._common import TileConfig
+from onetrip.ops._shelf import shelf_fits
 
 WIDTHS = [1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144]
 DT = torch.bfloat16
@@ -69,7 +70,7 @@ def norm_candidates(width):
 
 
 def focus_candidates(width, rows, is_rms, residual, splits=(), block_ms=(), unrolls=(), holds=(), picks=False,
-                     held=False, cluster=False):
+                     held=False, cluster=False, shelf=False):
     """--focus: today's pick (and it with the width as a constant), the coop split, and
     "loop" with its L2 hints (a residual: h stashed) at six chunk / warp pairs (torch.compile's
     own reductions run a program of 16-32 warps per row, with the shapes as constants), with
@@ -84,7 +85,8 @@ def focus_candidates(width, rows, is_rms, residual, splits=(), block_ms=(), unro
     rows split so that each program's whole segment stays in registers between the passes
     (hold = its chunks: no re-read at all, one exchange of sums a program); ``cluster``
     (--cluster): split rows whose programs are one thread-block cluster (sums through
-    shared memory, Hopper), 4-16 programs a row, 0-1 chunks held."""
+    shared memory, Hopper), 4-16 programs a row, 0-1 chunks held; with ``shelf`` (--shelf)
+    each of those whose segment fits the shared-memory shelf also with it, right after."""
     pick = norm.norm_config(rows, width, torch.device("cuda"), is_rms=is_rms, has_residual=residual)
     yield pick
     if picks:
@@ -95,8 +97,11 @@ def focus_candidates(width, rows, is_rms, residual, splits=(), block_ms=(), unro
         for split, (chunk, warps), hold in itertools.product((4, 8, 16), ((2048, 8), (4096, 8), (4096, 16),
                                                                           (8192, 16)), (0, 1)):
             if chunk * split * (hold + 1) <= width:
-                yield norm.NormConfig("loop", 1, chunk, warps, hints=True, stash=residual, vec=True, const_n=True,
+                cfg = norm.NormConfig("loop", 1, chunk, warps, hints=True, stash=residual, vec=True, const_n=True,
                                       split=split, hold=hold, drop_y=not residual, cluster=True)
+                yield cfg
+                if shelf and shelf_fits(width // split, chunk, warps, 2):
+                    yield dataclasses.replace(cfg, shelf=True)
         return
     if held:
         for chunk, warps, hold in ((4096, 8, 2), (8192, 16, 1), (8192, 16, 2), (16384, 32, 2)):
@@ -233,6 +238,8 @@ def main():
                     "its whole segment in registers (hold = its chunks), in place of the single-row grid")
     ap.add_argument("--cluster", action="store_true", help="with --focus: split rows launched as thread-block "
                     "clusters (4-16 programs a row, sums through shared memory), in place of the single-row grid")
+    ap.add_argument("--shelf", action="store_true", help="with --focus --cluster: each cluster candidate whose "
+                    "segment fits also with the shared-memory shelf (pass 2 reads no L2), timed beside it")
     ap.add_argument("--near", action="store_true", help="norms: today's pick and its neighbours one step away "
                     "in each knob (near_candidates), to re-sweep the picks on another GPU model")
     ap.add_argument("--picks", action="store_true", help="with --focus: time today's pick alone (A/B runs of "
@@ -313,7 +320,7 @@ def main():
                 cands = list(near_candidates(width, rows, is_rms, res))
             elif args.focus:
                 cands = list(focus_candidates(width, rows, is_rms, res, splits, block_ms, unrolls, holds, args.picks,
-                                              args.held, args.cluster))
+                                              args.held, args.cluster, args.shelf))
             else:
                 cands = list(norm_candidates(width))
             if args.set:  # e.g. drop_y=True on every variant of the sweep

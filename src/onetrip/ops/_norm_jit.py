@@ -7,6 +7,7 @@ import triton.language as tl
 
 from ._cluster import share3, smem_load
 from ._jit import cast_out
+from ._shelf import shelf_base, shelf_load, shelf_store
 
 
 @triton.jit
@@ -253,7 +254,7 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
               HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HINTS: tl.constexpr,
               STASH: tl.constexpr, VEC: tl.constexpr, UNROLL: tl.constexpr, SPLIT: tl.constexpr,
               BLOCK_S: tl.constexpr, LOOP_PART: tl.constexpr, EVEN: tl.constexpr, HOLD: tl.constexpr = 0,
-              DROP_Y: tl.constexpr = False, CLUSTER: tl.constexpr = False):
+              DROP_Y: tl.constexpr = False, CLUSTER: tl.constexpr = False, SHELF: tl.constexpr = False):
     """Mode "loop": a program per BLOCK_M rows (per segment of SEG columns of a row with
     SPLIT > 1), two passes over its chunks of BLOCK_N. Pass 1 sums the statistics; pass 2
     reads each chunk again, which a row of <= 512 KB finds in L2 (two programs an SM hold
@@ -283,18 +284,26 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
     (rms_norm), but 1.13x at 128K and 1.24-1.27x for layer_norm at 64K-128K, where the rows
     in flight (132-264 programs) pass ~30 MB.
 
+    SHELF (one row a program, 16-bit x, no residual or STASH): the other chunks are put on
+    a shelf in shared memory as pass 1 reads them (``_shelf``; x, or h as stored), pass 2
+    takes them from there: nothing of the row is read twice, from the L2 or anywhere, and
+    pass 1's loads and h's store carry evict_first (DROP), as nothing reads them again.
+
     LayerNorm sums d = h - c around c = the segment's first h (the shifted-data algorithm):
     with c within a few standard deviations of the mean, sum(d^2) - sum(d)^2 / N does not
     cancel, and y = ((h - c) - sum(d) / N) * rstd keeps the mean as the exact pair (c,
     sum(d) / N). A running Chan combine of chunk means instead drew 2.8x PyTorch's float32
     error on rows 100 standard deviations from zero (5000 wide, chunks of 128: ~40 roundings
     of a mean near 100)."""
-    KEEP: tl.constexpr = "evict_last" if HINTS else ""
     DROP: tl.constexpr = "evict_first" if HINTS else ""
+    KEEP: tl.constexpr = DROP if SHELF else ("evict_last" if HINTS else "")  # pass 1's: read again or not
+    tl.static_assert(not SHELF or (BLOCK_M == 1 and (STASH or not HAS_RESIDUAL)), "the shelf keeps x or h, a row")
     DROP_STREAMED_Y: tl.constexpr = "evict_first" if HINTS and DROP_Y else ""
     tl.static_assert(SPLIT == 1 or BLOCK_M == 1, "a split row is one row a program")
     rows = row * BLOCK_M + tl.arange(0, BLOCK_M)
     col0 = seg * SEG
+    if SHELF:
+        shelf = shelf_base(row) + 2 * tl.arange(0, BLOCK_N)[None, :]  # (1, BLOCK_N): chunk i at shelf + 2 i
     c = 0.0
     s1 = 0.0
     s2 = 0.0
@@ -327,6 +336,8 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
             mask = _tile_mask(rows, M, col_ok, BLOCK_M)
             h = _pass1_chunk(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL,
                              STASH, KEEP, DROP)
+            if SHELF:  # x, or h as stored: exact in x's dtype
+                h = shelf_store(shelf + 2 * i, cast_out(h, x_ptr.dtype.element_ty)).to(tl.float32)
             v1, v2 = _accumulate(v1, v2, tl.where(mask, h - c, 0.0), VEC, BLOCK_M)
         if VEC:
             s1 = _row_sums(v1, BLOCK_M)
@@ -353,8 +364,10 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
         rstd = tl.rsqrt(s2 / N + eps)
     else:
         rstd = tl.rsqrt(tl.maximum(s2 / N - mean_lo * mean_lo, 0.0) + eps)
-    if STASH:
-        tl.debug_barrier()  # pass 2 reads h as this program's other threads stored it
+    if STASH or SHELF:
+        # pass 2 reads h (or the shelf) as this program's other threads stored it (the shelf's
+        # threads read their own elements where the two passes' layouts agree, as they do)
+        tl.debug_barrier()
     if HOLD >= 1:
         _held_pass2(y_ptr, w_ptr, b_ptr, held0, rows, M, col0, 0, N, c, rstd, mean_lo, stride_ym, IS_RMS, GEMMA,
                     HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, EVEN, DROP)
@@ -364,7 +377,9 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
     for i in tl.range(HOLD * BLOCK_N, SEG, BLOCK_N, loop_unroll_factor=UNROLL):
         cols, col_ok = _chunk_cols(col0, i, N, BLOCK_N, EVEN)
         mask = _tile_mask(rows, M, col_ok, BLOCK_M)
-        if STASH:
+        if SHELF:
+            h = shelf_load(shelf + 2 * i, rstd, x_ptr).to(tl.float32)
+        elif STASH:
             h = _load_h(h_ptr, r_ptr, h_ptr, rows, cols, mask, stride_hm, stride_rm, stride_hm, False, False, DROP)
         else:
             h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL, True,

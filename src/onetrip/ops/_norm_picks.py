@@ -29,6 +29,7 @@ class NormConfig:
     drop_y: bool = False  # "loop" with hints: pass 2's streamed y stored evict_first (y is never read again)
     cluster: bool = False  # "loop" split (Hopper): a row's programs one cluster, sums through shared memory
     late_wb: bool = False  # "rows": the weight (and bias) loaded after the statistics, not live during them
+    shelf: bool = False  # "loop": pass 1 puts the chunks in shared memory for pass 2 (16-bit, <= 32 KB a program)
 
 
 def _loop(block_n: int, warps: int, **flags) -> NormConfig:

@@ -64,8 +64,9 @@ from ._common import (
     use_triton,
 )
 from ._cluster import cluster_arrive, cluster_ok, launch_clusters
-from ._norm_picks import LOOP_PICKS, PICKS_GPU, ROWS_PICKS, NormConfig
 from ._norm_jit import _chunk_stats, _load_h, _load_wb, _loop_row, _mean_rstd, _store_y, _wait_row
+from ._norm_picks import LOOP_PICKS, PICKS_GPU, ROWS_PICKS, NormConfig
+from ._shelf import shelf_fits
 
 _ROWS, _COOP, _STATS, _APPLY, _LOOP = 0, 1, 2, 3, 4  # the kernel's PHASE
 
@@ -93,6 +94,7 @@ def _norm_kernel(
     DROP_Y: tl.constexpr = False,  # "loop" with HINTS: the streamed y stored evict_first too
     CLUSTER: tl.constexpr = False,  # "loop" split: launched as clusters of SPLIT (_cluster.launch_clusters)
     LATE_WB: tl.constexpr = False,  # "rows": the weight and bias loaded after the statistics
+    SHELF: tl.constexpr = False,  # "loop": pass 2 takes the chunks from shared memory (_shelf.py)
 ):
     # CONST_N > 0 ("loop", "rows"): the width (and so the dense rows' strides) as constants,
     # so the trip count, masks and row addresses are known to the compiler (each choice below
@@ -114,7 +116,7 @@ def _norm_kernel(
         _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, t // SPLIT, t % SPLIT, M, n, seg_cols,
                   sx, sr, sy, sh, eps, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, HINTS,
                   STASH, VEC, UNROLL, SPLIT, BLOCK_S, LOOP_PART,
-                  CONST_N > 0 and CONST_N == SEG_N * SPLIT and SEG_N % BLOCK_N == 0, HOLD, DROP_Y, CLUSTER)
+                  CONST_N > 0 and CONST_N == SEG_N * SPLIT and SEG_N % BLOCK_N == 0, HOLD, DROP_Y, CLUSTER, SHELF)
         return
     # -- which chunk of columns (and, split, which row) this program owns -------------------
     if PHASE == 1:
@@ -287,6 +289,11 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
     if cfg.mode == "loop" and split > 1 and cfg.block_m != 1:
         raise ValueError(f"config.block_m={cfg.block_m} with split={cfg.split}: a split row is one row a program")
     const_n = N if cfg.const_n and dense else 0
+    # cfg.shelf where a compiled kernel runs both passes (not the interpreter's two
+    # launches) and the segment fits (_shelf.shelf_fits); elsewhere pass 2 reads L2.
+    shelf = (cfg.shelf and cfg.mode == "loop" and cfg.block_m == 1 and x.is_cuda and not is_interpreting()
+             and (split == 1 or wait) and (residual is None or cfg.stash)
+             and shelf_fits(seg, cfg.block_n, cfg.num_warps, x.element_size()))
 
     def launch(phase, part_of_loop, part, sync, clusters):
         args = (x, residual if residual is not None else x, weight if weight is not None else x,
@@ -302,7 +309,7 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
             HINTS=cfg.hints, STASH=cfg.stash and residual is not None, VEC=cfg.vec,
             UNROLL=cfg.unroll, CONST_N=const_n, SPLIT=split, SEG_N=seg if const_n else 0, LOOP_PART=part_of_loop,
             HOLD=cfg.hold if part_of_loop == 0 else 0,  # two launches: pass 2 cannot hold pass 1's registers
-            DROP_Y=cfg.drop_y, CLUSTER=clusters, LATE_WB=cfg.late_wb,
+            DROP_Y=cfg.drop_y, CLUSTER=clusters, LATE_WB=cfg.late_wb, SHELF=shelf,
             num_warps=cfg.num_warps,
         )
         if clusters:  # None when this Triton's launcher cannot be given a cluster size
