@@ -86,7 +86,8 @@ def focus_candidates(width, rows, is_rms, residual, splits=(), block_ms=(), unro
     (hold = its chunks: no re-read at all, one exchange of sums a program); ``cluster``
     (--cluster): split rows whose programs are one thread-block cluster (sums through
     shared memory, Hopper), 4-16 programs a row, 0-1 chunks held; with ``shelf`` (--shelf)
-    each of those whose segment fits the shared-memory shelf also with it, right after."""
+    each of those without a residual whose segment fits the shared-memory shelf also with
+    it, right after."""
     pick = norm.norm_config(rows, width, torch.device("cuda"), is_rms=is_rms, has_residual=residual)
     yield pick
     if picks:
@@ -100,7 +101,7 @@ def focus_candidates(width, rows, is_rms, residual, splits=(), block_ms=(), unro
                 cfg = norm.NormConfig("loop", 1, chunk, warps, hints=True, stash=residual, vec=True, const_n=True,
                                       split=split, hold=hold, drop_y=not residual, cluster=True)
                 yield cfg
-                if shelf and shelf_fits(width // split, chunk, warps, 2):
+                if shelf and not residual and hold == 0 and shelf_fits(width // split, chunk, warps, 2):
                     yield dataclasses.replace(cfg, shelf=True)
         return
     if held:
@@ -238,8 +239,8 @@ def main():
                     "its whole segment in registers (hold = its chunks), in place of the single-row grid")
     ap.add_argument("--cluster", action="store_true", help="with --focus: split rows launched as thread-block "
                     "clusters (4-16 programs a row, sums through shared memory), in place of the single-row grid")
-    ap.add_argument("--shelf", action="store_true", help="with --focus --cluster: each cluster candidate whose "
-                    "segment fits also with the shared-memory shelf (pass 2 reads no L2), timed beside it")
+    ap.add_argument("--shelf", action="store_true", help="with --focus --cluster: each cluster candidate without a "
+                    "residual whose segment fits also with the shared-memory shelf, timed beside it")
     ap.add_argument("--near", action="store_true", help="norms: today's pick and its neighbours one step away "
                     "in each knob (near_candidates), to re-sweep the picks on another GPU model")
     ap.add_argument("--picks", action="store_true", help="with --focus: time today's pick alone (A/B runs of "

@@ -1,7 +1,5 @@
-"""The norm kernel's shared-memory shelf (``NormConfig.shelf``, ``ops/_shelf.py``): pass 2
-takes a "loop" program's chunks from shared memory instead of the L2."""
-
-import dataclasses
+"""The norm kernel's shared-memory shelf (``NormConfig.shelf``, ``ops/_shelf.py``): a "loop"
+program's segment copied into shared memory, both passes reading it there."""
 
 import pytest
 import torch
@@ -18,75 +16,71 @@ HOPPER = ON_GPU and torch.cuda.get_device_capability()[0] >= 9
 
 
 def test_shelf_fits():
-    """16-bit elements only, whole runs of 8 a thread, the segment (in whole chunks) <= 32 KB."""
+    """16-bit elements only, whole runs of 8 a thread, a segment of whole chunks <= 32 KB."""
     assert shelf_fits(16384, 4096, 16, 2)  # the 256K row in 16: 8 a thread, 32 KB
-    assert shelf_fits(5000, 1024, 4, 2)  # 5 chunks, the last ragged: 10 KB
+    assert shelf_fits(16384, 4096, 8, 2)  # 16 a thread: two runs of 8
     assert not shelf_fits(16384, 4096, 16, 4)  # float32
-    assert not shelf_fits(16385, 4096, 16, 2)  # 5 chunks: 40 KB
-    assert not shelf_fits(1023, 128, 4, 2)  # one element a thread
+    assert not shelf_fits(20480, 4096, 16, 2)  # 40 KB
+    assert not shelf_fits(5000, 1024, 4, 2)  # not whole chunks
+    assert not shelf_fits(1024, 128, 4, 2)  # one element a thread
     assert not shelf_fits(2048, 1024, 8, 2)  # four elements a thread
-    assert shelf_fits(8192, 4096, 8, 2)  # 16 a thread: two runs of 8
     assert SHELF_BYTES == 32768
 
 
 def test_shelf_falls_back(device, gen):
     """Where the shelf cannot serve (the interpreter, a chunk of one element a thread), the
     config runs as without it, and right."""
-    x = strided_like((5, 1023), torch.bfloat16, device, generator=gen)
-    r = strided_like((5, 1023), torch.bfloat16, device, generator=gen)
-    w, b = _params("layer", 1023, torch.bfloat16, device, gen)
-    y, h = poison_(torch.empty_like(x)), poison_(torch.empty_like(x))
-    kernel = norm_mod._launch(x, r, w, b, y, h, 1e-6, False, False,
-                              NormConfig("loop", 1, 128, 4, hints=True, stash=True, vec=True, split=3, shelf=True))
-    _check("layer", x, r, w, b, 1e-6, y, h)
+    x = strided_like((5, 1024), torch.bfloat16, device, generator=gen)
+    w, b = _params("layer", 1024, torch.bfloat16, device, gen)
+    y = poison_(torch.empty_like(x))
+    kernel = norm_mod._launch(x, None, w, b, y, None, 1e-6, False, False,
+                              NormConfig("loop", 1, 128, 4, hints=True, vec=True, const_n=True, split=4, shelf=True))
+    _check("layer", x, None, w, b, 1e-6, y, None)
     if kernel is not None:
         assert "oshelf" not in kernel.asm["ptx"]
+
+
+def _run(x, r, w, b, kind, cfg, taken):
+    """Launch ``cfg`` on poisoned outputs, check that the shelf was taken or not, and the result."""
+    y = poison_(torch.empty(x.shape, dtype=x.dtype, device=x.device))
+    h = poison_(torch.empty_like(y)) if r is not None else None
+    kernel = norm_mod._launch(x, r, w, b, y, h, 1e-6, kind != "layer", kind == "gemma", cfg)
+    assert ("oshelf" in kernel.asm["ptx"]) == taken
+    _check(kind, x, r, w, b, 1e-6, y, h)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the shelf is inline PTX: a GPU")
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("width, chunk, warps, split, hold, cluster", [
-    (5000, 1024, 4, 1, 0, False),  # a row a program: 5 chunks, the last ragged
-    (5000, 1024, 4, 3, 1, False),  # 3 programs a row (2, 2 and 1 chunks), waiting on each other; first held
-    (70001, 1024, 4, 8, 0, True),  # a cluster of 8 segments of 9 chunks, the last ragged
-    (262144, 4096, 16, 16, 1, True)])  # the H100's 256K picks' form
-def test_shelf_gpu(gen, kind, dtype, width, chunk, warps, split, hold, cluster):
-    """The shelf is taken (its buffer is in the kernel) and right: dense rows (the width a
-    constant) and strided ones, with a stashed residual and without one, eagerly and
-    replayed from a CUDA graph with new inputs; with a residual not stashed (pass 2 needs
-    x and r) and in float32 it is not taken, and the result is right still."""
+@pytest.mark.parametrize("width, chunk, warps, split, cluster", [
+    (5120, 1024, 4, 1, False),  # a row a program: 5 chunks
+    (6144, 1024, 4, 3, False),  # 3 programs a row, waiting on each other through global memory
+    (65536, 2048, 8, 8, True),  # a cluster of 8 segments of 4 chunks
+    (262144, 4096, 8, 16, True)])  # the H100's 256K picks' form
+def test_shelf_gpu(gen, kind, dtype, width, chunk, warps, split, cluster):
+    """The shelf is taken (its buffer is in the kernel) and right, eagerly and replayed from
+    a CUDA graph with new inputs; it is not taken, and the result is right still, with a
+    residual, on strided rows (the width not a constant), on a row not 16-byte aligned,
+    on a width that is not whole chunks (no masks on the copies), and in float32."""
     device = torch.device("cuda")
-    cfg = NormConfig("loop", 1, chunk, warps, hints=True, stash=True, vec=True, const_n=True, split=split, hold=hold,
-                     drop_y=True, cluster=cluster and HOPPER, shelf=True)
+    cfg = NormConfig("loop", 1, chunk, warps, hints=True, vec=True, const_n=True, split=split, drop_y=True,
+                     cluster=cluster and HOPPER, shelf=True)
     w, b = _params(kind, width, dtype, device, gen)
-    is_rms, gemma = kind != "layer", kind == "gemma"
-    for x in (torch.randn(5, width, generator=gen, device=device).to(dtype),
-              strided_like((5, width), dtype, device, generator=gen)):
-        r = torch.randn(5, width, generator=gen, device=device).to(dtype)
-        for res in (r, None):
-            y = poison_(torch.empty_like(r))
-            h = poison_(torch.empty_like(r)) if res is not None else None
-            kernel = norm_mod._launch(x, res, w, b, y, h, 1e-6, is_rms, gemma, cfg)
-            assert "oshelf" in kernel.asm["ptx"]
-            _check(kind, x, res, w, b, 1e-6, y, h)
+    x = torch.randn(5, width, generator=gen, device=device).to(dtype)
+    _run(x, None, w, b, kind, cfg, True)
+    y = poison_(torch.empty_like(x))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        norm_mod._launch(x, r, w, b, y, h, 1e-6, is_rms, gemma, cfg)
+        norm_mod._launch(x, None, w, b, y, None, 1e-6, kind != "layer", kind == "gemma", cfg)
     x.copy_(torch.randn(5, width, generator=gen, device=device))
     poison_(y)
-    poison_(h)
     graph.replay()
     torch.cuda.synchronize()
-    _check(kind, x, r, w, b, 1e-6, y, h)
-    # Not taken: a residual without the stash, float32.
-    y, h = poison_(torch.empty_like(r)), poison_(torch.empty_like(r))
-    kernel = norm_mod._launch(x, r, w, b, y, h, 1e-6, is_rms, gemma, dataclasses.replace(cfg, stash=False))
-    assert "oshelf" not in kernel.asm["ptx"]
-    _check(kind, x, r, w, b, 1e-6, y, h)
-    x32, r32 = x.float(), r.float()
-    w32, b32 = w.float(), (b.float() if b is not None else None)
-    y, h = poison_(torch.empty_like(x32)), poison_(torch.empty_like(x32))
-    kernel = norm_mod._launch(x32, r32, w32, b32, y, h, 1e-6, is_rms, gemma, cfg)
-    assert "oshelf" not in kernel.asm["ptx"]
-    _check(kind, x32, r32, w32, b32, 1e-6, y, h)
+    _check(kind, x, None, w, b, 1e-6, y, None)
+    _run(x, torch.randn_like(x), w, b, kind, cfg, False)  # a residual
+    _run(strided_like((5, width), dtype, device, "rows", generator=gen), None, w, b, kind, cfg, False)
+    flat = torch.randn(5 * width + 1, generator=gen, device=device).to(dtype)
+    _run(flat[1:].view(5, width), None, w, b, kind, cfg, False)  # 2 bytes past a 16-byte boundary
+    w1, b1 = _params(kind, width - 8, dtype, device, gen)
+    _run(torch.randn(5, width - 8, generator=gen, device=device).to(dtype), None, w1, b1, kind, cfg, False)
+    _run(x.float(), None, w.float(), b.float() if b is not None else None, kind, cfg, False)

@@ -1,6 +1,7 @@
 """benchmarks/norm_stream.py (persistent programs walking rows, the next row's loads in
 flight; clusters on Hopper) and benchmarks/norm_wbheld.py (a cluster over several rows with
-its weight held): within the 2x-PyTorch-error rule, h = x + r exact. The one-program-a-row
+its weight held), benchmarks/norm_fetch.py (segments copied into shared memory): within the
+2x-PyTorch-error rule, h = x + r exact. The one-program-a-row
 streaming form runs under the interpreter too; the clusters need a Hopper GPU."""
 
 import sys
@@ -82,4 +83,20 @@ def test_wb_held_clusters(gen, kind, r, held_wb, hold):
     x, _, w, b = _inputs(gen, "cuda", 9, 4 * 2 * 256, kind, False)
     y = poison_(torch.empty_like(x))
     wb_norm(x, w, b, 1e-5, y, 4, 256, 4, r, held_wb, hold)
+    _check(x, None, w, b, y, None, 1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+@pytest.mark.parametrize("c, wb, pf", [(1, False, 0), (4, False, 1), (4, True, 0), (16, False, 2)])
+def test_fetch(gen, kind, c, wb, pf):
+    """benchmarks/norm_fetch.py: segments copied into shared memory by cp.async, a program a
+    row (c 1) or clusters of 4-16; the weight and bias fetched too (wb), or loaded pf
+    chunks ahead."""
+    _hopper()
+    from norm_fetch import fetch_norm
+
+    x, _, w, b = _inputs(gen, "cuda", 9, c * 2 * 1024, kind, False)
+    y = poison_(torch.empty_like(x))
+    fetch_norm(x, w, b, 1e-5, y, c, 1024, 4, wb, pf)
     _check(x, None, w, b, y, None, 1e-5)

@@ -7,7 +7,7 @@ import triton.language as tl
 
 from ._cluster import share3, smem_load
 from ._jit import cast_out
-from ._shelf import shelf_base, shelf_load, shelf_store
+from ._shelf import quad_lane, shelf_base, shelf_fetch, shelf_load, shelf_quads, shelf_wait
 
 
 @triton.jit
@@ -248,6 +248,28 @@ def _held_pass2(y_ptr, w_ptr, b_ptr, held, rows, M, col0, i, N, c, rstd, mean_lo
 
 
 @triton.jit
+def _shelf_pass1(x_ptr, row, col0, stride_xm, c, base, SEG: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Pass 1 with the shelf (``_shelf``): every chunk of the segment's row copied into
+    shared memory at ``base`` (all copies issued, then one wait), the sums of d = x - c
+    and d^2 read back from there as int64 quads. Returns (s1, s2) as ``_row_sums`` does."""
+    QB: tl.constexpr = BLOCK_N // 4
+    quads = tl.arange(0, QB)[None, :]  # (1, QB): 4 elements each
+    xq = (x_ptr + row.to(tl.int64) * stride_xm + col0).to(tl.pointer_type(tl.int64), bitcast=True)
+    for i in tl.range(0, SEG, BLOCK_N):
+        shelf_fetch(base + 2 * i + 8 * quads, xq + i // 4 + quads)
+    after = shelf_wait(row)
+    v1 = tl.zeros((1, QB), tl.float32)
+    v2 = tl.zeros((1, QB), tl.float32)
+    for i in tl.range(0, SEG, BLOCK_N):
+        q = shelf_quads(base + 2 * i + 8 * quads, after)
+        for k in tl.static_range(4):
+            d = quad_lane(q, k, x_ptr) - c
+            v1 += d
+            v2 += d * d
+    return _row_sums(v1, 1), _row_sums(v2, 1)
+
+
+@triton.jit
 def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row, seg, M, N, SEG,
               stride_xm, stride_rm, stride_ym, stride_hm, eps,
               IS_RMS: tl.constexpr, GEMMA: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
@@ -275,8 +297,9 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
     evict_first too (without it, no hint): on an H200 +1 to +3 points of copy without a
     residual at 64K-256K, -1.5 with one at 64K (benchmarks/NOTES.md, thirteenth session).
     STASH (with a residual): pass 1 also stores h = x + r (evict_last) and pass 2 re-reads
-    h alone: half the bytes kept in L2 between the passes, the same bytes to HBM; y is then normalized from h as stored (rounded to its dtype, as PyTorch's
-    ``x + residual`` is), so pass 1 takes its statistics from the rounded h too.
+    h alone: half the bytes kept in L2 between the passes, the same bytes to HBM; y is
+    then normalized from h as stored (rounded to its dtype, as PyTorch's ``x + residual``
+    is), so pass 1 takes its statistics from the rounded h too.
 
     HOLD (0-2): the segment's first HOLD chunks stay in registers between the passes (read
     once, evict_first; pass 2 takes them from there), so the row keeps HOLD chunks fewer in
@@ -284,10 +307,9 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
     (rms_norm), but 1.13x at 128K and 1.24-1.27x for layer_norm at 64K-128K, where the rows
     in flight (132-264 programs) pass ~30 MB.
 
-    SHELF (one row a program, 16-bit x, no residual or STASH): the other chunks are put on
-    a shelf in shared memory as pass 1 reads them (``_shelf``; x, or h as stored), pass 2
-    takes them from there: nothing of the row is read twice, from the L2 or anywhere, and
-    pass 1's loads and h's store carry evict_first (DROP), as nothing reads them again.
+    SHELF (one row a program, dense 16-bit rows without a residual, EVEN; ``_shelf``): the
+    segment is copied into shared memory at once (``_shelf_pass1``), the statistics and
+    pass 2 read it there: nothing of the row is read twice, and HOLD does not apply.
 
     LayerNorm sums d = h - c around c = the segment's first h (the shifted-data algorithm):
     with c within a few standard deviations of the mean, sum(d^2) - sum(d)^2 / N does not
@@ -295,15 +317,16 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
     sum(d) / N). A running Chan combine of chunk means instead drew 2.8x PyTorch's float32
     error on rows 100 standard deviations from zero (5000 wide, chunks of 128: ~40 roundings
     of a mean near 100)."""
+    KEEP: tl.constexpr = "evict_last" if HINTS else ""
     DROP: tl.constexpr = "evict_first" if HINTS else ""
-    KEEP: tl.constexpr = DROP if SHELF else ("evict_last" if HINTS else "")  # pass 1's: read again or not
-    tl.static_assert(not SHELF or (BLOCK_M == 1 and (STASH or not HAS_RESIDUAL)), "the shelf keeps x or h, a row")
+    tl.static_assert(not SHELF or (BLOCK_M == 1 and not HAS_RESIDUAL and EVEN and HOLD == 0),
+                     "the shelf takes a dense row's segment of whole chunks, no residual, nothing held")
     DROP_STREAMED_Y: tl.constexpr = "evict_first" if HINTS and DROP_Y else ""
     tl.static_assert(SPLIT == 1 or BLOCK_M == 1, "a split row is one row a program")
     rows = row * BLOCK_M + tl.arange(0, BLOCK_M)
     col0 = seg * SEG
     if SHELF:
-        shelf = shelf_base(row) + 2 * tl.arange(0, BLOCK_N)[None, :]  # (1, BLOCK_N): chunk i at shelf + 2 i
+        base = shelf_base(row)  # column col0 + j of the row at base + 2 j
     c = 0.0
     s1 = 0.0
     s2 = 0.0
@@ -317,34 +340,35 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
                 # Pass 1 may store h over the residual (residual_out=residual) at col0: every
                 # thread's load of c is performed before any thread's store (bar.sync orders them).
                 tl.debug_barrier()
-        if VEC:  # per-lane partial sums, reduced once after the loop
-            v1 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-            v2 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-        else:  # a block-wide sum per chunk
-            v1 = _row_sums(tl.zeros((BLOCK_M, 1), tl.float32), BLOCK_M)
-            v2 = _row_sums(tl.zeros((BLOCK_M, 1), tl.float32), BLOCK_M)
-        if HOLD >= 1:
-            held0, d = _held_pass1(x_ptr, r_ptr, h_ptr, rows, M, col0, 0, N, c, stride_xm, stride_rm, stride_hm,
-                                   HAS_RESIDUAL, STASH, BLOCK_M, BLOCK_N, EVEN, DROP)
-            v1, v2 = _accumulate(v1, v2, d, VEC, BLOCK_M)
-        if HOLD >= 2:
-            held1, d = _held_pass1(x_ptr, r_ptr, h_ptr, rows, M, col0, BLOCK_N, N, c, stride_xm, stride_rm,
-                                   stride_hm, HAS_RESIDUAL, STASH, BLOCK_M, BLOCK_N, EVEN, DROP)
-            v1, v2 = _accumulate(v1, v2, d, VEC, BLOCK_M)
-        for i in tl.range(HOLD * BLOCK_N, SEG, BLOCK_N, loop_unroll_factor=UNROLL):
-            cols, col_ok = _chunk_cols(col0, i, N, BLOCK_N, EVEN)
-            mask = _tile_mask(rows, M, col_ok, BLOCK_M)
-            h = _pass1_chunk(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL,
-                             STASH, KEEP, DROP)
-            if SHELF:  # x, or h as stored: exact in x's dtype
-                h = shelf_store(shelf + 2 * i, cast_out(h, x_ptr.dtype.element_ty)).to(tl.float32)
-            v1, v2 = _accumulate(v1, v2, tl.where(mask, h - c, 0.0), VEC, BLOCK_M)
-        if VEC:
-            s1 = _row_sums(v1, BLOCK_M)
-            s2 = _row_sums(v2, BLOCK_M)
+        if SHELF:
+            s1, s2 = _shelf_pass1(x_ptr, row, col0, stride_xm, c, base, SEG, BLOCK_N)
         else:
-            s1 = v1
-            s2 = v2
+            if VEC:  # per-lane partial sums, reduced once after the loop
+                v1 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+                v2 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+            else:  # a block-wide sum per chunk
+                v1 = _row_sums(tl.zeros((BLOCK_M, 1), tl.float32), BLOCK_M)
+                v2 = _row_sums(tl.zeros((BLOCK_M, 1), tl.float32), BLOCK_M)
+            if HOLD >= 1:
+                held0, d = _held_pass1(x_ptr, r_ptr, h_ptr, rows, M, col0, 0, N, c, stride_xm, stride_rm, stride_hm,
+                                       HAS_RESIDUAL, STASH, BLOCK_M, BLOCK_N, EVEN, DROP)
+                v1, v2 = _accumulate(v1, v2, d, VEC, BLOCK_M)
+            if HOLD >= 2:
+                held1, d = _held_pass1(x_ptr, r_ptr, h_ptr, rows, M, col0, BLOCK_N, N, c, stride_xm, stride_rm,
+                                       stride_hm, HAS_RESIDUAL, STASH, BLOCK_M, BLOCK_N, EVEN, DROP)
+                v1, v2 = _accumulate(v1, v2, d, VEC, BLOCK_M)
+            for i in tl.range(HOLD * BLOCK_N, SEG, BLOCK_N, loop_unroll_factor=UNROLL):
+                cols, col_ok = _chunk_cols(col0, i, N, BLOCK_N, EVEN)
+                mask = _tile_mask(rows, M, col_ok, BLOCK_M)
+                h = _pass1_chunk(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL,
+                                 STASH, KEEP, DROP)
+                v1, v2 = _accumulate(v1, v2, tl.where(mask, h - c, 0.0), VEC, BLOCK_M)
+            if VEC:
+                s1 = _row_sums(v1, BLOCK_M)
+                s2 = _row_sums(v2, BLOCK_M)
+            else:
+                s1 = v1
+                s2 = v2
     if SPLIT > 1 and CLUSTER:  # the row's programs are one cluster: sums through shared memory
         c, s1, s2 = _split_combine(share3(c, s1, s2, SPLIT), row, N, SEG, SPLIT, BLOCK_S, IS_RMS, True)
     elif SPLIT > 1:
@@ -364,10 +388,8 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
         rstd = tl.rsqrt(s2 / N + eps)
     else:
         rstd = tl.rsqrt(tl.maximum(s2 / N - mean_lo * mean_lo, 0.0) + eps)
-    if STASH or SHELF:
-        # pass 2 reads h (or the shelf) as this program's other threads stored it (the shelf's
-        # threads read their own elements where the two passes' layouts agree, as they do)
-        tl.debug_barrier()
+    if STASH:
+        tl.debug_barrier()  # pass 2 reads h as this program's other threads stored it
     if HOLD >= 1:
         _held_pass2(y_ptr, w_ptr, b_ptr, held0, rows, M, col0, 0, N, c, rstd, mean_lo, stride_ym, IS_RMS, GEMMA,
                     HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, EVEN, DROP)
@@ -378,7 +400,7 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
         cols, col_ok = _chunk_cols(col0, i, N, BLOCK_N, EVEN)
         mask = _tile_mask(rows, M, col_ok, BLOCK_M)
         if SHELF:
-            h = shelf_load(shelf + 2 * i, rstd, x_ptr).to(tl.float32)
+            h = shelf_load(base + 2 * (i + tl.arange(0, BLOCK_N))[None, :], rstd, x_ptr).to(tl.float32)
         elif STASH:
             h = _load_h(h_ptr, r_ptr, h_ptr, rows, cols, mask, stride_hm, stride_rm, stride_hm, False, False, DROP)
         else:

@@ -29,7 +29,7 @@ class NormConfig:
     drop_y: bool = False  # "loop" with hints: pass 2's streamed y stored evict_first (y is never read again)
     cluster: bool = False  # "loop" split (Hopper): a row's programs one cluster, sums through shared memory
     late_wb: bool = False  # "rows": the weight (and bias) loaded after the statistics, not live during them
-    shelf: bool = False  # "loop": pass 1 puts the chunks in shared memory for pass 2 (16-bit, <= 32 KB a program)
+    shelf: bool = False  # "loop", no residual: the segment copied into shared memory, both passes read it there
 
 
 def _loop(block_n: int, warps: int, **flags) -> NormConfig:
@@ -139,6 +139,14 @@ LOOP_PICKS = {
 #   Taken on the bench's word, the figure the bar is read from: the two harnesses disagree
 #   on the old pick (93.2% swept, 89.7% benched), not on the cluster (91.7 / 91.0); why,
 #   is not known.
+# - layer_norm 128K and 256K with the segment in shared memory (``shelf``, twentieth
+#   session: copied by cp.async, both passes read it there; clusters of 8 / 16 programs of
+#   4096 x 8 warps, where the shelf's 32 KB a program leaves room for six an SM). Two
+#   interleaved ops-bench rounds (results/ops-...-20261126-shelf-ab-*.json): 256 x 256K
+#   80.6 / 80.6 -> 84.3 / 84.2%, 64 x 256K 70.3 / 70.5 -> 71.3 / 71.6, 512 x 128K 88.9 / 89.1
+#   -> 89.4 / 89.7. rms_norm 128K with it: 92.3 / 92.5 -> 92.0 / 92.1, not taken; at 256K
+#   the shelf was level in benchmarks/norm_fetch.py (88.3 vs 88.1) and 2 points behind on
+#   64 rows, not tried in the bench.
 _CLUSTER = dict(hints=True, vec=True, const_n=True, cluster=True)
 PICKS_GPU = {
     "H100": {
@@ -146,8 +154,8 @@ PICKS_GPU = {
         ("loop", False, True, 32768): _loop(16384, 32, stash=True, vec=True, const_n=True),
         ("loop", True, False, 131072): _loop(4096, 16, split=8, hold=1, drop_y=True, **_CLUSTER),
         ("loop", True, False, 262144): _loop(4096, 16, split=16, hold=1, drop_y=True, **_CLUSTER),
-        ("loop", False, False, 131072): _loop(4096, 16, split=8, drop_y=True, **_CLUSTER),
-        ("loop", False, False, 262144): _loop(4096, 16, split=16, hold=1, drop_y=True, **_CLUSTER),
+        ("loop", False, False, 131072): _loop(4096, 8, split=8, drop_y=True, shelf=True, **_CLUSTER),
+        ("loop", False, False, 262144): _loop(4096, 8, split=16, drop_y=True, shelf=True, **_CLUSTER),
         ("loop", True, True, 131072): _loop(4096, 8, stash=True, split=16, **_CLUSTER),
         ("loop", False, True, 131072): _loop(4096, 8, stash=True, split=16, **_CLUSTER),
         ("loop", False, True, 262144): _loop(16384, 32, stash=True, split=2, drop_y=True, **_CLUSTER),

@@ -1,25 +1,34 @@
-"""A shelf in shared memory from Triton: the chunks a "loop" norm program reads in pass 1,
-put aside for pass 2 instead of read again from L2.
+"""A shelf in shared memory from Triton: a "loop" norm program's segment copied from HBM
+straight into shared memory (``cp.async``), its statistics and pass 2 read from there
+instead of pass 2 reading the segment again from L2.
 
 Why: a wide row's pass 2 re-reads every chunk that pass 1 read. Held in registers
-(``NormConfig.hold``) a chunk costs the SM occupancy (an H100's 64 warps an SM at 32
-registers a thread; a 16K-column segment held at 16 warps takes ~100); re-read from the
-L2 it costs L2 bandwidth beside HBM's (at 256K wide pass 2 moves as many bytes out of
-the L2 as pass 1 did, and the weight as many again). Shared memory is idle in this
-kernel: an H100 SM has 228 KB, four programs of a 16K-column bf16 segment want 4 x 32 KB.
+(``NormConfig.hold``) a chunk costs occupancy (an H100's 64 warps an SM at 32 registers a
+thread); re-read from L2 it costs L2 bandwidth beside the weight's and bias's, which pass
+2 reads from L2 for every row too. Shared memory is idle in the norm kernel (an H100 SM
+has 228 KB; a 16K-column bf16 segment is 32 KB). On an H100 (NOTES.md, twentieth session,
+timed as the ops bench times): layer_norm 256 x 256K 80.6 -> 84.9% of copy, 512 x 128K
+88.3 -> 89.5, 64 x 256K 70.0 -> 72.0; RMSNorm, with no bias to read, +-0.5.
 
 Triton (3.6) exposes no shared-memory allocation, so, as ``_cluster.py`` does for its
-exchange buffer, a static ``.shared`` array is declared in inline PTX (``shelf_base``
-returns its address) and each thread stores and loads its own elements there
-(``shelf_store`` / ``shelf_load``): a thread reads back what it wrote itself (the kernel still
-puts a CTA barrier between the passes, so that this holds whatever threads Triton gives
-the elements). Both take ``pack=8`` 16-bit elements an instance (four 32-bit
-registers) with their 8 addresses, and move them with one 16-byte ``st.shared.v4`` /
-``ld.shared.v4``: the 8 must be a thread's contiguous run, as Triton's coalesced layout
-gives a thread of a bf16 / fp16 tile of >= 8 elements a thread. Each checks that the
-addresses span 16 aligned bytes and traps otherwise: a loud error, never a wrong row.
-(With a fallback of 8 two-byte accesses instead, all 8 addresses stay live: the 256K
-rms_norm pick, 16 warps, sm_90a, went 32 -> 62 registers; checked, it keeps 32.)
+exchange buffer, a static ``.shared`` array is declared in inline PTX (``shelf_base``) and:
+  * ``shelf_fetch``: 8-byte ``cp.async`` copies of int64 quads (4 bf16 / fp16), one asm
+    per element (pack=1), so the copy is right whatever elements Triton gives a thread;
+    every copy of the segment is issued before any is waited on (SASS: LDGSTS back to back).
+    A first version stored each chunk from registers after its load, and in-order issue
+    then held the next load behind each store (LDG STS LDG STS): one chunk in flight, 88 ->
+    66% at 256K. (With an ``L2::cache_hint`` policy the copy raised an illegal instruction
+    on an H100, so it has none.)
+  * ``shelf_wait``: ``cp.async.wait_all`` and a CTA barrier in one asm whose result the
+    loads depend on, so that the loads, declared pure, cannot be scheduled above it; after
+    it every thread may read any thread's copies.
+  * ``shelf_quads``: the statistics' reads, int64 quads, pack=1 (any layout);
+    ``quad_lane`` unpacks one 16-bit lane to float32.
+  * ``shelf_load``: pass 2's reads, pack=8 16-bit elements with one 16-byte ``ld.shared.v4``,
+    in the layout of y's coalesced store (Triton gives a pure asm its users' layout): the 8
+    must be a thread's contiguous run, which needs 16-byte aligned rows and >= 8 elements
+    a thread (``shelf_fits``, and the launcher's alignment test). The asm checks that its
+    addresses span 16 aligned bytes and traps otherwise: a loud error, never a wrong row.
 """
 
 from __future__ import annotations
@@ -30,26 +39,17 @@ import triton.language as tl
 SHELF_BYTES = 32768  # a 16384-column segment of bf16: 256K rows in 16 programs, 128K in 8
 
 
-def _check(first: int) -> list[str]:
-    """PTX that traps unless the pack's 8 addresses $first.. span 16 aligned bytes: the first
-    16-byte aligned, the last 14 bytes above it (a thread's 8 elements of a run, in order)."""
-    return [".reg .pred %sv;", ".reg .b32 %sd;", f"and.b32 %sd, ${first}, 15;", "setp.ne.u32 %sv, %sd, 0;",
-            f"sub.u32 %sd, ${first + 7}, ${first};", "setp.ne.or.u32 %sv, %sd, 14, %sv;", "@%sv trap;"]
-
-
-def _store_asm() -> str:
-    """$0-$3: the values back (packed pairs), $4-$7 the values, $8-$15 their addresses."""
-    return "\n".join(["{", *_check(8), "st.shared.v4.b32 [$8], {$4, $5, $6, $7};",
-                      *[f"mov.b32 ${k}, ${4 + k};" for k in range(4)], "}"])
-
-
 def _load_asm() -> str:
-    """$0-$3: the values (packed pairs) at the 8 addresses $4-$11."""
-    return "\n".join(["{", *_check(4), "ld.shared.v4.b32 {$0, $1, $2, $3}, [$4];", "}"])
+    """$0-$3: the values (packed pairs) at the 8 addresses $4-$11; traps unless those span
+    16 aligned bytes (the first 16-byte aligned, the last 14 bytes above it)."""
+    return "\n".join(["{", ".reg .pred %sv;", ".reg .b32 %sd;", "and.b32 %sd, $4, 15;", "setp.ne.u32 %sv, %sd, 0;",
+                      "sub.u32 %sd, $11, $4;", "setp.ne.or.u32 %sv, %sd, 14, %sv;", "@%sv trap;",
+                      "ld.shared.v4.b32 {$0, $1, $2, $3}, [$4];", "}"])
 
 
 BASE_ASM = tl.constexpr("{\n.shared .align 16 .b8 oshelf[" + str(SHELF_BYTES) + "];\nmov.u32 $0, oshelf;\n}")
-STORE_ASM = tl.constexpr(_store_asm())
+FETCH_ASM = tl.constexpr("cp.async.ca.shared.global [$1], [$2], 8;\nmov.u32 $0, 0;")
+WAIT_ASM = tl.constexpr("cp.async.wait_all;\nbar.sync 0;\nmov.b32 $0, 0;")
 LOAD_ASM = tl.constexpr(_load_asm())
 LOAD_CONSTRAINTS = tl.constexpr("=r,=r,=r,=r," + ",".join(["r"] * 8 + ["f"] * 8))  # values; addresses; ``after``
 
@@ -61,29 +61,51 @@ def shelf_base(pid):
 
 
 @triton.jit
-def shelf_store(addr, v):
-    """Store ``v`` (16-bit floats) at the shared addresses ``addr`` (int32, ``v``'s shape);
-    returns ``v``, so that what follows uses the values after their store."""
-    return tl.inline_asm_elementwise(STORE_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r,r,r", [v, addr], dtype=v.dtype,
-                                     is_pure=False, pack=8)
+def shelf_fetch(addr, quad_ptrs):
+    """Start copying the int64 at each global ``quad_ptrs`` to the shared ``addr`` (int32)."""
+    tl.inline_asm_elementwise(FETCH_ASM, "=r,r,l", [addr, quad_ptrs.to(tl.int64, bitcast=True)], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@triton.jit
+def shelf_wait(pid):
+    """Wait for this thread's copies, then for the CTA's (a barrier); returns float32 0.0,
+    to be passed as ``after`` to every read of the copies."""
+    return tl.inline_asm_elementwise(WAIT_ASM, "=r,r", [pid], dtype=tl.int32, is_pure=False,
+                                     pack=1).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def shelf_quads(addr, after):
+    """The int64 at each shared ``addr`` (int32, any shape), read after ``after``."""
+    return tl.inline_asm_elementwise("ld.shared.b64 $0, [$1];", "=l,r,f", [addr, after], dtype=tl.int64,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
+def quad_lane(q, k: tl.constexpr, like_ptr):
+    """16-bit lane k (0-3, the k-th element in memory) of int64 quads ``q``, as float32, of
+    the type ``like_ptr`` points to (bf16: a shift; fp16: a conversion)."""
+    bits = ((q.to(tl.uint64, bitcast=True) >> (16 * k)) & 0xFFFF).to(tl.uint32)
+    if like_ptr.dtype.element_ty == tl.bfloat16:
+        return (bits << 16).to(tl.float32, bitcast=True)
+    return bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
 
 
 @triton.jit
 def shelf_load(addr, after, like_ptr):
     """The 16-bit floats at the shared addresses ``addr`` (int32, any shape), of the type
-    ``like_ptr`` points to. ``after``: a float32 scalar computed from what was stored (the
-    row's statistics), so that the load, declared pure, follows the stores by data flow.
-    (Pure, Triton may give it the layout of its users' loads and stores, the coalesced one
-    with each thread's 8 elements contiguous, and drops the copy in the layout it had; a
-    side-effecting one is kept in both, so the slow form would run beside the fast.)"""
-    return tl.inline_asm_elementwise(LOAD_ASM, LOAD_CONSTRAINTS, [addr, after],
-                                     dtype=like_ptr.dtype.element_ty, is_pure=True, pack=8)
+    ``like_ptr`` points to, read after ``after`` (a float32 scalar computed from earlier
+    reads of the shelf, or ``shelf_wait``'s). Pure, so that Triton gives it its users'
+    layout (a side-effecting one was kept in its own layout beside a copy in theirs)."""
+    return tl.inline_asm_elementwise(LOAD_ASM, LOAD_CONSTRAINTS, [addr, after], dtype=like_ptr.dtype.element_ty,
+                                     is_pure=True, pack=8)
 
 
 def shelf_fits(seg_cols: int, block_n: int, num_warps: int, itemsize: int) -> bool:
-    """A "loop" program's segment of ``seg_cols`` columns (rounded up to whole chunks of
-    ``block_n``) fits the shelf, and each thread has whole runs of 8 elements of a chunk
-    (>= 8 and a multiple of 8: the 16-byte accesses above; the shelf takes 16-bit dtypes)."""
+    """A "loop" program's segment of ``seg_cols`` columns, a whole number of chunks of
+    ``block_n``, fits the shelf, and each thread of a chunk has whole runs of 8 elements
+    (>= 8, a multiple of 8: the 16-byte reads above; the shelf takes 16-bit dtypes)."""
     per_thread, rem = divmod(block_n, 32 * num_warps)
-    return (itemsize == 2 and rem == 0 and per_thread % 8 == 0
-            and triton.cdiv(seg_cols, block_n) * block_n * itemsize <= SHELF_BYTES)
+    return (itemsize == 2 and rem == 0 and per_thread % 8 == 0 and seg_cols % block_n == 0
+            and seg_cols * itemsize <= SHELF_BYTES)

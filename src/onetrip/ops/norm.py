@@ -31,7 +31,9 @@ How rows are covered (``NormConfig.mode``):
     except with ``split``: a row's 2-16 programs exchange their sums once between the
     passes (as "coop" does), so each holds a fraction of the row in L2; with ``cluster``
     (Hopper) those programs are one thread-block cluster and the sums go through
-    distributed shared memory, not global atomics (``_cluster.py``). Chosen where
+    distributed shared memory, not global atomics (``_cluster.py``); with ``shelf`` (no
+    residual) a program copies its segment into shared memory and both passes read it
+    there (``_shelf.py``). Chosen where
     ``LOOP_PICKS`` has the width (8K RMSNorm and from 16K wide without a residual, 32K-256K
     with one) and there is a row for every SM (``norm_config``).
 """
@@ -289,10 +291,15 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
     if cfg.mode == "loop" and split > 1 and cfg.block_m != 1:
         raise ValueError(f"config.block_m={cfg.block_m} with split={cfg.split}: a split row is one row a program")
     const_n = N if cfg.const_n and dense else 0
-    # cfg.shelf where a compiled kernel runs both passes (not the interpreter's two
-    # launches) and the segment fits (_shelf.shelf_fits); elsewhere pass 2 reads L2.
-    shelf = (cfg.shelf and cfg.mode == "loop" and cfg.block_m == 1 and x.is_cuda and not is_interpreting()
-             and (split == 1 or wait) and (residual is None or cfg.stash)
+    # cfg.shelf (no residual) where a compiled kernel runs both passes (not the interpreter's
+    # two launches), the rows are dense with the width a constant and cut into whole chunks
+    # (no masks: the copies have none), every row starts 16-byte aligned (so each thread's
+    # elements of pass 2 come in 16-byte runs) and the segment fits (_shelf.shelf_fits);
+    # elsewhere pass 2 reads L2.
+    even = const_n > 0 and const_n == seg * split and seg % cfg.block_n == 0
+    shelf = (cfg.shelf and cfg.mode == "loop" and cfg.block_m == 1 and residual is None and x.is_cuda
+             and not is_interpreting() and (split == 1 or wait) and even and const_n % 8 == 0
+             and x.data_ptr() % 16 == 0 and y.data_ptr() % 16 == 0
              and shelf_fits(seg, cfg.block_n, cfg.num_warps, x.element_size()))
 
     def launch(phase, part_of_loop, part, sync, clusters):
@@ -308,7 +315,8 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
             PHASE=phase, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_C=max(2, triton.next_power_of_2(C)),
             HINTS=cfg.hints, STASH=cfg.stash and residual is not None, VEC=cfg.vec,
             UNROLL=cfg.unroll, CONST_N=const_n, SPLIT=split, SEG_N=seg if const_n else 0, LOOP_PART=part_of_loop,
-            HOLD=cfg.hold if part_of_loop == 0 else 0,  # two launches: pass 2 cannot hold pass 1's registers
+            # (two launches: pass 2 cannot hold pass 1's registers; the shelf holds the whole segment)
+            HOLD=cfg.hold if part_of_loop == 0 and not shelf else 0,
             DROP_Y=cfg.drop_y, CLUSTER=clusters, LATE_WB=cfg.late_wb, SHELF=shelf,
             num_warps=cfg.num_warps,
         )

@@ -1,0 +1,256 @@
+"""Experiment: the split-row cluster norm with its segment copied straight from HBM into
+shared memory (``cp.async``), the statistics and pass 2 read from there (issue 2's 64K-256K
+rows; NOTES.md, twentieth session).
+
+Why: the library's shelf (``NormConfig.shelf``) keeps the segment in shared memory by
+storing each chunk from registers after its load; in-order issue then waits on every load
+before the next is sent (SASS: LDG STS LDG STS), so a program has one chunk in flight and
+rms_norm 256K fell 88 -> 66% of copy. ``cp.async`` needs no register round trip: every
+chunk of the segment is requested at once, as the plain kernel's four LDGs are, and pass
+2 reads nothing from L2 but the weight (with ``WB``, not even that: the weight and bias are
+fetched the same way behind the row, into the same shared buffer).
+
+How, in Triton 3.6 (no shared-memory API): a static ``.shared`` buffer in inline PTX (as
+``ops/_shelf.py``); the copies as 8-byte ``cp.async.ca`` of int64 quads (pack=1: each
+element its own address, so it does not matter which elements Triton gives a thread;
+with an ``L2::cache_hint`` policy the H100 raised an illegal instruction, so none);
+``cp.async.wait_group`` + ``bar.sync`` in one asm
+whose result the loads depend on (so that the loads, declared pure, cannot move above it);
+the statistics from int64 quads (pack=1 ``ld.shared.b64``, unpacked to four float32
+lanes: bf16 -> float32 is a shift); pass 2 through ``_shelf.shelf_load`` (pack=8, 16-byte
+loads, in the layout of y's coalesced store; checked, it traps otherwise).
+bf16 dense rows, N = C x SEG, SEG a multiple of BLOCK, Llama convention (an experiment).
+    python benchmarks/norm_fetch.py --out DIR      # on an H100/H200
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from onetrip.ops._cluster import cluster_arrive, launch_clusters, share3  # noqa: E402
+from onetrip.ops._jit import cast_out  # noqa: E402
+from onetrip.ops._norm_jit import _split_combine  # noqa: E402
+from onetrip.ops._shelf import shelf_load  # noqa: E402
+
+MAX_BYTES = 49152 - 256  # a CTA's static shared memory (48 KB, less the cluster exchange's 192 bytes)
+
+
+def _base_asm(nbytes: int) -> str:
+    return "{\n.shared .align 16 .b8 ofetch[" + str(nbytes) + "];\nmov.u32 $0, ofetch;\n}"
+
+
+FETCH = tl.constexpr("cp.async.ca.shared.global [$1], [$2], 8;\nmov.u32 $0, 0;")
+COMMIT = tl.constexpr("cp.async.commit_group;\nmov.u32 $0, $1;")
+WAIT1 = tl.constexpr("cp.async.wait_group 1;\nbar.sync 0;\nmov.b32 $0, 0;")
+WAIT0 = tl.constexpr("cp.async.wait_group 0;\nbar.sync 0;\nmov.b32 $0, 0;")
+
+
+@triton.jit
+def _fetch(saddr, gptr, ASM: tl.constexpr):
+    """cp.async 8 bytes from each global address (int64 pointers) to each shared address."""
+    return tl.inline_asm_elementwise(ASM, "=r,r,l", [saddr, gptr.to(tl.int64, bitcast=True)], dtype=tl.int32,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def _asm_scalar(pid, ASM: tl.constexpr):
+    """A side-effecting asm on a scalar; returns float32 0 (``WAIT*``) or pid (``COMMIT``)."""
+    return tl.inline_asm_elementwise(ASM, "=r,r", [pid], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _quads(saddr, after):
+    """The int64 at each shared address; ``after`` (float32) orders the load after a wait."""
+    return tl.inline_asm_elementwise("ld.shared.b64 $0, [$1];", "=l,r,f", [saddr, after], dtype=tl.int64,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
+def _lane(q, k: tl.constexpr):
+    """bf16 lane k (0-3) of int64 quads, as float32."""
+    u = q.to(tl.uint64, bitcast=True)
+    return (((u >> (16 * k)) & 0xFFFF).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _fetch_kernel(x_ptr, w_ptr, b_ptr, y_ptr, eps, N: tl.constexpr, SEG: tl.constexpr, BLOCK: tl.constexpr,
+                  C: tl.constexpr, IS_RMS: tl.constexpr, WB: tl.constexpr, BASE: tl.constexpr,
+                  PF: tl.constexpr = 0):
+    # PF (without WB): pass 2's weight and bias loads issued PF chunks ahead of their use
+    # (0: each chunk's own, after its store; NCH: all of them first)
+    pid = tl.program_id(0)
+    if C > 1:
+        cluster_arrive(pid)
+    BLOCK_S: tl.constexpr = 2 if C <= 2 else (4 if C <= 4 else (8 if C <= 8 else 16))
+    NCH: tl.constexpr = SEG // BLOCK
+    QB: tl.constexpr = BLOCK // 4
+    row = pid // C
+    lo = (pid % C) * SEG
+    xrow = x_ptr + row.to(tl.int64) * N + lo
+    yrow = y_ptr + row.to(tl.int64) * N + lo
+    base = tl.inline_asm_elementwise(BASE, "=r,r", [pid], dtype=tl.int32, is_pure=False, pack=1)
+    qo = tl.arange(0, QB)
+    offs = tl.arange(0, BLOCK)
+    c = 0.0
+    if not IS_RMS:
+        c = tl.load(xrow).to(tl.float32)
+    xq = xrow.to(tl.pointer_type(tl.int64), bitcast=True)
+    for k in tl.static_range(NCH):
+        _fetch(base + 8 * (k * QB + qo), xq + k * QB + qo, FETCH)
+    _asm_scalar(pid, COMMIT)
+    if WB:
+        wq = (w_ptr + lo).to(tl.pointer_type(tl.int64), bitcast=True)
+        for k in tl.static_range(NCH):
+            _fetch(base + 2 * SEG + 8 * (k * QB + qo), wq + k * QB + qo, FETCH)
+        if not IS_RMS:
+            bq = (b_ptr + lo).to(tl.pointer_type(tl.int64), bitcast=True)
+            for k in tl.static_range(NCH):
+                _fetch(base + 4 * SEG + 8 * (k * QB + qo), bq + k * QB + qo, FETCH)
+    _asm_scalar(pid, COMMIT)
+    after = _asm_scalar(pid, WAIT1).to(tl.float32, bitcast=True)  # x in, every thread's copies visible
+    a1 = tl.zeros([QB], tl.float32)
+    a2 = tl.zeros([QB], tl.float32)
+    for k in tl.static_range(NCH):
+        q = _quads(base + 8 * (k * QB + qo), after)
+        for j in tl.static_range(4):
+            d = _lane(q, j) - c
+            a1 += d
+            a2 += d * d
+    c0, s1, s2 = _split_combine(share3(c, tl.sum(a1), tl.sum(a2), C), row, N, SEG, C, BLOCK_S, IS_RMS, True)
+    mean_lo = s1 / N
+    if IS_RMS:
+        rstd = tl.rsqrt(s2 / N + eps)
+    else:
+        rstd = tl.rsqrt(tl.maximum(s2 / N - mean_lo * mean_lo, 0.0) + eps)
+    after2 = rstd
+    if WB:
+        after2 = _asm_scalar(pid, WAIT0).to(tl.float32, bitcast=True) + rstd * 0.0  # w, b in
+    wq = ()
+    bq = ()
+    for k in tl.static_range(PF):  # the first PF chunks' weight and bias in flight
+        if k < NCH:
+            wq = wq + (tl.load(w_ptr + lo + k * BLOCK + offs),)
+            if not IS_RMS:
+                bq = bq + (tl.load(b_ptr + lo + k * BLOCK + offs),)
+    for k in tl.static_range(NCH):
+        if PF > 0 and k + PF < NCH:  # the next one in flight before this chunk's math and store
+            wq = wq + (tl.load(w_ptr + lo + (k + PF) * BLOCK + offs),)
+            if not IS_RMS:
+                bq = bq + (tl.load(b_ptr + lo + (k + PF) * BLOCK + offs),)
+        h = shelf_load(base + 2 * (k * BLOCK + offs), after2, x_ptr).to(tl.float32)
+        if WB:
+            wv = shelf_load(base + 2 * SEG + 2 * (k * BLOCK + offs), after2, w_ptr).to(tl.float32)
+        elif PF > 0:
+            wv = wq[k].to(tl.float32)
+        else:
+            wv = tl.load(w_ptr + lo + k * BLOCK + offs).to(tl.float32)
+        if IS_RMS:
+            y = cast_out(h * rstd, y_ptr.dtype.element_ty).to(tl.float32) * wv
+        else:
+            if WB:
+                bv = shelf_load(base + 4 * SEG + 2 * (k * BLOCK + offs), after2, b_ptr).to(tl.float32)
+            elif PF > 0:
+                bv = bq[k].to(tl.float32)
+            else:
+                bv = tl.load(b_ptr + lo + k * BLOCK + offs).to(tl.float32)
+            y = ((h - c0) - mean_lo) * rstd * wv + bv
+        tl.store(yrow + k * BLOCK + offs, cast_out(y, y_ptr.dtype.element_ty), eviction_policy="evict_first")
+
+
+def fetch_norm(x, weight, bias, eps, y, c: int, block: int, warps: int, wb: bool, pf: int = 0):
+    """RMSNorm (bias None) or LayerNorm of dense bf16 rows x (M, N) into y: a cluster of c
+    programs a row (c = 1: a program), each fetching its segment into shared memory."""
+    M, N = x.shape
+    seg = N // c
+    is_rms = bias is None
+    nbytes = 2 * seg * (3 if wb and not is_rms else (2 if wb else 1))
+    if N % c or seg % block or block % 4 or not (c == 1 or 2 <= c <= 16) or nbytes > MAX_BYTES:
+        raise ValueError(f"N={N} in {c} segments of whole {block}-wide chunks, {nbytes} bytes of shared memory")
+    if x.dtype != torch.bfloat16 or any(t.data_ptr() % 16 for t in (x, weight, y)):
+        raise ValueError("dense, 16-byte aligned bf16 rows")
+    args = (x, weight, bias if bias is not None else weight, y, eps)
+    meta = dict(N=N, SEG=seg, BLOCK=block, C=c, IS_RMS=is_rms, WB=wb, BASE=_base_asm(nbytes), PF=pf,
+                num_warps=warps)
+    if c == 1:
+        _fetch_kernel[(M,)](*args, **meta)
+    elif launch_clusters(_fetch_kernel, M, c, *args, **meta) is None:
+        raise RuntimeError("this Triton's launcher takes no cluster size")
+    return y
+
+
+def ptx_report(N: int, c: int, block: int, warps: int, is_rms: bool, wb: bool, pf: int = 0) -> str:
+    """Registers and spills at sm_90a (offline: Triton 3.6 + ptxas)."""
+    from ptxas_report import bf16_report  # noqa: PLC0415
+    nbytes = 2 * (N // c) * (3 if wb and not is_rms else (2 if wb else 1))
+    return bf16_report(_fetch_kernel, dict(N=N, SEG=N // c, BLOCK=block, C=c, IS_RMS=is_rms, WB=wb,
+                                           BASE=_base_asm(nbytes), PF=pf), warps)
+
+
+def _lib(block: int, warps: int, split: int, hold: int):
+    """The library's split-row cluster config at these knobs, timed beside the fetch."""
+    from onetrip.ops.norm import NormConfig  # noqa: PLC0415
+    return NormConfig("loop", 1, block, warps, hints=True, vec=True, const_n=True, split=split, hold=hold,
+                      drop_y=True, cluster=True)
+
+
+# (rows, width): fetch variants (c, block, warps, wb[, pf]), and library configs ("lib", block, warps, split, hold)
+VARIANTS = {(512, 131072): [(8, 4096, 8, False), (8, 4096, 8, False, 1), (8, 4096, 8, False, 2),
+                            (8, 4096, 8, False, 4), (8, 4096, 16, False, 1), (8, 4096, 16, False, 4)],
+            (256, 262144): [(16, 4096, 8, False), (16, 4096, 8, False, 1), (16, 4096, 8, False, 2),
+                            (16, 4096, 8, False, 4), (16, 4096, 16, False, 1), (16, 4096, 16, False, 4)],
+            (64, 262144): [(16, 4096, 8, False), (16, 4096, 8, False, 1), (16, 4096, 8, False, 4)]}
+
+
+def main() -> int:
+    from gemv_chain import chain_setup
+    from norm_variants import bench_ms, run_variant
+    from onetrip.bench.ops import timing_plan
+    from onetrip.ops import norm
+    args, copy, flush, res = chain_setup()
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    print(f"copy {copy:.0f} GB/s", flush=True)
+    for (rows, width), is_rms in [(s, k) for s in VARIANTS for k in (True, False)]:
+        name = "rms_norm" if is_rms else "layer_norm"
+        nbytes = 2 * rows * width * 2
+        n_sets, n_calls = timing_plan(nbytes)  # as the ops bench times
+        xs = [torch.randn(rows, width, device=dev).mul_(2).add_(0.5).to(dt) for _ in range(n_sets)]
+        sets = [(x, torch.empty_like(x)) for x in xs]
+        w = torch.randn(width, device=dev).to(dt)
+        b = None if is_rms else torch.randn(width, device=dev).to(dt)
+        eps = 1e-6 if is_rms else 1e-5
+        ref = norm.rms_norm(xs[0], w, eps) if is_rms else norm.layer_norm(xs[0], w, b, eps)
+        variants = [("library pick", lambda x, y: norm.rms_norm(x, w, eps, out=y) if is_rms
+                     else norm.layer_norm(x, w, b, eps, out=y))]
+        for v in VARIANTS[(rows, width)]:
+            if v[0] == "lib":
+                cfg = _lib(*v[1:])
+                variants.append((f"library {v[1]}x{v[2]}w split {v[3]} hold {v[4]}",
+                                 lambda x, y, cfg=cfg: norm._launch(x, None, w, b, y, None, eps, is_rms, False, cfg)))
+                continue
+            c, block, warps, wb = v[:4]
+            if wb and 2 * (width // c) * (2 if is_rms else 3) > MAX_BYTES:
+                continue
+            pf = f" pf{v[4]}" if len(v) > 4 else ""
+            variants.append((f"fetch c{c} {block}x{warps}w{' wb' if wb else ''}{pf}",
+                             lambda x, y, v=v: fetch_norm(x, w, b, eps, y, *v)))
+        variants.append(("library pick (again)", variants[0][1]))  # the run's drift
+        for label, fn in variants:
+            run_variant(res, {"op": name, "rows": rows, "width": width, "variant": label}, fn, sets, sets[0][1], ref,
+                        nbytes, copy, lambda calls: bench_ms(calls, flush, n_calls))
+        del xs, sets
+        torch.cuda.empty_cache()
+        (args.out / "norm-fetch.json").write_text(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
