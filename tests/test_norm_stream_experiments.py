@@ -1,6 +1,7 @@
 """benchmarks/norm_stream.py (persistent programs walking rows, the next row's loads in
 flight; clusters on Hopper) and benchmarks/norm_wbheld.py (a cluster over several rows with
-its weight held), benchmarks/norm_fetch.py (segments copied into shared memory): within the
+its weight held), benchmarks/norm_fetch.py and norm_fetch_res.py (segments copied into
+shared memory): within the
 2x-PyTorch-error rule, h = x + r exact. The one-program-a-row
 streaming form runs under the interpreter too; the clusters need a Hopper GPU."""
 
@@ -100,3 +101,18 @@ def test_fetch(gen, kind, c, wb, pf):
     y = poison_(torch.empty_like(x))
     fetch_norm(x, w, b, 1e-5, y, c, 1024, 4, wb, pf)
     _check(x, None, w, b, y, None, 1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+@pytest.mark.parametrize("c, block, warps", [(4, 1024, 4), (16, 2048, 8)])
+def test_fetch_residual(gen, kind, c, block, warps):
+    """benchmarks/norm_fetch_res.py: x and r copied into dynamic shared memory, h = x + r
+    stored and kept there for pass 2; clusters of 4-16."""
+    _hopper()
+    from norm_fetch_res import res_norm
+
+    x, r, w, b = _inputs(gen, "cuda", 9, c * 2 * block, kind, True)
+    y, h = poison_(torch.empty_like(x)), poison_(torch.empty_like(x))
+    res_norm(x, r, w, b, 1e-5, y, h, c, block, warps)
+    _check(x, r, w, b, y, h, 1e-5)
