@@ -25,7 +25,6 @@ bf16 dense rows, N = C x SEG, SEG a multiple of BLOCK, Llama convention (an expe
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -38,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from onetrip.ops._cluster import cluster_arrive, launch_clusters, share3  # noqa: E402
 from onetrip.ops._jit import cast_out  # noqa: E402
-from onetrip.ops._norm_jit import _split_combine  # noqa: E402
+from onetrip.ops._norm_jit import _split_combine, _sums_rstd  # noqa: E402
 from onetrip.ops._shelf import shelf_load  # noqa: E402
 
 MAX_BYTES = 49152 - 256  # a CTA's static shared memory (48 KB, less the cluster exchange's 192 bytes)
@@ -82,19 +81,38 @@ def _lane(q, k: tl.constexpr):
 
 
 @triton.jit
+def _cluster_row(C: tl.constexpr, SEG: tl.constexpr):
+    """(pid, row, lo): this program's id, its row and its segment's first column (C programs
+    a row); with C > 1 it arrives on the cluster barrier first (``_cluster.share3``)."""
+    pid = tl.program_id(0)
+    if C > 1:
+        cluster_arrive(pid)
+    return pid, pid // C, (pid % C) * SEG
+
+
+@triton.jit
+def _param(ptr, ahead, k: tl.constexpr, lo, offs, shelf_at, after, BLOCK: tl.constexpr, WB: tl.constexpr,
+           PF: tl.constexpr):
+    """Chunk k of the weight (or bias) for pass 2, as float32: from the shelf at ``shelf_at``
+    (WB), from the loads issued ahead (PF), or loaded now."""
+    if WB:
+        return shelf_load(shelf_at + 2 * (k * BLOCK + offs), after, ptr).to(tl.float32)
+    elif PF > 0:
+        return ahead[k].to(tl.float32)
+    else:
+        return tl.load(ptr + lo + k * BLOCK + offs).to(tl.float32)
+
+
+@triton.jit
 def _fetch_kernel(x_ptr, w_ptr, b_ptr, y_ptr, eps, N: tl.constexpr, SEG: tl.constexpr, BLOCK: tl.constexpr,
                   C: tl.constexpr, IS_RMS: tl.constexpr, WB: tl.constexpr, BASE: tl.constexpr,
                   PF: tl.constexpr = 0):
     # PF (without WB): pass 2's weight and bias loads issued PF chunks ahead of their use
     # (0: each chunk's own, after its store; NCH: all of them first)
-    pid = tl.program_id(0)
-    if C > 1:
-        cluster_arrive(pid)
+    pid, row, lo = _cluster_row(C, SEG)
     BLOCK_S: tl.constexpr = 2 if C <= 2 else (4 if C <= 4 else (8 if C <= 8 else 16))
     NCH: tl.constexpr = SEG // BLOCK
     QB: tl.constexpr = BLOCK // 4
-    row = pid // C
-    lo = (pid % C) * SEG
     xrow = x_ptr + row.to(tl.int64) * N + lo
     yrow = y_ptr + row.to(tl.int64) * N + lo
     base = tl.inline_asm_elementwise(BASE, "=r,r", [pid], dtype=tl.int32, is_pure=False, pack=1)
@@ -126,11 +144,7 @@ def _fetch_kernel(x_ptr, w_ptr, b_ptr, y_ptr, eps, N: tl.constexpr, SEG: tl.cons
             a1 += d
             a2 += d * d
     c0, s1, s2 = _split_combine(share3(c, tl.sum(a1), tl.sum(a2), C), row, N, SEG, C, BLOCK_S, IS_RMS, True)
-    mean_lo = s1 / N
-    if IS_RMS:
-        rstd = tl.rsqrt(s2 / N + eps)
-    else:
-        rstd = tl.rsqrt(tl.maximum(s2 / N - mean_lo * mean_lo, 0.0) + eps)
+    mean_lo, rstd = _sums_rstd(s1, s2, N, eps, IS_RMS)
     after2 = rstd
     if WB:
         after2 = _asm_scalar(pid, WAIT0).to(tl.float32, bitcast=True) + rstd * 0.0  # w, b in
@@ -147,21 +161,11 @@ def _fetch_kernel(x_ptr, w_ptr, b_ptr, y_ptr, eps, N: tl.constexpr, SEG: tl.cons
             if not IS_RMS:
                 bq = bq + (tl.load(b_ptr + lo + (k + PF) * BLOCK + offs),)
         h = shelf_load(base + 2 * (k * BLOCK + offs), after2, x_ptr).to(tl.float32)
-        if WB:
-            wv = shelf_load(base + 2 * SEG + 2 * (k * BLOCK + offs), after2, w_ptr).to(tl.float32)
-        elif PF > 0:
-            wv = wq[k].to(tl.float32)
-        else:
-            wv = tl.load(w_ptr + lo + k * BLOCK + offs).to(tl.float32)
+        wv = _param(w_ptr, wq, k, lo, offs, base + 2 * SEG, after2, BLOCK, WB, PF)
         if IS_RMS:
             y = cast_out(h * rstd, y_ptr.dtype.element_ty).to(tl.float32) * wv
         else:
-            if WB:
-                bv = shelf_load(base + 4 * SEG + 2 * (k * BLOCK + offs), after2, b_ptr).to(tl.float32)
-            elif PF > 0:
-                bv = bq[k].to(tl.float32)
-            else:
-                bv = tl.load(b_ptr + lo + k * BLOCK + offs).to(tl.float32)
+            bv = _param(b_ptr, bq, k, lo, offs, base + 4 * SEG, after2, BLOCK, WB, PF)
             y = ((h - c0) - mean_lo) * rstd * wv + bv
         tl.store(yrow + k * BLOCK + offs, cast_out(y, y_ptr.dtype.element_ty), eviction_policy="evict_first")
 
@@ -210,46 +214,27 @@ VARIANTS = {(512, 131072): [(8, 4096, 8, False), (8, 4096, 8, False, 1), (8, 409
             (64, 262144): [(16, 4096, 8, False), (16, 4096, 8, False, 1), (16, 4096, 8, False, 4)]}
 
 
+def _variants(rows, width, is_rms, w, b, eps):
+    from onetrip.ops import norm  # noqa: PLC0415
+    out = []
+    for v in VARIANTS[(rows, width)]:
+        if v[0] == "lib":
+            cfg = _lib(*v[1:])
+            out.append((f"library {v[1]}x{v[2]}w split {v[3]} hold {v[4]}",
+                        lambda x, y, cfg=cfg: norm._launch(x, None, w, b, y, None, eps, is_rms, False, cfg)))
+            continue
+        c, block, warps, wb = v[:4]
+        if wb and 2 * (width // c) * (2 if is_rms else 3) > MAX_BYTES:
+            continue
+        pf = f" pf{v[4]}" if len(v) > 4 else ""
+        out.append((f"fetch c{c} {block}x{warps}w{' wb' if wb else ''}{pf}",
+                    lambda x, y, v=v: fetch_norm(x, w, b, eps, y, *v)))
+    return out
+
+
 def main() -> int:
-    from gemv_chain import chain_setup
-    from norm_variants import bench_ms, run_variant
-    from onetrip.bench.ops import timing_plan
-    from onetrip.ops import norm
-    args, copy, flush, res = chain_setup()
-    dev, dt = torch.device("cuda"), torch.bfloat16
-    print(f"copy {copy:.0f} GB/s", flush=True)
-    for (rows, width), is_rms in [(s, k) for s in VARIANTS for k in (True, False)]:
-        name = "rms_norm" if is_rms else "layer_norm"
-        nbytes = 2 * rows * width * 2
-        n_sets, n_calls = timing_plan(nbytes)  # as the ops bench times
-        xs = [torch.randn(rows, width, device=dev).mul_(2).add_(0.5).to(dt) for _ in range(n_sets)]
-        sets = [(x, torch.empty_like(x)) for x in xs]
-        w = torch.randn(width, device=dev).to(dt)
-        b = None if is_rms else torch.randn(width, device=dev).to(dt)
-        eps = 1e-6 if is_rms else 1e-5
-        ref = norm.rms_norm(xs[0], w, eps) if is_rms else norm.layer_norm(xs[0], w, b, eps)
-        variants = [("library pick", lambda x, y: norm.rms_norm(x, w, eps, out=y) if is_rms
-                     else norm.layer_norm(x, w, b, eps, out=y))]
-        for v in VARIANTS[(rows, width)]:
-            if v[0] == "lib":
-                cfg = _lib(*v[1:])
-                variants.append((f"library {v[1]}x{v[2]}w split {v[3]} hold {v[4]}",
-                                 lambda x, y, cfg=cfg: norm._launch(x, None, w, b, y, None, eps, is_rms, False, cfg)))
-                continue
-            c, block, warps, wb = v[:4]
-            if wb and 2 * (width // c) * (2 if is_rms else 3) > MAX_BYTES:
-                continue
-            pf = f" pf{v[4]}" if len(v) > 4 else ""
-            variants.append((f"fetch c{c} {block}x{warps}w{' wb' if wb else ''}{pf}",
-                             lambda x, y, v=v: fetch_norm(x, w, b, eps, y, *v)))
-        variants.append(("library pick (again)", variants[0][1]))  # the run's drift
-        for label, fn in variants:
-            run_variant(res, {"op": name, "rows": rows, "width": width, "variant": label}, fn, sets, sets[0][1], ref,
-                        nbytes, copy, lambda calls: bench_ms(calls, flush, n_calls))
-        del xs, sets
-        torch.cuda.empty_cache()
-        (args.out / "norm-fetch.json").write_text(json.dumps(res, indent=1))
-    return 0
+    from norm_variants import rows_main
+    return rows_main(list(VARIANTS), _variants, "norm-fetch.json")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ bf16 dense rows, N = C x SEG, SEG a multiple of BLOCK, Llama convention (an expe
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -26,10 +25,10 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from norm_fetch import COMMIT, FETCH, WAIT1, _asm_scalar, _fetch, _lane, _quads  # noqa: E402
-from onetrip.ops._cluster import cluster_arrive, share3  # noqa: E402
+from norm_fetch import COMMIT, FETCH, WAIT1, _asm_scalar, _cluster_row, _fetch, _lane, _quads  # noqa: E402
+from onetrip.ops._cluster import share3  # noqa: E402
 from onetrip.ops._jit import cast_out  # noqa: E402
-from onetrip.ops._norm_jit import _split_combine  # noqa: E402
+from onetrip.ops._norm_jit import _split_combine, _sums_rstd  # noqa: E402
 from onetrip.ops._shelf import shelf_load  # noqa: E402
 
 DYN_BASE = tl.constexpr("mov.u32 $0, global_smem;\nadd.u32 $0, $0, $1;")
@@ -39,14 +38,10 @@ STS64 = tl.constexpr("st.shared.b64 [$1], $2;\nmov.u32 $0, 0;")
 @triton.jit
 def _res_kernel(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, eps, SH_OFF, N: tl.constexpr, SEG: tl.constexpr,
                 BLOCK: tl.constexpr, C: tl.constexpr, IS_RMS: tl.constexpr):
-    pid = tl.program_id(0)
-    if C > 1:
-        cluster_arrive(pid)
+    pid, row, lo = _cluster_row(C, SEG)
     BLOCK_S: tl.constexpr = 2 if C <= 2 else (4 if C <= 4 else (8 if C <= 8 else 16))
     NCH: tl.constexpr = SEG // BLOCK
     QB: tl.constexpr = BLOCK // 4
-    row = pid // C
-    lo = (pid % C) * SEG
     off = row.to(tl.int64) * N + lo
     base = tl.inline_asm_elementwise(DYN_BASE, "=r,r", [SH_OFF], dtype=tl.int32, is_pure=False, pack=1)
     qo = tl.arange(0, QB)
@@ -83,11 +78,7 @@ def _res_kernel(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, eps, SH_OFF, N: tl.con
         tl.inline_asm_elementwise(STS64, "=r,r,l", [saddr, hv], dtype=tl.int32, is_pure=False, pack=1)  # h over x
     tl.debug_barrier()  # pass 2 reads h as every thread of the CTA stored it
     c0, s1, s2 = _split_combine(share3(c, tl.sum(a1), tl.sum(a2), C), row, N, SEG, C, BLOCK_S, IS_RMS, True)
-    mean_lo = s1 / N
-    if IS_RMS:
-        rstd = tl.rsqrt(s2 / N + eps)
-    else:
-        rstd = tl.rsqrt(tl.maximum(s2 / N - mean_lo * mean_lo, 0.0) + eps)
+    mean_lo, rstd = _sums_rstd(s1, s2, N, eps, IS_RMS)
     for k in tl.static_range(NCH):
         h = shelf_load(base + 2 * (k * BLOCK + offs), rstd, x_ptr).to(tl.float32)
         wv = tl.load(w_ptr + lo + k * BLOCK + offs).to(tl.float32)
@@ -142,40 +133,11 @@ VARIANTS = {(512, 131072): [(8, 4096, 8), (16, 2048, 8), (16, 4096, 16), (8, 409
 
 
 def main() -> int:
-    from gemv_chain import chain_setup
-    from norm_variants import bench_ms, run_variant
-    from onetrip.bench.ops import timing_plan
-    from onetrip.ops import norm
-    args, copy, flush, res = chain_setup()
-    dev, dt = torch.device("cuda"), torch.bfloat16
-    print(f"copy {copy:.0f} GB/s", flush=True)
-    for (rows, width), is_rms in [(s, k) for s in VARIANTS for k in (True, False)]:
-        name = "add_rms_norm" if is_rms else "add_layer_norm"
-        nbytes = 4 * rows * width * 2
-        n_sets, n_calls = timing_plan(nbytes)  # as the ops bench times
-        sets = [tuple(torch.randn(rows, width, device=dev).to(dt) for _ in range(4)) for _ in range(n_sets)]
-        w = torch.randn(width, device=dev).to(dt)
-        b = None if is_rms else torch.randn(width, device=dev).to(dt)
-        eps = 1e-6 if is_rms else 1e-5
-        x0, r0 = sets[0][0], sets[0][1]
-        ref = (norm.add_rms_norm(x0, r0, w, eps) if is_rms else norm.add_layer_norm(x0, r0, w, b, eps))[0]
-
-        def pick(x, r, y, h):
-            if is_rms:
-                return norm.add_rms_norm(x, r, w, eps, out=y, residual_out=h)
-            return norm.add_layer_norm(x, r, w, b, eps, out=y, residual_out=h)
-        variants = [("library pick", pick)]
-        for c, block, warps in VARIANTS[(rows, width)]:
-            variants.append((f"fetch x, r c{c} {block}x{warps}w",
-                             lambda x, r, y, h, v=(c, block, warps): res_norm(x, r, w, b, eps, y, h, *v)))
-        variants.append(("library pick (again)", pick))
-        for label, fn in variants:
-            run_variant(res, {"op": name, "rows": rows, "width": width, "variant": label}, fn, sets, sets[0][2], ref,
-                        nbytes, copy, lambda calls: bench_ms(calls, flush, n_calls))
-        del sets
-        torch.cuda.empty_cache()
-        (args.out / "norm-fetch-res.json").write_text(json.dumps(res, indent=1))
-    return 0
+    from norm_variants import rows_main
+    return rows_main(list(VARIANTS), lambda rows, width, is_rms, w, b, eps: [
+        (f"fetch x, r c{c} {block}x{warps}w",
+         lambda x, r, y, h, v=(c, block, warps): res_norm(x, r, w, b, eps, y, h, *v))
+        for c, block, warps in VARIANTS[(rows, width)]], "norm-fetch-res.json", residual=True)
 
 
 if __name__ == "__main__":

@@ -18,11 +18,9 @@ cluster (``_cluster.share3``), pass 2 re-reads the rest from L2.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
-import torch
 import triton
 import triton.language as tl
 
@@ -31,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from onetrip.ops._cluster import cluster_arrive, launch_clusters, share3  # noqa: E402
 from onetrip.ops._jit import cast_out  # noqa: E402
-from onetrip.ops._norm_jit import _split_combine  # noqa: E402
+from onetrip.ops._norm_jit import _split_combine, _sums_rstd  # noqa: E402
 from norm_stream import _opaque  # noqa: E402
 
 
@@ -75,11 +73,7 @@ def _wb_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, eps, N: tl.constexpr, SEG: tl.cons
             c0, s1, s2 = _split_combine(share3(c, tl.sum(a1), tl.sum(a2), C), row, N, SEG, C, BLOCK_S, IS_RMS, True)
             if i + 1 < R and row + 1 < M:
                 cluster_arrive(pid)  # slots read: the siblings may write the next row's
-            mean_lo = s1 / N
-            if IS_RMS:
-                rstd = tl.rsqrt(s2 / N + eps)
-            else:
-                rstd = tl.rsqrt(tl.maximum(s2 / N - mean_lo * mean_lo, 0.0) + eps)
+            mean_lo, rstd = _sums_rstd(s1, s2, N, eps, IS_RMS)
             for k in tl.static_range(NCH):
                 if k < HOLD:
                     h = held[k].to(tl.float32)
@@ -130,37 +124,11 @@ VARIANTS = {(512, 131072): [(8, 4096, 16, r, h, hold) for r in (1, 2, 4) for h i
 
 
 def main() -> int:
-    from gemv_chain import chain_setup
-    from norm_variants import bench_ms, run_variant
-
-    from onetrip.bench.ops import timing_plan
-    from onetrip.ops import norm
-
-    args, copy, flush, res = chain_setup()
-    dev, dt = torch.device("cuda"), torch.bfloat16
-    print(f"copy {copy:.0f} GB/s", flush=True)
-    for (rows, width), is_rms in [(s, k) for s in VARIANTS for k in (True, False)]:
-        name = "rms_norm" if is_rms else "layer_norm"
-        nbytes = 2 * rows * width * 2
-        n_sets, n_calls = timing_plan(nbytes)  # as the ops bench times
-        xs = [torch.randn(rows, width, device=dev).mul_(2).add_(0.5).to(dt) for _ in range(n_sets)]
-        sets = [(x, torch.empty_like(x)) for x in xs]
-        w = torch.randn(width, device=dev).to(dt)
-        b = None if is_rms else torch.randn(width, device=dev).to(dt)
-        eps = 1e-6 if is_rms else 1e-5
-        ref = norm.rms_norm(xs[0], w, eps) if is_rms else norm.layer_norm(xs[0], w, b, eps)
-        variants = [("library pick", lambda x, y: norm.rms_norm(x, w, eps, out=y) if is_rms
-                     else norm.layer_norm(x, w, b, eps, out=y))]
-        for c, block, warps, r, held_wb, hold in VARIANTS[(rows, width)]:
-            variants.append((f"c{c} {block}x{warps}w r{r} {'wb held' if held_wb else 'wb re-read'} hold{hold}",
-                             lambda x, y, v=(c, block, warps, r, held_wb, hold): wb_norm(x, w, b, eps, y, *v)))
-        for label, fn in variants:
-            run_variant(res, {"op": name, "rows": rows, "width": width, "variant": label}, fn, sets, sets[0][1], ref,
-                        nbytes, copy, lambda calls: bench_ms(calls, flush, n_calls))
-        del xs, sets
-        torch.cuda.empty_cache()
-        (args.out / "norm-wbheld.json").write_text(json.dumps(res, indent=1))
-    return 0
+    from norm_variants import rows_main
+    return rows_main(list(VARIANTS), lambda rows, width, is_rms, w, b, eps: [
+        (f"c{c} {block}x{warps}w r{r} {'wb held' if held_wb else 'wb re-read'} hold{hold}",
+         lambda x, y, v=(c, block, warps, r, held_wb, hold): wb_norm(x, w, b, eps, y, *v))
+        for c, block, warps, r, held_wb, hold in VARIANTS[(rows, width)]], "norm-wbheld.json")
 
 
 if __name__ == "__main__":

@@ -194,6 +194,19 @@ def _split_combine(part_ptr, row, N, SEG, SPLIT: tl.constexpr, BLOCK_S: tl.const
 
 
 @triton.jit
+def _sums_rstd(s1, s2, N, eps, IS_RMS: tl.constexpr):
+    """(mean_lo, rstd) of a row from its sums of d = h - c and d^2 over N columns: mean_lo =
+    S1 / N (the mean is c + mean_lo), rstd = 1 / sqrt(S2 / N - mean_lo^2 + eps); RMSNorm:
+    (S1 / N, 1 / sqrt(S2 / N + eps)) with c = 0."""
+    mean_lo = s1 / N
+    if IS_RMS:
+        rstd = tl.rsqrt(s2 / N + eps)
+    else:
+        rstd = tl.rsqrt(tl.maximum(s2 / N - mean_lo * mean_lo, 0.0) + eps)
+    return mean_lo, rstd
+
+
+@triton.jit
 def _accumulate(v1, v2, d, VEC: tl.constexpr, BLOCK_M: tl.constexpr):
     """Pass 1's running sums of d and d^2: per lane (VEC, reduced once after the loop) or
     per row."""
@@ -383,11 +396,7 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
         if LOOP_PART == 0:
             _wait_row(sync_ptr + 1 + row, SPLIT)
         c, s1, s2 = _split_combine(part_ptr, row, N, SEG, SPLIT, BLOCK_S, IS_RMS)
-    mean_lo = s1 / N
-    if IS_RMS:
-        rstd = tl.rsqrt(s2 / N + eps)
-    else:
-        rstd = tl.rsqrt(tl.maximum(s2 / N - mean_lo * mean_lo, 0.0) + eps)
+    mean_lo, rstd = _sums_rstd(s1, s2, N, eps, IS_RMS)
     if STASH:
         tl.debug_barrier()  # pass 2 reads h as this program's other threads stored it
     if HOLD >= 1:
