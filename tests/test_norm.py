@@ -168,6 +168,24 @@ def test_layer_norm_far_from_zero(device, gen, width, dtype):
         _check("layer", x, r, w, b, 1e-5, y, h)
 
 
+@pytest.mark.parametrize("residual", [False, True])
+def test_layer_norm_float32_shift(device, gen, residual):
+    """float32 LayerNorm in mode "loop" on rows whose first value is 4 standard deviations
+    out: shifted by that value, the sums cancelled (4-7x PyTorch's error); the segment's
+    first chunk's mean is the shift for float32 inputs."""
+    x = strided_like((6, 1023), torch.float32, device, generator=gen)
+    x[:, 0] = 4.0
+    r = 0.01 * strided_like((6, 1023), torch.float32, device, generator=gen) if residual else None
+    w, b = _params("layer", 1023, torch.float32, device, gen)
+    for cfg in (NormConfig("loop", 1, 128, 4), NormConfig("loop", 2, 128, 4, vec=True),
+                NormConfig("loop", 1, 128, 4, hints=True, stash=True, vec=True, split=3, hold=1),
+                *([NormConfig("loop", 1, 128, 4, vec=True, split=4, cluster=True)] if ON_GPU else [])):
+        y = poison_(torch.empty_like(x))
+        h = poison_(torch.empty_like(x)) if residual else None
+        norm_mod._launch(x, r, w, b, y, h, 1e-5, False, False, cfg)
+        _check("layer", x, r, w, b, 1e-5, y, h)
+
+
 def test_in_place_residual(device, gen):
     x = strided_like((4, 64), torch.float32, device, generator=gen)
     r = strided_like((4, 64), torch.float32, device, generator=gen)

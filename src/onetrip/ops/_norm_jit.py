@@ -118,15 +118,18 @@ def _pass1_chunk(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, st
 
 @triton.jit
 def _loop_shift(x_ptr, r_ptr, h_ptr, rows, M, col, N, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL: tl.constexpr,
-                STASH: tl.constexpr, BLOCK_M: tl.constexpr):
-    """LayerNorm's shift c = h[rows, col] (``_row_sums``' shape; 0.0 past the row's end),
-    rounded to h's dtype when STASH (pass 1 then sums h as stored)."""
-    cols = col + tl.arange(0, 1)
-    c = _pass1_chunk(x_ptr, r_ptr, h_ptr, rows, cols, _tile_mask(rows, M, cols < N, BLOCK_M), stride_xm, stride_rm,
-                     stride_hm, HAS_RESIDUAL, False, "", "")
+                STASH: tl.constexpr, BLOCK_M: tl.constexpr, WIDTH: tl.constexpr = 1):
+    """LayerNorm's shift c (``_row_sums``' shape): the mean of h over the WIDTH columns from
+    ``col`` that are inside the row (WIDTH 1: h[rows, col], 0.0 past the row's end), h
+    rounded to its dtype when STASH (pass 1 then sums h as stored)."""
+    cols = col + tl.arange(0, WIDTH)
+    ok = _tile_mask(rows, M, cols < N, BLOCK_M)
+    c = _pass1_chunk(x_ptr, r_ptr, h_ptr, rows, cols, ok, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL, False, "", "")
     if STASH:
         c = cast_out(c, h_ptr.dtype.element_ty).to(tl.float32)
-    return _row_sums(c, BLOCK_M)
+    if WIDTH == 1:
+        return _row_sums(c, BLOCK_M)
+    return _row_sums(tl.where(ok, c, 0.0), BLOCK_M) / tl.maximum(_row_sums(ok.to(tl.float32), BLOCK_M), 1.0)
 
 
 @triton.jit
@@ -289,7 +292,8 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
               HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HINTS: tl.constexpr,
               STASH: tl.constexpr, VEC: tl.constexpr, UNROLL: tl.constexpr, SPLIT: tl.constexpr,
               BLOCK_S: tl.constexpr, LOOP_PART: tl.constexpr, EVEN: tl.constexpr, HOLD: tl.constexpr = 0,
-              DROP_Y: tl.constexpr = False, CLUSTER: tl.constexpr = False, SHELF: tl.constexpr = False):
+              DROP_Y: tl.constexpr = False, CLUSTER: tl.constexpr = False, SHELF: tl.constexpr = False,
+              MEAN_SHIFT: tl.constexpr = False):
     """Mode "loop": a program per BLOCK_M rows (per segment of SEG columns of a row with
     SPLIT > 1), two passes over its chunks of BLOCK_N. Pass 1 sums the statistics; pass 2
     reads each chunk again, which a row of <= 512 KB finds in L2 (two programs an SM hold
@@ -326,8 +330,12 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
 
     LayerNorm sums d = h - c around c = the segment's first h (the shifted-data algorithm):
     with c within a few standard deviations of the mean, sum(d^2) - sum(d)^2 / N does not
-    cancel, and y = ((h - c) - sum(d) / N) * rstd keeps the mean as the exact pair (c,
-    sum(d) / N). A running Chan combine of chunk means instead drew 2.8x PyTorch's float32
+    cancel much, and y = ((h - c) - sum(d) / N) * rstd keeps the mean as the exact pair (c,
+    sum(d) / N). Much is too much for float32 outputs: a first value 4 standard deviations
+    out drew 4-7x PyTorch's float32 error (N(0, 1) rows, 1023 wide, interpreter; 2.4x with no
+    outlier on an H100). MEAN_SHIFT (float32 inputs) takes c = the mean of the segment's
+    first chunk instead, within ~std / sqrt(BLOCK_N) of the row's mean, for one more load of
+    that chunk and a block reduction (16-bit outputs round the difference away). A running Chan combine of chunk means instead drew 2.8x PyTorch's float32
     error on rows 100 standard deviations from zero (5000 wide, chunks of 128: ~40 roundings
     of a mean near 100)."""
     KEEP: tl.constexpr = "evict_last" if HINTS else ""
@@ -348,7 +356,7 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
             # (Taking c from the first chunk instead of this load of its own, with the chunk
             # peeled off the loop, measured -4 to +3 points: 16K / 32K wide, H200.)
             c = _loop_shift(x_ptr, r_ptr, h_ptr, rows, M, col0, N, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL,
-                            STASH, BLOCK_M)
+                            STASH, BLOCK_M, BLOCK_N if MEAN_SHIFT else 1)
             if STASH or HOLD > 0:
                 # Pass 1 may store h over the residual (residual_out=residual) at col0: every
                 # thread's load of c is performed before any thread's store (bar.sync orders them).
