@@ -96,7 +96,7 @@ def test_no_weight_and_fp32_weight(device, gen, kind):
 @pytest.mark.parametrize("mode", ["rows", "rows late", "rows const", "two_pass", "loop", "loop hints", "loop stash",
                                   "loop vec", "loop unroll", "loop const", "loop split", "loop split const",
                                   "loop 2 rows", "loop 4 rows const", "loop hold", "loop hold 2 const",
-                                  "loop hold split", "loop split cluster"]
+                                  "loop hold split", "loop split cluster", "loop fold"]
                          # (on the CPU a cluster config is the split above: one of them shows the fallback)
                          + (["coop", "loop split const cluster", "loop hold split cluster"] if ON_GPU else []))
 def test_modes(device, gen, kind, mode):
@@ -111,7 +111,8 @@ def test_modes(device, gen, kind, mode):
     block ragged: 11 rows). "loop hold": the first chunk(s) kept in registers for pass 2
     (h from the stash's rounding, or without it in float32). "cluster": a split row's
     programs one thread-block cluster on a Hopper GPU, their sums exchanged through shared
-    memory (elsewhere the config falls back to the split above)."""
+    memory (elsewhere the config falls back to the split above). "loop fold": LayerNorm's
+    affine as FMAs, held and streamed chunks."""
     rows, width = 11, 1023
     x = strided_like((rows, width), torch.bfloat16, device, generator=gen)
     r = strided_like((rows, width), torch.bfloat16, device, generator=gen) + 2.0
@@ -134,6 +135,7 @@ def test_modes(device, gen, kind, mode):
            "loop hold split": NormConfig("loop", 1, 128, 4, hints=True, stash=True, vec=True, split=3, hold=2),
            "loop split cluster": NormConfig("loop", 1, 128, 4, hints=True, stash=True, vec=True, split=3,
                                             cluster=True),
+           "loop fold": NormConfig("loop", 1, 128, 4, hints=True, stash=True, vec=True, split=3, hold=1, fold=True),
            "loop split const cluster": NormConfig("loop", 1, 128, 4, hints=True, stash=True, const_n=True, split=8,
                                                   cluster=True),
            "loop hold split cluster": NormConfig("loop", 1, 128, 4, hints=True, stash=True, vec=True, split=3, hold=2,

@@ -39,9 +39,10 @@ def _store_y(y_ptr, h, mean, rstd, w, b, rows, cols, mask, stride_ym,
     FOLD (LayerNorm with a weight, 16-bit y): y = (h - (mean + mean_lo)) * (rstd * w) + b,
     a subtraction, a multiply and an FMA an element instead of five operations; the pair
     folded into one float32 is off by half an ulp of the mean, which a 16-bit y rounds away
-    (float32 y keeps the two parts). Mode "loop" only: on an H100 it took layer_norm 128K /
-    256K 84.6 / 79.8 -> 89.6 / 84.6% on a machine where the unfolded kernel ran 5 points
-    slow, and cost mode "rows" up to 24 points (8192 wide: a whole row's rstd * w held)."""
+    (float32 y keeps the two parts). Mode "loop" configs with ``fold`` only: on an H100 it
+    took layer_norm 128K / 256K 84.6 / 79.8 -> 89.6 / 84.6% on machines where the unfolded
+    shelf kernel ran 5 points slow, and cost mode "rows" up to 24 points (8192 wide: a whole
+    row's rstd * w held)."""
     if IS_RMS:
         y = h * rstd
         if HAS_WEIGHT:
@@ -265,12 +266,13 @@ def _held_pass1(x_ptr, r_ptr, h_ptr, rows, M, col0, i, N, c, stride_xm, stride_r
 @triton.jit
 def _held_pass2(y_ptr, w_ptr, b_ptr, held, rows, M, col0, i, N, c, rstd, mean_lo, stride_ym,
                 IS_RMS: tl.constexpr, GEMMA: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr, DROP: tl.constexpr):
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr, DROP: tl.constexpr,
+                FOLD: tl.constexpr = False):
     """Pass 2 of a held chunk: y from the registers, no load of x (or h)."""
     cols, col_ok = _chunk_cols(col0, i, N, BLOCK_N, EVEN)
     w, b = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS)
     _store_y(y_ptr, held.to(tl.float32), c, rstd, w, b, rows, cols, _tile_mask(rows, M, col_ok, BLOCK_M), stride_ym,
-             IS_RMS, GEMMA, HAS_WEIGHT, HAS_BIAS, mean_lo, TWO_PART=not IS_RMS, EVICT=DROP, FOLD=True)
+             IS_RMS, GEMMA, HAS_WEIGHT, HAS_BIAS, mean_lo, TWO_PART=not IS_RMS, EVICT=DROP, FOLD=FOLD)
 
 
 @triton.jit
@@ -303,7 +305,7 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
               STASH: tl.constexpr, VEC: tl.constexpr, UNROLL: tl.constexpr, SPLIT: tl.constexpr,
               BLOCK_S: tl.constexpr, LOOP_PART: tl.constexpr, EVEN: tl.constexpr, HOLD: tl.constexpr = 0,
               DROP_Y: tl.constexpr = False, CLUSTER: tl.constexpr = False, SHELF: tl.constexpr = False,
-              MEAN_SHIFT: tl.constexpr = False):
+              MEAN_SHIFT: tl.constexpr = False, FOLD: tl.constexpr = False):
     """Mode "loop": a program per BLOCK_M rows (per segment of SEG columns of a row with
     SPLIT > 1), two passes over its chunks of BLOCK_N. Pass 1 sums the statistics; pass 2
     reads each chunk again, which a row of <= 512 KB finds in L2 (two programs an SM hold
@@ -420,10 +422,10 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
         tl.debug_barrier()  # pass 2 reads h as this program's other threads stored it
     if HOLD >= 1:
         _held_pass2(y_ptr, w_ptr, b_ptr, held0, rows, M, col0, 0, N, c, rstd, mean_lo, stride_ym, IS_RMS, GEMMA,
-                    HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, EVEN, DROP)
+                    HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, EVEN, DROP, FOLD)
     if HOLD >= 2:
         _held_pass2(y_ptr, w_ptr, b_ptr, held1, rows, M, col0, BLOCK_N, N, c, rstd, mean_lo, stride_ym, IS_RMS,
-                    GEMMA, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, EVEN, DROP)
+                    GEMMA, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, EVEN, DROP, FOLD)
     for i in tl.range(HOLD * BLOCK_N, SEG, BLOCK_N, loop_unroll_factor=UNROLL):
         cols, col_ok = _chunk_cols(col0, i, N, BLOCK_N, EVEN)
         mask = _tile_mask(rows, M, col_ok, BLOCK_M)
@@ -436,4 +438,4 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
                         DROP, DROP)
         w, b = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS)
         _store_y(y_ptr, h, c, rstd, w, b, rows, cols, mask, stride_ym, IS_RMS, GEMMA, HAS_WEIGHT, HAS_BIAS,
-                 mean_lo, TWO_PART=not IS_RMS, EVICT=DROP_STREAMED_Y, FOLD=True)
+                 mean_lo, TWO_PART=not IS_RMS, EVICT=DROP_STREAMED_Y, FOLD=FOLD)

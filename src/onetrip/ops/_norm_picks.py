@@ -30,6 +30,7 @@ class NormConfig:
     cluster: bool = False  # "loop" split (Hopper): a row's programs one cluster, sums through shared memory
     late_wb: bool = False  # "rows": the weight (and bias) loaded after the statistics, not live during them
     shelf: bool = False  # "loop", no residual: the segment copied into shared memory, both passes read it there
+    fold: bool = False  # "loop" LayerNorm, 16-bit y: the affine as FMAs, y = (h - mean) * (rstd * w) + b
 
 
 def _loop(block_n: int, warps: int, **flags) -> NormConfig:
@@ -147,6 +148,12 @@ LOOP_PICKS = {
 #   -> 89.4 / 89.7. rms_norm 128K with it: 92.3 / 92.5 -> 92.0 / 92.1, not taken; at 256K
 #   the shelf was level in benchmarks/norm_fetch.py (88.3 vs 88.1) and 2 points behind on
 #   64 rows, not tried in the bench.
+# - LayerNorm's affine as FMAs (``fold``) on the two shelf picks and add_layer_norm 128K:
+#   two interleaved ops-bench rounds on each of two machines (results/ops-...-20261126-
+#   fold-ab{,2}-*.json), where the unfolded shelf kernel ran 4-5 points slow: layer_norm
+#   128K / 256K 84.6-84.7 / 79.8 -> 89.6-89.7 / 84.5-84.8%, add_layer_norm 128K 90.6-91.1 ->
+#   91.1-91.4; the other "loop" cells within 0.3 either way, so they keep the unfolded form
+#   (and the H200's, unmeasured, whose 64K pick lost 6 points folded in the fourteenth session).
 _CLUSTER = dict(hints=True, vec=True, const_n=True, cluster=True)
 PICKS_GPU = {
     "H100": {
@@ -154,10 +161,10 @@ PICKS_GPU = {
         ("loop", False, True, 32768): _loop(16384, 32, stash=True, vec=True, const_n=True),
         ("loop", True, False, 131072): _loop(4096, 16, split=8, hold=1, drop_y=True, **_CLUSTER),
         ("loop", True, False, 262144): _loop(4096, 16, split=16, hold=1, drop_y=True, **_CLUSTER),
-        ("loop", False, False, 131072): _loop(4096, 8, split=8, drop_y=True, shelf=True, **_CLUSTER),
-        ("loop", False, False, 262144): _loop(4096, 8, split=16, drop_y=True, shelf=True, **_CLUSTER),
+        ("loop", False, False, 131072): _loop(4096, 8, split=8, drop_y=True, shelf=True, fold=True, **_CLUSTER),
+        ("loop", False, False, 262144): _loop(4096, 8, split=16, drop_y=True, shelf=True, fold=True, **_CLUSTER),
         ("loop", True, True, 131072): _loop(4096, 8, stash=True, split=16, **_CLUSTER),
-        ("loop", False, True, 131072): _loop(4096, 8, stash=True, split=16, **_CLUSTER),
+        ("loop", False, True, 131072): _loop(4096, 8, stash=True, split=16, fold=True, **_CLUSTER),
         ("loop", False, True, 262144): _loop(16384, 32, stash=True, split=2, drop_y=True, **_CLUSTER),
         ("rows", False, False, 4096): NormConfig("rows", 1, 4096, 8, const_n=True),
         ("rows", True, False, 1024): NormConfig("rows", 2, 1024, 8, const_n=True),

@@ -98,6 +98,7 @@ def _norm_kernel(
     LATE_WB: tl.constexpr = False,  # "rows": the weight and bias loaded after the statistics
     SHELF: tl.constexpr = False,  # "loop": pass 2 takes the chunks from shared memory (_shelf.py)
     MEAN_SHIFT: tl.constexpr = False,  # "loop" LayerNorm: shift by the first chunk's mean (float32 inputs)
+    FOLD: tl.constexpr = False,  # "loop" LayerNorm, 16-bit y: the affine as FMAs (_store_y)
 ):
     # CONST_N > 0 ("loop", "rows"): the width (and so the dense rows' strides) as constants,
     # so the trip count, masks and row addresses are known to the compiler (each choice below
@@ -120,7 +121,7 @@ def _norm_kernel(
                   sx, sr, sy, sh, eps, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, HINTS,
                   STASH, VEC, UNROLL, SPLIT, BLOCK_S, LOOP_PART,
                   CONST_N > 0 and CONST_N == SEG_N * SPLIT and SEG_N % BLOCK_N == 0, HOLD, DROP_Y, CLUSTER, SHELF,
-                  MEAN_SHIFT)
+                  MEAN_SHIFT, FOLD)
         return
     # -- which chunk of columns (and, split, which row) this program owns -------------------
     if PHASE == 1:
@@ -320,7 +321,7 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
             # (two launches: pass 2 cannot hold pass 1's registers; the shelf holds the whole segment)
             HOLD=cfg.hold if part_of_loop == 0 and not shelf else 0,
             DROP_Y=cfg.drop_y, CLUSTER=clusters, LATE_WB=cfg.late_wb, SHELF=shelf,
-            MEAN_SHIFT=not is_rms and x.dtype == torch.float32,
+            MEAN_SHIFT=not is_rms and x.dtype == torch.float32, FOLD=cfg.fold,
             num_warps=cfg.num_warps,
         )
         if clusters:  # None when this Triton's launcher cannot be given a cluster size
