@@ -10,15 +10,11 @@ chunk of the segment is requested at once, as the plain kernel's four LDGs are, 
 2 reads nothing from L2 but the weight (with ``WB``, not even that: the weight and bias are
 fetched the same way behind the row, into the same shared buffer).
 
-How, in Triton 3.6 (no shared-memory API): a static ``.shared`` buffer in inline PTX (as
-``ops/_shelf.py``); the copies as 8-byte ``cp.async.ca`` of int64 quads (pack=1: each
-element its own address, so it does not matter which elements Triton gives a thread;
-with an ``L2::cache_hint`` policy the H100 raised an illegal instruction, so none);
-``cp.async.wait_group`` + ``bar.sync`` in one asm
-whose result the loads depend on (so that the loads, declared pure, cannot move above it);
-the statistics from int64 quads (pack=1 ``ld.shared.b64``, unpacked to four float32
-lanes: bf16 -> float32 is a shift); pass 2 through ``_shelf.shelf_load`` (pack=8, 16-byte
-loads, in the layout of y's coalesced store; checked, it traps otherwise).
+How: the library's shelf pieces (``ops/_shelf.py``: ``shelf_fetch``'s 8-byte copies,
+``shelf_quads`` / ``quad_lane`` for the statistics, ``shelf_load`` for pass 2), over a
+static buffer of this experiment's own size (with ``wb``, room for w and b behind x), and
+its own waits: ``cp.async.wait_group`` (1: x in, w and b may still be in flight) +
+``bar.sync`` in one asm whose result the loads depend on.
 bf16 dense rows, N = C x SEG, SEG a multiple of BLOCK, Llama convention (an experiment).
     python benchmarks/norm_fetch.py --out DIR      # on an H100/H200
 """
@@ -38,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from onetrip.ops._cluster import cluster_arrive, launch_clusters, share3  # noqa: E402
 from onetrip.ops._jit import cast_out  # noqa: E402
 from onetrip.ops._norm_jit import _split_combine, _sums_rstd  # noqa: E402
-from onetrip.ops._shelf import shelf_load  # noqa: E402
+from onetrip.ops._shelf import quad_lane, shelf_fetch, shelf_load, shelf_quads  # noqa: E402
 
 MAX_BYTES = 49152 - 256  # a CTA's static shared memory (48 KB, less the cluster exchange's 192 bytes)
 
@@ -47,37 +43,15 @@ def _base_asm(nbytes: int) -> str:
     return "{\n.shared .align 16 .b8 ofetch[" + str(nbytes) + "];\nmov.u32 $0, ofetch;\n}"
 
 
-FETCH = tl.constexpr("cp.async.ca.shared.global [$1], [$2], 8;\nmov.u32 $0, 0;")
 COMMIT = tl.constexpr("cp.async.commit_group;\nmov.u32 $0, $1;")
 WAIT1 = tl.constexpr("cp.async.wait_group 1;\nbar.sync 0;\nmov.b32 $0, 0;")
 WAIT0 = tl.constexpr("cp.async.wait_group 0;\nbar.sync 0;\nmov.b32 $0, 0;")
 
 
 @triton.jit
-def _fetch(saddr, gptr, ASM: tl.constexpr):
-    """cp.async 8 bytes from each global address (int64 pointers) to each shared address."""
-    return tl.inline_asm_elementwise(ASM, "=r,r,l", [saddr, gptr.to(tl.int64, bitcast=True)], dtype=tl.int32,
-                                     is_pure=False, pack=1)
-
-
-@triton.jit
 def _asm_scalar(pid, ASM: tl.constexpr):
     """A side-effecting asm on a scalar; returns float32 0 (``WAIT*``) or pid (``COMMIT``)."""
     return tl.inline_asm_elementwise(ASM, "=r,r", [pid], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _quads(saddr, after):
-    """The int64 at each shared address; ``after`` (float32) orders the load after a wait."""
-    return tl.inline_asm_elementwise("ld.shared.b64 $0, [$1];", "=l,r,f", [saddr, after], dtype=tl.int64,
-                                     is_pure=True, pack=1)
-
-
-@triton.jit
-def _lane(q, k: tl.constexpr):
-    """bf16 lane k (0-3) of int64 quads, as float32."""
-    u = q.to(tl.uint64, bitcast=True)
-    return (((u >> (16 * k)) & 0xFFFF).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -123,24 +97,24 @@ def _fetch_kernel(x_ptr, w_ptr, b_ptr, y_ptr, eps, N: tl.constexpr, SEG: tl.cons
         c = tl.load(xrow).to(tl.float32)
     xq = xrow.to(tl.pointer_type(tl.int64), bitcast=True)
     for k in tl.static_range(NCH):
-        _fetch(base + 8 * (k * QB + qo), xq + k * QB + qo, FETCH)
+        shelf_fetch(base + 8 * (k * QB + qo), xq + k * QB + qo)
     _asm_scalar(pid, COMMIT)
     if WB:
         wq = (w_ptr + lo).to(tl.pointer_type(tl.int64), bitcast=True)
         for k in tl.static_range(NCH):
-            _fetch(base + 2 * SEG + 8 * (k * QB + qo), wq + k * QB + qo, FETCH)
+            shelf_fetch(base + 2 * SEG + 8 * (k * QB + qo), wq + k * QB + qo)
         if not IS_RMS:
             bq = (b_ptr + lo).to(tl.pointer_type(tl.int64), bitcast=True)
             for k in tl.static_range(NCH):
-                _fetch(base + 4 * SEG + 8 * (k * QB + qo), bq + k * QB + qo, FETCH)
+                shelf_fetch(base + 4 * SEG + 8 * (k * QB + qo), bq + k * QB + qo)
     _asm_scalar(pid, COMMIT)
     after = _asm_scalar(pid, WAIT1).to(tl.float32, bitcast=True)  # x in, every thread's copies visible
     a1 = tl.zeros([QB], tl.float32)
     a2 = tl.zeros([QB], tl.float32)
     for k in tl.static_range(NCH):
-        q = _quads(base + 8 * (k * QB + qo), after)
+        q = shelf_quads(base + 8 * (k * QB + qo), after)
         for j in tl.static_range(4):
-            d = _lane(q, j) - c
+            d = quad_lane(q, j, x_ptr) - c
             a1 += d
             a2 += d * d
     c0, s1, s2 = _split_combine(share3(c, tl.sum(a1), tl.sum(a2), C), row, N, SEG, C, BLOCK_S, IS_RMS, True)

@@ -25,11 +25,11 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from norm_fetch import COMMIT, FETCH, WAIT1, _asm_scalar, _cluster_row, _fetch, _lane, _quads  # noqa: E402
+from norm_fetch import COMMIT, WAIT1, _asm_scalar, _cluster_row  # noqa: E402
 from onetrip.ops._cluster import share3  # noqa: E402
 from onetrip.ops._jit import cast_out  # noqa: E402
 from onetrip.ops._norm_jit import _split_combine, _sums_rstd  # noqa: E402
-from onetrip.ops._shelf import shelf_load  # noqa: E402
+from onetrip.ops._shelf import quad_lane, shelf_fetch, shelf_load, shelf_quads  # noqa: E402
 
 DYN_BASE = tl.constexpr("mov.u32 $0, global_smem;\nadd.u32 $0, $0, $1;")
 STS64 = tl.constexpr("st.shared.b64 [$1], $2;\nmov.u32 $0, 0;")
@@ -50,25 +50,25 @@ def _res_kernel(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, eps, SH_OFF, N: tl.con
     rq = (r_ptr + off).to(tl.pointer_type(tl.int64), bitcast=True)
     hq = (h_ptr + off).to(tl.pointer_type(tl.int64), bitcast=True)
     for k in tl.static_range(NCH):  # x at base, r at base + 2 SEG
-        _fetch(base + 8 * (k * QB + qo), xq + k * QB + qo, FETCH)
-        _fetch(base + 2 * SEG + 8 * (k * QB + qo), rq + k * QB + qo, FETCH)
+        shelf_fetch(base + 8 * (k * QB + qo), xq + k * QB + qo)
+        shelf_fetch(base + 2 * SEG + 8 * (k * QB + qo), rq + k * QB + qo)
     _asm_scalar(pid, COMMIT)
     _asm_scalar(pid, COMMIT)
     after = _asm_scalar(pid, WAIT1).to(tl.float32, bitcast=True)
     c = 0.0
     if not IS_RMS:  # the segment's first h, as rounded
-        q0 = _quads(base + tl.zeros([1], tl.int32), after)
-        r0 = _quads(base + 2 * SEG + tl.zeros([1], tl.int32), after)
-        c = tl.sum(cast_out(_lane(q0, 0) + _lane(r0, 0), tl.bfloat16).to(tl.float32))
+        q0 = shelf_quads(base + tl.zeros([1], tl.int32), after)
+        r0 = shelf_quads(base + 2 * SEG + tl.zeros([1], tl.int32), after)
+        c = tl.sum(cast_out(quad_lane(q0, 0, x_ptr) + quad_lane(r0, 0, x_ptr), tl.bfloat16).to(tl.float32))
     a1 = tl.zeros([QB], tl.float32)
     a2 = tl.zeros([QB], tl.float32)
     for k in tl.static_range(NCH):
         saddr = base + 8 * (k * QB + qo)
-        qx = _quads(saddr, after)
-        qr = _quads(base + 2 * SEG + 8 * (k * QB + qo), after)
+        qx = shelf_quads(saddr, after)
+        qr = shelf_quads(base + 2 * SEG + 8 * (k * QB + qo), after)
         packed = tl.zeros([QB], tl.uint64)
         for j in tl.static_range(4):
-            hb = cast_out(_lane(qx, j) + _lane(qr, j), tl.bfloat16)
+            hb = cast_out(quad_lane(qx, j, x_ptr) + quad_lane(qr, j, x_ptr), tl.bfloat16)
             packed = packed | (hb.to(tl.uint16, bitcast=True).to(tl.uint64) << (16 * j))
             d = hb.to(tl.float32) - c
             a1 += d

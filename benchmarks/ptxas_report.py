@@ -202,7 +202,8 @@ def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: i
                  PHASE=phase, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_C=max(2, NORM_INTS["N"] // block_n),
                  HINTS=hints, STASH=stash and residual, VEC=vec, UNROLL=unroll, CONST_N=const_n, SPLIT=split,
                  SEG_N=(const_n // split if const_n else 0), LOOP_PART=0, HOLD=hold, DROP_Y=drop_y, CLUSTER=cluster,
-                 LATE_WB=False, SHELF=shelf, MEAN_SHIFT=False, FOLD=False)  # every constexpr: ASTSource binds no defaults
+                 LATE_WB=False, SHELF=shelf, FOLD=False,  # every constexpr: ASTSource binds no defaults
+                 EVEN=bool(const_n) and const_n % split == 0 and (const_n // split) % block_n == 0)
     sig, attrs = {}, {}
     for i, n in enumerate(fn.arg_names):
         if n in const:

@@ -305,7 +305,7 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
               STASH: tl.constexpr, VEC: tl.constexpr, UNROLL: tl.constexpr, SPLIT: tl.constexpr,
               BLOCK_S: tl.constexpr, LOOP_PART: tl.constexpr, EVEN: tl.constexpr, HOLD: tl.constexpr = 0,
               DROP_Y: tl.constexpr = False, CLUSTER: tl.constexpr = False, SHELF: tl.constexpr = False,
-              MEAN_SHIFT: tl.constexpr = False, FOLD: tl.constexpr = False):
+              FOLD: tl.constexpr = False):
     """Mode "loop": a program per BLOCK_M rows (per segment of SEG columns of a row with
     SPLIT > 1), two passes over its chunks of BLOCK_N. Pass 1 sums the statistics; pass 2
     reads each chunk again, which a row of <= 512 KB finds in L2 (two programs an SM hold
@@ -345,13 +345,14 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
     cancel much, and y = ((h - c) - sum(d) / N) * rstd keeps the mean as the exact pair (c,
     sum(d) / N). Much is too much for float32 outputs: a first value 4 standard deviations
     out drew 4-7x PyTorch's float32 error (N(0, 1) rows, 1023 wide, interpreter; 2.4x with no
-    outlier on an H100). MEAN_SHIFT (float32 inputs) takes c = the mean of the segment's
+    outlier on an H100). Float32 inputs (MEAN_SHIFT) take c = the mean of the segment's
     first chunk instead, within ~std / sqrt(BLOCK_N) of the row's mean, for one more load of
     that chunk and a block reduction (16-bit outputs round the difference away). A running
     Chan combine of chunk means instead drew 2.8x PyTorch's float32 error on rows 100
     standard deviations from zero (5000 wide, chunks of 128: ~40 roundings of a mean near
     100)."""
     KEEP: tl.constexpr = "evict_last" if HINTS else ""
+    MEAN_SHIFT: tl.constexpr = x_ptr.dtype.element_ty == tl.float32
     DROP: tl.constexpr = "evict_first" if HINTS else ""
     tl.static_assert(not SHELF or (BLOCK_M == 1 and not HAS_RESIDUAL and EVEN and HOLD == 0),
                      "the shelf takes a dense row's segment of whole chunks, no residual, nothing held")

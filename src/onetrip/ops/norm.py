@@ -97,8 +97,8 @@ def _norm_kernel(
     CLUSTER: tl.constexpr = False,  # "loop" split: launched as clusters of SPLIT (_cluster.launch_clusters)
     LATE_WB: tl.constexpr = False,  # "rows": the weight and bias loaded after the statistics
     SHELF: tl.constexpr = False,  # "loop": pass 2 takes the chunks from shared memory (_shelf.py)
-    MEAN_SHIFT: tl.constexpr = False,  # "loop" LayerNorm: shift by the first chunk's mean (float32 inputs)
     FOLD: tl.constexpr = False,  # "loop" LayerNorm, 16-bit y: the affine as FMAs (_store_y)
+    EVEN: tl.constexpr = False,  # "loop": dense rows of CONST_N cut into SPLIT segments of whole chunks (no masks)
 ):
     # CONST_N > 0 ("loop", "rows"): the width (and so the dense rows' strides) as constants,
     # so the trip count, masks and row addresses are known to the compiler (each choice below
@@ -120,8 +120,7 @@ def _norm_kernel(
         _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, t // SPLIT, t % SPLIT, M, n, seg_cols,
                   sx, sr, sy, sh, eps, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, HINTS,
                   STASH, VEC, UNROLL, SPLIT, BLOCK_S, LOOP_PART,
-                  CONST_N > 0 and CONST_N == SEG_N * SPLIT and SEG_N % BLOCK_N == 0, HOLD, DROP_Y, CLUSTER, SHELF,
-                  MEAN_SHIFT, FOLD)
+                  EVEN, HOLD, DROP_Y, CLUSTER, SHELF, FOLD)
         return
     # -- which chunk of columns (and, split, which row) this program owns -------------------
     if PHASE == 1:
@@ -296,12 +295,13 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
     const_n = N if cfg.const_n and dense else 0
     # cfg.shelf (no residual) where a compiled kernel runs both passes (not the interpreter's
     # two launches), the rows are dense with the width a constant and cut into whole chunks
-    # (no masks: the copies have none), every row starts 16-byte aligned (so each thread's
+    # (``even``: no masks, the copies have none; then the width is a multiple of 8 too), every
+    # row starts 16-byte aligned (so each thread's
     # elements of pass 2 come in 16-byte runs) and the segment fits (_shelf.shelf_fits);
     # elsewhere pass 2 reads L2.
     even = const_n > 0 and const_n == seg * split and seg % cfg.block_n == 0
     shelf = (cfg.shelf and cfg.mode == "loop" and cfg.block_m == 1 and residual is None and x.is_cuda
-             and not is_interpreting() and (split == 1 or wait) and even and const_n % 8 == 0
+             and not is_interpreting() and (split == 1 or wait) and even
              and x.data_ptr() % 16 == 0 and y.data_ptr() % 16 == 0
              and shelf_fits(seg, cfg.block_n, cfg.num_warps, x.element_size()))
 
@@ -321,7 +321,7 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
             # (two launches: pass 2 cannot hold pass 1's registers; the shelf holds the whole segment)
             HOLD=cfg.hold if part_of_loop == 0 and not shelf else 0,
             DROP_Y=cfg.drop_y, CLUSTER=clusters, LATE_WB=cfg.late_wb, SHELF=shelf,
-            MEAN_SHIFT=not is_rms and x.dtype == torch.float32, FOLD=cfg.fold,
+            FOLD=cfg.fold, EVEN=even,
             num_warps=cfg.num_warps,
         )
         if clusters:  # None when this Triton's launcher cannot be given a cluster size
