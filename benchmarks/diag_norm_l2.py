@@ -7,6 +7,9 @@ of the third launch (mode "loop" re-reads each row in pass 2: from L2, or again 
         python benchmarks/diag_norm_l2.py rms_norm:131072 layer_norm:65536
 
 Each (family, width) is one process argument; ncu's report names them in launch order.
+An argument ``family:width:rows`` sets the rows (default 2**26 // width); the family
+``copy`` launches ``torch.neg`` on the same bytes (what a plain element-wise kernel does
+with them: the profile to compare against).
 """
 
 from __future__ import annotations
@@ -22,14 +25,18 @@ norm = importlib.import_module("onetrip.ops.norm")
 def main(argv: list[str]) -> int:
     dev = torch.device("cuda")
     for arg in argv:
-        fam, width = arg.split(":")
+        fam, width, *rows = arg.split(":")
         width = int(width)
-        rows = 2**26 // width
+        rows = int(rows[0]) if rows else 2**26 // width
         res, is_rms = fam.startswith("add_"), "rms" in fam
         x = torch.randn(rows, width, device=dev, dtype=torch.bfloat16)
         r = torch.randn_like(x) if res else None
         w = torch.randn(width, device=dev, dtype=torch.bfloat16)
         y, h = torch.empty_like(x), (torch.empty_like(x) if res else None)
+        if fam == "copy":
+            for _ in range(3):
+                torch.neg(x, out=y)
+            continue
         cfg = norm.norm_config(rows, width, dev, is_rms=is_rms, has_residual=res)
         print(f"{fam} {rows}x{width}: {cfg}", flush=True)
         for _ in range(3):

@@ -116,3 +116,36 @@ def test_fetch_residual(gen, kind, c, block, warps):
     y, h = poison_(torch.empty_like(x)), poison_(torch.empty_like(x))
     res_norm(x, r, w, b, 1e-5, y, h, c, block, warps)
     _check(x, r, w, b, y, h, 1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+@pytest.mark.parametrize("rows, c, clusters, depth, wsm", [(37, 4, 5, 2, False), (9, 16, 2, 3, True),
+                                                          (3, 8, 7, 2, True), (17, 2, 1, 2, False)])
+def test_ring(gen, kind, rows, c, clusters, depth, wsm):
+    """benchmarks/norm_ring.py: persistent clusters (more or fewer than the rows) streaming
+    rows through a ring of ``depth`` shared-memory slots, w and b there too (wsm)."""
+    _hopper()
+    from norm_ring import ring_norm
+
+    x, _, w, b = _inputs(gen, "cuda", rows, c * 2 * 1024, kind, False)
+    y = poison_(torch.empty_like(x))
+    ring_norm(x, w, b, 1e-5, y, c, 1024, 4, clusters, depth, wsm)
+    _check(x, None, w, b, y, None, 1e-5)
+
+
+@pytest.mark.gpu
+def test_cluster_room():
+    """benchmarks/cluster_room.py: the driver's count of clusters that fit is positive and
+    falls as the clusters grow or the CTAs an SM shrink (a wrong struct layout gives None or
+    nonsense)."""
+    _hopper()
+    from cluster_room import fingerprint
+
+    room = fingerprint()
+    for per_sm in range(1, 6):
+        counts = [room[f"{per_sm}/SM"][f"c{c}"] for c in (2, 4, 8, 16)]
+        assert all(isinstance(n, int) and n > 0 for n in counts), counts
+        assert counts == sorted(counts, reverse=True), counts
+        assert room[f"{per_sm}/SM"]["blocks_per_sm"] == per_sm
+    assert room["1/SM"]["c2"] * 2 <= torch.cuda.get_device_properties(0).multi_processor_count
