@@ -65,6 +65,33 @@ def _cluster_row(C: tl.constexpr, SEG: tl.constexpr):
 
 
 @triton.jit
+def _seg_sums(base, qo, c, after, like_ptr, NCH: tl.constexpr, QB: tl.constexpr):
+    """Sums of d = x - c and d^2 over a segment on the shelf at ``base``: NCH chunks of QB
+    int64 quads (16-bit elements of ``like_ptr``'s type), read after ``after``."""
+    a1 = tl.zeros([QB], tl.float32)
+    a2 = tl.zeros([QB], tl.float32)
+    for k in tl.static_range(NCH):
+        q = shelf_quads(base + 8 * (k * QB + qo), after)
+        for j in tl.static_range(4):
+            d = quad_lane(q, j, like_ptr) - c
+            a1 += d
+            a2 += d * d
+    return tl.sum(a1), tl.sum(a2)
+
+
+@triton.jit
+def _seg_y(h, rstd, c0, mean_lo, wv, bv, y_ptr, IS_RMS: tl.constexpr):
+    """y of a chunk of a split row (float32 h, weight, bias) from the row's combined
+    statistics, Llama convention (RMSNorm rounds h * rstd to y's dtype before the weight);
+    the experiments' pass 2."""
+    if IS_RMS:
+        y = cast_out(h * rstd, y_ptr.dtype.element_ty).to(tl.float32) * wv
+    else:
+        y = ((h - c0) - mean_lo) * rstd * wv + bv
+    return y
+
+
+@triton.jit
 def _param(ptr, ahead, k: tl.constexpr, lo, offs, shelf_at, after, BLOCK: tl.constexpr, WB: tl.constexpr,
            PF: tl.constexpr):
     """Chunk k of the weight (or bias) for pass 2, as float32: from the shelf at ``shelf_at``
@@ -109,15 +136,8 @@ def _fetch_kernel(x_ptr, w_ptr, b_ptr, y_ptr, eps, N: tl.constexpr, SEG: tl.cons
                 shelf_fetch(base + 4 * SEG + 8 * (k * QB + qo), bq + k * QB + qo)
     _asm_scalar(pid, COMMIT)
     after = _asm_scalar(pid, WAIT1).to(tl.float32, bitcast=True)  # x in, every thread's copies visible
-    a1 = tl.zeros([QB], tl.float32)
-    a2 = tl.zeros([QB], tl.float32)
-    for k in tl.static_range(NCH):
-        q = shelf_quads(base + 8 * (k * QB + qo), after)
-        for j in tl.static_range(4):
-            d = quad_lane(q, j, x_ptr) - c
-            a1 += d
-            a2 += d * d
-    c0, s1, s2 = _split_combine(share3(c, tl.sum(a1), tl.sum(a2), C), row, N, SEG, C, BLOCK_S, IS_RMS, True)
+    a1, a2 = _seg_sums(base, qo, c, after, x_ptr, NCH, QB)
+    c0, s1, s2 = _split_combine(share3(c, a1, a2, C), row, N, SEG, C, BLOCK_S, IS_RMS, True)
     mean_lo, rstd = _sums_rstd(s1, s2, N, eps, IS_RMS)
     after2 = rstd
     if WB:
@@ -136,11 +156,10 @@ def _fetch_kernel(x_ptr, w_ptr, b_ptr, y_ptr, eps, N: tl.constexpr, SEG: tl.cons
                 bq = bq + (tl.load(b_ptr + lo + (k + PF) * BLOCK + offs),)
         h = shelf_load(base + 2 * (k * BLOCK + offs), after2, x_ptr).to(tl.float32)
         wv = _param(w_ptr, wq, k, lo, offs, base + 2 * SEG, after2, BLOCK, WB, PF)
-        if IS_RMS:
-            y = cast_out(h * rstd, y_ptr.dtype.element_ty).to(tl.float32) * wv
-        else:
+        bv = 0.0
+        if not IS_RMS:
             bv = _param(b_ptr, bq, k, lo, offs, base + 4 * SEG, after2, BLOCK, WB, PF)
-            y = ((h - c0) - mean_lo) * rstd * wv + bv
+        y = _seg_y(h, rstd, c0, mean_lo, wv, bv, y_ptr, IS_RMS)
         tl.store(yrow + k * BLOCK + offs, cast_out(y, y_ptr.dtype.element_ty), eviction_policy="evict_first")
 
 

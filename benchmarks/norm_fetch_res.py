@@ -25,7 +25,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from norm_fetch import COMMIT, WAIT1, _asm_scalar, _cluster_row  # noqa: E402
+from norm_fetch import COMMIT, WAIT1, _asm_scalar, _cluster_row, _seg_y  # noqa: E402
 from onetrip.ops._cluster import share3  # noqa: E402
 from onetrip.ops._jit import cast_out  # noqa: E402
 from onetrip.ops._norm_jit import _split_combine, _sums_rstd  # noqa: E402
@@ -82,11 +82,10 @@ def _res_kernel(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, eps, SH_OFF, N: tl.con
     for k in tl.static_range(NCH):
         h = shelf_load(base + 2 * (k * BLOCK + offs), rstd, x_ptr).to(tl.float32)
         wv = tl.load(w_ptr + lo + k * BLOCK + offs).to(tl.float32)
-        if IS_RMS:
-            y = cast_out(h * rstd, y_ptr.dtype.element_ty).to(tl.float32) * wv
-        else:
+        bv = 0.0
+        if not IS_RMS:
             bv = tl.load(b_ptr + lo + k * BLOCK + offs).to(tl.float32)
-            y = ((h - c0) - mean_lo) * rstd * wv + bv
+        y = _seg_y(h, rstd, c0, mean_lo, wv, bv, y_ptr, IS_RMS)
         tl.store(y_ptr + off + k * BLOCK + offs, cast_out(y, y_ptr.dtype.element_ty), eviction_policy="evict_first")
 
 

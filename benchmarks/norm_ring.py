@@ -1,16 +1,21 @@
 """Experiment: persistent clusters streaming rows through a ring of shared-memory shelves
 (issue 2's 128K-256K rows, and 64 rows of 256K above all; NOTES.md, twenty-first session).
 
-Why: in the library's split-row cluster norm every program reads its segment, waits for
-its cluster's sums, then writes: a program's loads and its stores never overlap, and the
-programs of a wave reach the exchange at about the same time, so the grid goes through
-phases of loads only and stores only, with a bubble at every turn (64 rows of 256K are two
-such waves on an H100: 76% of copy where a copy of the same bytes reaches 93%). Here a
+Why (the hypothesis): in the library's split-row cluster norm every program reads its
+segment, waits for its cluster's sums, then writes: a program's loads and its stores never
+overlap, and the programs of a wave reach the exchange at about the same time, so the grid
+might go through phases of loads only and stores only, with a bubble at every turn (64
+rows of 256K: 76% of copy where a copy of the same bytes reaches 93%). Here a
 grid of G clusters of C programs stays resident; cluster g takes rows g, g + G, ...; each
 program copies its segment of the next DEPTH - 1 rows into shared memory (``cp.async``,
 no registers) while it normalizes this one, so its loads of row i + 1 are in flight
 during row i's exchange and stores. With ``WSM`` the weight (and bias) of the segment is
 fetched once into shared memory for all the program's rows.
+
+Measured on an H100 (``results/norm-ring-h100-20261126*.json``): lost to the library's
+picks by 10-45 points, and as much with one row a cluster (nothing streamed): 80-102
+registers at 8 warps and the 64 KB ring leave 2-3 programs an SM where the picks run 4-6,
+and at equal occupancy streaming gained nothing. The bubbles are not what limits.
 
 How: the library's shelf pieces (``ops/_shelf.py``), a dynamic shared-memory ring (the
 launch of ``norm_fetch_res.py``: DEPTH x 2 SEG bytes, plus 2 SEG for each of w and b with
@@ -38,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cluster_room import max_clusters  # noqa: E402
-from norm_fetch import COMMIT, _asm_scalar  # noqa: E402
+from norm_fetch import COMMIT, _asm_scalar, _seg_sums, _seg_y  # noqa: E402
 from norm_fetch_res import DYN_BASE, _launch  # noqa: E402
 from onetrip.ops._cluster import cluster_arrive, share3  # noqa: E402
 from onetrip.ops._jit import cast_out  # noqa: E402
@@ -98,15 +103,8 @@ def _ring_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, G, eps, SH_OFF, N: tl.constexpr,
         c = 0.0
         if not IS_RMS:  # the segment's first value: the shift of its sums
             c = tl.sum(quad_lane(shelf_quads(buf + tl.zeros([1], tl.int32), after), 0, x_ptr))
-        a1 = tl.zeros([QB], tl.float32)
-        a2 = tl.zeros([QB], tl.float32)
-        for k in tl.static_range(NCH):
-            q = shelf_quads(buf + 8 * (k * QB + qo), after)
-            for j in tl.static_range(4):
-                dv = quad_lane(q, j, x_ptr) - c
-                a1 += dv
-                a2 += dv * dv
-        c0, s1, s2 = _split_combine(share3(c, tl.sum(a1), tl.sum(a2), C), row, N, SEG, C, BLOCK_S, IS_RMS, True)
+        a1, a2 = _seg_sums(buf, qo, c, after, x_ptr, NCH, QB)
+        c0, s1, s2 = _split_combine(share3(c, a1, a2, C), row, N, SEG, C, BLOCK_S, IS_RMS, True)
         mean_lo, rstd = _sums_rstd(s1, s2, N, eps, IS_RMS)
         # the siblings' sums are read (rstd depends on them): they may overwrite them now
         tl.inline_asm_elementwise(ARRIVE_REL, "=r,f", [rstd], dtype=tl.int32, is_pure=False, pack=1)
@@ -117,14 +115,13 @@ def _ring_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, G, eps, SH_OFF, N: tl.constexpr,
                 wv = shelf_load(wsm + 2 * (k * BLOCK + offs), rstd, w_ptr).to(tl.float32)
             else:
                 wv = tl.load(w_ptr + lo + k * BLOCK + offs).to(tl.float32)
-            if IS_RMS:
-                y = cast_out(h * rstd, y_ptr.dtype.element_ty).to(tl.float32) * wv
-            else:
+            bv = 0.0
+            if not IS_RMS:
                 if WSM:
                     bv = shelf_load(wsm + SLOT + 2 * (k * BLOCK + offs), rstd, b_ptr).to(tl.float32)
                 else:
                     bv = tl.load(b_ptr + lo + k * BLOCK + offs).to(tl.float32)
-                y = ((h - c0) - mean_lo) * rstd * wv + bv
+            y = _seg_y(h, rstd, c0, mean_lo, wv, bv, y_ptr, IS_RMS)
             tl.store(yrow + k * BLOCK + offs, cast_out(y, y_ptr.dtype.element_ty), eviction_policy="evict_first")
         _asm_scalar(pid, BAR)  # every thread is done with the slot (the stores above read it)
         nxt = row + DEPTH * G

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from onetrip.ops._cluster import cluster_arrive, launch_clusters, share3  # noqa: E402
 from onetrip.ops._jit import cast_out  # noqa: E402
 from onetrip.ops._norm_jit import _split_combine, _sums_rstd  # noqa: E402
+from norm_fetch import _seg_y  # noqa: E402
 from norm_stream import _opaque  # noqa: E402
 
 
@@ -83,14 +84,13 @@ def _wb_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, eps, N: tl.constexpr, SEG: tl.cons
                     wv = _opaque(ws[k], True).to(tl.float32)
                 else:
                     wv = tl.load(w_ptr + lo + k * BLOCK + offs).to(tl.float32)
-                if IS_RMS:
-                    y = cast_out(h * rstd, y_ptr.dtype.element_ty).to(tl.float32) * wv
-                else:
+                bv = 0.0
+                if not IS_RMS:
                     if HELD_WB:
                         bv = _opaque(bs[k], True).to(tl.float32)
                     else:
                         bv = tl.load(b_ptr + lo + k * BLOCK + offs).to(tl.float32)
-                    y = ((h - c0) - mean_lo) * rstd * wv + bv
+                y = _seg_y(h, rstd, c0, mean_lo, wv, bv, y_ptr, IS_RMS)
                 tl.store(yrow + k * BLOCK + offs, cast_out(y, y_ptr.dtype.element_ty), eviction_policy="evict_first")
 
 
