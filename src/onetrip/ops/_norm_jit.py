@@ -7,7 +7,7 @@ import triton.language as tl
 
 from ._cluster import share3, smem_load
 from ._jit import cast_out
-from ._shelf import quad_lane, shelf_base, shelf_fetch, shelf_load, shelf_quads, shelf_wait
+from ._shelf import shelf_base, shelf_copy, shelf_load, shelf_sums, shelf_wait
 
 
 @triton.jit
@@ -279,22 +279,9 @@ def _held_pass2(y_ptr, w_ptr, b_ptr, held, rows, M, col0, i, N, c, rstd, mean_lo
 def _shelf_pass1(x_ptr, row, col0, stride_xm, c, base, SEG: tl.constexpr, BLOCK_N: tl.constexpr):
     """Pass 1 with the shelf (``_shelf``): every chunk of the segment's row copied into
     shared memory at ``base`` (all copies issued, then one wait), the sums of d = x - c
-    and d^2 read back from there as int64 quads. Returns (s1, s2) as ``_row_sums`` does."""
-    QB: tl.constexpr = BLOCK_N // 4
-    quads = tl.arange(0, QB)[None, :]  # (1, QB): 4 elements each
-    xq = (x_ptr + row.to(tl.int64) * stride_xm + col0).to(tl.pointer_type(tl.int64), bitcast=True)
-    for i in tl.range(0, SEG, BLOCK_N):
-        shelf_fetch(base + 2 * i + 8 * quads, xq + i // 4 + quads)
-    after = shelf_wait(row)
-    v1 = tl.zeros((1, QB), tl.float32)
-    v2 = tl.zeros((1, QB), tl.float32)
-    for i in tl.range(0, SEG, BLOCK_N):
-        q = shelf_quads(base + 2 * i + 8 * quads, after)
-        for k in tl.static_range(4):
-            d = quad_lane(q, k, x_ptr) - c
-            v1 += d
-            v2 += d * d
-    return _row_sums(v1, 1), _row_sums(v2, 1)
+    and d^2 read back from there. Returns (s1, s2) as ``_row_sums`` does."""
+    shelf_copy(base, x_ptr + row.to(tl.int64) * stride_xm + col0, SEG, BLOCK_N)
+    return shelf_sums(base, c, shelf_wait(row), x_ptr, SEG, BLOCK_N)
 
 
 @triton.jit

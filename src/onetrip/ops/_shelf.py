@@ -24,6 +24,8 @@ exchange buffer, a static ``.shared`` array is declared in inline PTX (``shelf_b
     it every thread may read any thread's copies.
   * ``shelf_quads``: the statistics' reads, int64 quads, pack=1 (any layout);
     ``quad_lane`` unpacks one 16-bit lane to float32.
+  * ``shelf_copy`` and ``shelf_sums``: a whole segment's copies, and its sums of d and
+    d^2 read back (the library's pass 1, ``_norm_jit._shelf_pass1``).
   * ``shelf_load``: pass 2's reads, pack=8 16-bit elements with one 16-byte ``ld.shared.v4``,
     in the layout of y's coalesced store (Triton gives a pure asm its users' layout): the 8
     must be a thread's contiguous run, which needs 16-byte aligned rows and >= 8 elements
@@ -100,6 +102,33 @@ def shelf_load(addr, after, like_ptr):
     layout (a side-effecting one was kept in its own layout beside a copy in theirs)."""
     return tl.inline_asm_elementwise(LOAD_ASM, LOAD_CONSTRAINTS, [addr, after], dtype=like_ptr.dtype.element_ty,
                                      is_pure=True, pack=8)
+
+
+@triton.jit
+def shelf_copy(dst, src_ptr, SEG: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Start copying SEG 16-bit elements from global ``src_ptr`` (16-byte aligned) to the
+    shared address ``dst``, BLOCK_N a step as int64 quads; every copy is issued before any
+    is waited on (``shelf_wait``)."""
+    quads = tl.arange(0, BLOCK_N // 4)[None, :]  # (1, BLOCK_N / 4): 4 elements each
+    q_ptr = src_ptr.to(tl.pointer_type(tl.int64), bitcast=True)
+    for i in tl.range(0, SEG, BLOCK_N):
+        shelf_fetch(dst + 2 * i + 8 * quads, q_ptr + i // 4 + quads)
+
+
+@triton.jit
+def shelf_sums(base, c, after, like_ptr, SEG: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(sum d, sum d^2) of d = x - c over the SEG 16-bit elements (of ``like_ptr``'s type)
+    on the shelf at ``base``, read after ``after``, BLOCK_N a step as int64 quads."""
+    quads = tl.arange(0, BLOCK_N // 4)[None, :]
+    v1 = tl.zeros((1, BLOCK_N // 4), tl.float32)
+    v2 = tl.zeros((1, BLOCK_N // 4), tl.float32)
+    for i in tl.range(0, SEG, BLOCK_N):
+        q = shelf_quads(base + 2 * i + 8 * quads, after)
+        for k in tl.static_range(4):
+            d = quad_lane(q, k, like_ptr) - c
+            v1 += d
+            v2 += d * d
+    return tl.sum(v1), tl.sum(v2)
 
 
 def shelf_fits(seg_cols: int, block_n: int, num_warps: int, itemsize: int) -> bool:

@@ -296,9 +296,8 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
     # cfg.shelf (no residual) where a compiled kernel runs both passes (not the interpreter's
     # two launches), the rows are dense with the width a constant and cut into whole chunks
     # (``even``: no masks, the copies have none; then the width is a multiple of 8 too), every
-    # row starts 16-byte aligned (so each thread's
-    # elements of pass 2 come in 16-byte runs) and the segment fits (_shelf.shelf_fits);
-    # elsewhere pass 2 reads L2.
+    # row starts 16-byte aligned (so each thread's elements of pass 2 come in 16-byte runs)
+    # and the segment fits (_shelf.shelf_fits); elsewhere pass 2 reads L2.
     even = const_n > 0 and const_n == seg * split and seg % cfg.block_n == 0
     shelf = (cfg.shelf and cfg.mode == "loop" and cfg.block_m == 1 and residual is None and x.is_cuda
              and not is_interpreting() and (split == 1 or wait) and even
