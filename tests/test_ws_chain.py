@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import check_chain_phases
 from onetrip.ops.gemv_norm import gemv_add_residual_ref, gemv_rms_norm_ref
-from onetrip.testing import assert_close, upcast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
@@ -27,16 +27,6 @@ def _case(k, f, gen):
     return h, nw, w1, w2
 
 
-def _block_ref(h, nw, w1, w2):
-    return gemv_add_residual_ref(gemv_rms_norm_ref(h, nw, 1e-5, w1), w2, h, silu_mul=True)
-
-
-def _chain_ref(h, w1, w2):
-    mid = torch.nn.functional.linear(h, w1)
-    g, u = mid.chunk(2, dim=-1)
-    return torch.nn.functional.linear(torch.nn.functional.silu(g) * u, w2)
-
-
 @pytest.mark.parametrize("k, f", [(2048, 8192), (256, 1024)])
 def test_bare_chain(gen, k, f):
     from ws_chain import ws_chain
@@ -47,7 +37,7 @@ def test_bare_chain(gen, k, f):
     for _ in range(2):
         y.fill_(float("nan"))
         ws_chain(h[0], w1, w2, mid, y, sync, R=16, nslot=8, ch=1024)
-        assert_close("y", y, _chain_ref(*upcast(h, w1, w2))[0], _chain_ref(h, w1, w2)[0])
+        check_chain_phases(h[0], w1, w2, mid, y)
         assert sync.tolist() == [0, 0]
 
 
@@ -68,7 +58,9 @@ def test_mlp_block(gen, k, f):
         y.fill_(float("nan"))
         launch(h, w1, w2, mid, y, residual=h, ss_in=ss, norm_weight=nw, eps=1e-5, ss_out=ss_out, sync=sync,
                config=mlp_config(k))
-        assert_close("h", y, _block_ref(*upcast(h, nw, w1, w2)), _block_ref(h, nw, w1, w2))
+        check_chain_phases(h, w1, w2, mid[None], y, extra=(nw, h),
+                           first=lambda h, w1, nw, _: gemv_rms_norm_ref(h, nw, 1e-5, w1),
+                           second=lambda mid, w2, _, res: gemv_add_residual_ref(mid, w2, res, silu_mul=True))
         want = y.double().square().sum()
         assert abs(ss_out.double().sum() - want) <= 1e-5 * want
         assert sync.tolist() == [0, 0]
