@@ -194,7 +194,7 @@ NORM_INTS = dict(M=1024, N=65536, C=8, seg_n=65536, stride_xm=65536, stride_rm=6
 def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: int = 8192,
                 hints: bool = False, stash: bool = False, vec: bool = False, unroll: int = 1,
                 const_n: int = 0, split: int = 1, block_m: int = 1, hold: int = 0, drop_y: bool = False,
-                cluster: bool = False, shelf: bool = False, fold: bool = False, l1w: bool = False) -> str:
+                cluster: bool = False, shelf: bool = False, fold: bool = False) -> str:
     """The split-row norm kernel at ``phase`` (norm._COOP, _STATS, _APPLY, _LOOP); ``split``
     programs a row of ``const_n`` (or 65536) columns in mode "loop", waiting on each other;
     ``block_m`` rows a program; ``hold`` chunks held in registers between the passes."""
@@ -203,7 +203,7 @@ def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: i
                  PHASE=phase, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_C=max(2, NORM_INTS["N"] // block_n),
                  HINTS=hints, STASH=stash and residual, VEC=vec, UNROLL=unroll, CONST_N=const_n, SPLIT=split,
                  SEG_N=(const_n // split if const_n else 0), LOOP_PART=0, HOLD=hold, DROP_Y=drop_y, CLUSTER=cluster,
-                 LATE_WB=False, SHELF=shelf, FOLD=fold, L1W=l1w,  # every constexpr: ASTSource binds no defaults
+                 LATE_WB=False, SHELF=shelf, FOLD=fold,  # every constexpr: ASTSource binds no defaults
                  EVEN=bool(const_n) and const_n % split == 0 and (const_n // split) % block_n == 0)
     sig, attrs = {}, {}
     for i, n in enumerate(fn.arg_names):
@@ -241,11 +241,10 @@ def norm_main() -> None:
             f"{' drop_y' if c.drop_y else ''}{' cluster' if c.cluster else ''}{' shelf' if c.shelf else ''}" \
             f"{' fold' if c.fold else ''}"
         shelf = c.shelf and not residual  # as the launcher takes it (the shelf holds nothing)
-        for l1w in (False, True) if not shelf else (False,):  # with its loads past L1 beside it
-            regs = norm_report(4, is_rms, residual, c.num_warps, c.block_n, c.hints, c.stash, c.vec, c.unroll,
-                               width if c.const_n else 0, c.split, c.block_m, 0 if shelf else c.hold, c.drop_y,
-                               c.cluster, shelf, c.fold, l1w)
-            print(f"norm {label + (' l1w' if l1w else ''):60s} {c.num_warps:2d} warps: {regs}")
+        regs = norm_report(4, is_rms, residual, c.num_warps, c.block_n, c.hints, c.stash, c.vec, c.unroll,
+                           width if c.const_n else 0, c.split, c.block_m, 0 if shelf else c.hold, c.drop_y,
+                           c.cluster, shelf, c.fold)
+        print(f"norm {label:60s} {c.num_warps:2d} warps: {regs}")
     for is_rms, residual in kinds:  # "loop" split: 4 programs a 256K row, 16 warps, chunks of 8192
         for const_n in (0, 262144):
             label = f"{'add_' if residual else ''}{'rms' if is_rms else 'layer'}_norm loop split 4 256K" \

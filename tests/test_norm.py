@@ -96,7 +96,7 @@ def test_no_weight_and_fp32_weight(device, gen, kind):
 @pytest.mark.parametrize("mode", ["rows", "rows late", "rows const", "two_pass", "loop", "loop hints", "loop stash",
                                   "loop vec", "loop unroll", "loop const", "loop split", "loop split const",
                                   "loop 2 rows", "loop 4 rows const", "loop hold", "loop hold 2 const",
-                                  "loop hold split", "loop split cluster", "loop fold", "loop l1w"]
+                                  "loop hold split", "loop split cluster", "loop fold"]
                          # (on the CPU a cluster config is the split above: one of them shows the fallback)
                          + (["coop", "loop split const cluster", "loop hold split cluster"] if ON_GPU else []))
 def test_modes(device, gen, kind, mode):
@@ -112,8 +112,7 @@ def test_modes(device, gen, kind, mode):
     (h from the stash's rounding, or without it in float32). "cluster": a split row's
     programs one thread-block cluster on a Hopper GPU, their sums exchanged through shared
     memory (elsewhere the config falls back to the split above). "loop fold": LayerNorm's
-    affine as FMAs, held and streamed chunks. "loop l1w": x, r and h loaded past L1 (held,
-    streamed and stashed chunks; a cluster on Hopper)."""
+    affine as FMAs, held and streamed chunks."""
     rows, width = 11, 1023
     x = strided_like((rows, width), torch.bfloat16, device, generator=gen)
     r = strided_like((rows, width), torch.bfloat16, device, generator=gen) + 2.0
@@ -137,8 +136,6 @@ def test_modes(device, gen, kind, mode):
            "loop split cluster": NormConfig("loop", 1, 128, 4, hints=True, stash=True, vec=True, split=3,
                                             cluster=True),
            "loop fold": NormConfig("loop", 1, 128, 4, hints=True, stash=True, vec=True, split=3, hold=1, fold=True),
-           "loop l1w": NormConfig("loop", 1, 128, 4, hints=True, stash=True, vec=True, split=3, hold=1, cluster=True,
-                                  l1w=True),
            "loop split const cluster": NormConfig("loop", 1, 128, 4, hints=True, stash=True, const_n=True, split=8,
                                                   cluster=True),
            "loop hold split cluster": NormConfig("loop", 1, 128, 4, hints=True, stash=True, vec=True, split=3, hold=2,
@@ -364,23 +361,3 @@ def test_cluster_split_gpu(gen, kind, width, chunk, split, ranks):
     graph.replay()
     torch.cuda.synchronize()
     _check(kind, x, r, w, b, 1e-6, y, h)
-
-
-@pytest.mark.skipif(not ON_GPU, reason="inline PTX: a GPU")
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("width, chunk, split, hold, cluster", [(262144, 4096, 16, 1, True), (65536, 4096, 4, 0, True),
-                                                               (8192, 1024, 1, 0, False)])
-def test_loop_l1w_gpu(gen, kind, width, chunk, split, hold, cluster):
-    """``l1w``: pass 1 reads x past the L1 (inline PTX, ``_past_l1``) where the rows are dense,
-    16-byte aligned and cut into whole chunks, with or without held chunks, split or whole;
-    rows that start 8 bytes off alignment take the plain loads instead (still right)."""
-    device = torch.device("cuda")
-    cfg = NormConfig("loop", 1, chunk, 16, hints=True, vec=True, const_n=True, split=split, hold=hold, drop_y=True,
-                     cluster=cluster and torch.cuda.get_device_capability()[0] >= 9, l1w=True)
-    w, b = _params(kind, width, torch.bfloat16, device, gen)
-    flat = torch.randn(5 * width + 4, generator=gen, device=device).to(torch.bfloat16)
-    for x, past_l1 in ((flat[: 5 * width].view(5, width), True), (flat[4:].view(5, width), False)):
-        y = poison_(torch.empty_like(x))
-        kernel = norm_mod._launch(x, None, w, b, y, None, 1e-6, kind != "layer", kind == "gemma", cfg)
-        assert ("L1::no_allocate" in kernel.asm["ptx"]) == past_l1
-        _check(kind, x, None, w, b, 1e-6, y, None)

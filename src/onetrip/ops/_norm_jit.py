@@ -7,7 +7,6 @@ import triton.language as tl
 
 from ._cluster import share3, smem_load
 from ._jit import cast_out
-from ._past_l1 import past_l1_sums
 from ._shelf import shelf_base, shelf_copy, shelf_load, shelf_sums, shelf_wait
 
 
@@ -293,7 +292,7 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
               STASH: tl.constexpr, VEC: tl.constexpr, UNROLL: tl.constexpr, SPLIT: tl.constexpr,
               BLOCK_S: tl.constexpr, LOOP_PART: tl.constexpr, EVEN: tl.constexpr, HOLD: tl.constexpr = 0,
               DROP_Y: tl.constexpr = False, CLUSTER: tl.constexpr = False, SHELF: tl.constexpr = False,
-              FOLD: tl.constexpr = False, L1W: tl.constexpr = False):
+              FOLD: tl.constexpr = False):
     """Mode "loop": a program per BLOCK_M rows (per segment of SEG columns of a row with
     SPLIT > 1), two passes over its chunks of BLOCK_N. Pass 1 sums the statistics; pass 2
     reads each chunk again, which a row of <= 512 KB finds in L2 (two programs an SM hold
@@ -345,8 +344,6 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
     tl.static_assert(not SHELF or (BLOCK_M == 1 and not HAS_RESIDUAL and EVEN and HOLD == 0),
                      "the shelf takes a dense row's segment of whole chunks, no residual, nothing held")
     DROP_STREAMED_Y: tl.constexpr = "evict_first" if HINTS and DROP_Y else ""
-    PAST_L1: tl.constexpr = (L1W and HINTS and EVEN and BLOCK_M == 1 and not HAS_RESIDUAL and not SHELF
-                             and x_ptr.dtype.element_ty != tl.float32)
     tl.static_assert(SPLIT == 1 or BLOCK_M == 1, "a split row is one row a program")
     rows = row * BLOCK_M + tl.arange(0, BLOCK_M)
     col0 = seg * SEG
@@ -382,23 +379,18 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
                 held1, d = _held_pass1(x_ptr, r_ptr, h_ptr, rows, M, col0, BLOCK_N, N, c, stride_xm, stride_rm,
                                        stride_hm, HAS_RESIDUAL, STASH, BLOCK_M, BLOCK_N, EVEN, DROP)
                 v1, v2 = _accumulate(v1, v2, d, VEC, BLOCK_M)
-            if not PAST_L1:
-                for i in tl.range(HOLD * BLOCK_N, SEG, BLOCK_N, loop_unroll_factor=UNROLL):
-                    cols, col_ok = _chunk_cols(col0, i, N, BLOCK_N, EVEN)
-                    mask = _tile_mask(rows, M, col_ok, BLOCK_M)
-                    h = _pass1_chunk(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm,
-                                     HAS_RESIDUAL, STASH, KEEP, DROP)
-                    v1, v2 = _accumulate(v1, v2, tl.where(mask, h - c, 0.0), VEC, BLOCK_M)
+            for i in tl.range(HOLD * BLOCK_N, SEG, BLOCK_N, loop_unroll_factor=UNROLL):
+                cols, col_ok = _chunk_cols(col0, i, N, BLOCK_N, EVEN)
+                mask = _tile_mask(rows, M, col_ok, BLOCK_M)
+                h = _pass1_chunk(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL,
+                                 STASH, KEEP, DROP)
+                v1, v2 = _accumulate(v1, v2, tl.where(mask, h - c, 0.0), VEC, BLOCK_M)
             if VEC:
                 s1 = _row_sums(v1, BLOCK_M)
                 s2 = _row_sums(v2, BLOCK_M)
             else:
                 s1 = v1
                 s2 = v2
-            if PAST_L1:  # the streamed chunks (the held ones are in v1, v2)
-                q1, q2 = past_l1_sums(x_ptr + row.to(tl.int64) * stride_xm + col0, c, HOLD * BLOCK_N, SEG, BLOCK_N)
-                s1 += q1
-                s2 += q2
     if SPLIT > 1 and CLUSTER:  # the row's programs are one cluster: sums through shared memory
         c, s1, s2 = _split_combine(share3(c, s1, s2, SPLIT), row, N, SEG, SPLIT, BLOCK_S, IS_RMS, True)
     elif SPLIT > 1:

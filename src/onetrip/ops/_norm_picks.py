@@ -31,7 +31,6 @@ class NormConfig:
     late_wb: bool = False  # "rows": the weight (and bias) loaded after the statistics, not live during them
     shelf: bool = False  # "loop", no residual: the segment copied into shared memory, both passes read it there
     fold: bool = False  # "loop" LayerNorm, 16-bit y: the affine as FMAs, y = (h - mean) * (rstd * w) + b
-    l1w: bool = False  # "loop", dense 16-bit rows: pass 1's x and r loaded past the L1 (L2 hints kept): it keeps the weight
 
 
 def _loop(block_n: int, warps: int, **flags) -> NormConfig:
