@@ -6,7 +6,8 @@ how many SMs each GPC of this particular chip has (H100 SXM parts differ: 132 SM
 8 GPCs, not evenly), and the same split-row pick ran 2-3 points apart on different H100s.
 This prints, from ``cuOccupancyMaxActiveClusters``: clusters of 2-16 a probe kernel fits
 at 1-5 CTAs an SM (set by its dynamic shared memory), and for the library's cluster picks
-(H100 table) the clusters that fit against the CTAs the SMs would hold without clusters.
+(H100 table) the clusters that fit against the CTAs the SMs would hold without clusters;
+and which SMs each cluster rank lands on (``placement``).
     python benchmarks/cluster_room.py --out DIR      # on a Hopper GPU
 """
 
@@ -56,6 +57,42 @@ def max_clusters(compiled, c: int, warps: int, nbytes: int) -> int | None:
 @triton.jit
 def _probe(x_ptr):
     tl.store(x_ptr + tl.arange(0, 128), tl.zeros([128], tl.float32))
+
+
+@triton.jit
+def _where(out_ptr, spin):
+    """Records the SM this CTA runs on (``%smid``), after ``spin`` rounds of busy work (so
+    that the CTAs of a grid overlap as the norm's do)."""
+    smid = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+    acc = tl.zeros([128], tl.float32) + smid.to(tl.float32)
+    for _ in range(spin):
+        acc = acc * 0.999 + 1.0
+    tl.store(out_ptr + tl.program_id(0), smid + (tl.sum(acc) < -1.0).to(tl.int32))
+
+
+def placement(ranks: int = 16, clusters: int = 256, warps: int = 16, spin: int = 20000) -> dict:
+    """Which SMs the CTAs of each cluster rank land on, for a grid like the rms_norm 256K pick
+    (256 clusters of 16, 16 warps: four CTAs an SM by warps). Whether the SM that runs rank
+    k of one row's cluster runs rank k of the other rows too decides if a segment's weight
+    could be served from that SM's L1 rather than re-read from L2 for every row."""
+    from onetrip.ops._cluster import launch_clusters  # noqa: PLC0415
+    out = torch.full((clusters * ranks,), -1, device="cuda", dtype=torch.int32)
+    if launch_clusters(_where, clusters, ranks, out, spin, num_warps=warps) is None:
+        raise RuntimeError("this Triton's kernels carry no cluster launch metadata")
+    torch.cuda.synchronize()
+    if int(out.min()) < 0:
+        raise RuntimeError("a CTA never ran")
+    sm = out.view(clusters, ranks).cpu()
+    by_sm: dict[int, set] = {}
+    for c in range(clusters):
+        for k in range(ranks):
+            by_sm.setdefault(int(sm[c, k]), set()).add(k)
+    counts = sorted(len(v) for v in by_sm.values())
+    res = {"ranks": ranks, "clusters": clusters, "warps": warps, "sms_used": len(by_sm),
+           "ranks_per_sm": counts, "sm_of_rank_first_4_clusters": sm[:4].tolist()}
+    print(f"placement: {clusters} clusters of {ranks} at {warps} warps on {len(by_sm)} SMs; distinct ranks an SM "
+          f"ran: min {counts[0]}, median {counts[len(counts) // 2]}, max {counts[-1]}", flush=True)
+    return res
 
 
 def _blocks_per_sm(compiled, warps: int, smem: int) -> int:
@@ -117,6 +154,7 @@ def main() -> int:
     args, _, _, res = chain_setup()
     res["fingerprint"] = fingerprint()
     res["picks"] = picks()
+    res["placement"] = [placement(), placement(clusters=64), placement(ranks=8, warps=8)]
     (args.out / "cluster-room.json").write_text(json.dumps(res, indent=1))
     return 0
 

@@ -149,3 +149,16 @@ def test_cluster_room():
         assert counts == sorted(counts, reverse=True), counts
         assert room[f"{per_sm}/SM"]["blocks_per_sm"] == per_sm
     assert room["1/SM"]["c2"] * 2 <= torch.cuda.get_device_properties(0).multi_processor_count
+
+
+@pytest.mark.gpu
+def test_cluster_placement():
+    """cluster_room.placement: every CTA wrote an SM id of this GPU (none left at -1)."""
+    _hopper()
+    from cluster_room import placement
+
+    res = placement(clusters=32)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for row in res["sm_of_rank_first_4_clusters"]:
+        assert len(row) == 16 and all(0 <= s < sms for s in row), row
+    assert 1 <= res["sms_used"] <= sms and sum(res["ranks_per_sm"]) >= 16
