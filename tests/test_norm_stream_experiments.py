@@ -162,3 +162,29 @@ def test_cluster_placement():
     for row in res["sm_of_rank_first_4_clusters"]:
         assert len(row) == 16 and all(0 <= s < sms for s in row), row
     assert 1 <= res["sms_used"] <= sms and sum(res["ranks_per_sm"]) >= 16
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+@pytest.mark.parametrize("side", ["c8", "split16", None])
+def test_two_streams(gen, kind, side):
+    """benchmarks/norm_streams.py: 9 rows of 256K, 6 by the pick and 3 by the side stream's
+    config (or all 9 there), eagerly and replayed from a CUDA graph with new inputs."""
+    _hopper()
+    from norm_streams import SIDE, two_streams
+
+    x, _, w, b = _inputs(gen, "cuda", 9, 262144, kind, False)
+    cfg = SIDE[kind == "rms"][side] if side else None
+    k = 6 if side else 0
+    y = poison_(torch.empty_like(x))
+    two_streams(x, w, b, y, 1e-5, k, cfg)
+    torch.cuda.synchronize()
+    _check(x, None, w, b, y, None, 1e-5)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        two_streams(x, w, b, y, 1e-5, k, cfg)
+    x.copy_((torch.randn(x.shape, device="cuda", generator=gen) * 2 + 0.5).to(x.dtype))
+    poison_(y)
+    graph.replay()
+    torch.cuda.synchronize()
+    _check(x, None, w, b, y, None, 1e-5)
