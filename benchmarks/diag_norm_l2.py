@@ -12,12 +12,14 @@ An argument ``family:width:rows`` sets the rows (default 2**26 // width); the fa
 with them: the profile to compare against); ``tiles`` / ``add_tiles`` run
 ``norm_tiles.tiles_norm`` (rms_norm / add_rms_norm in two launches, 4 x 8192 tiles in chunks
 of 2048, 8 warps): profile both launches of the third call with ``--cache-control none``,
-to see whether launch 2 finds launch 1's bytes in L2.
+to see whether launch 2 finds launch 1's bytes in L2. ``ONETRIP_DIAG_CONFIG``: a
+``NormConfig(...)`` repr launched in place of the picks.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import torch
@@ -47,6 +49,8 @@ def main(argv: list[str]) -> int:
             torch.cuda.synchronize()
             continue
         cfg = norm.norm_config(rows, width, dev, is_rms=is_rms, has_residual=res)
+        if os.environ.get("ONETRIP_DIAG_CONFIG"):  # a NormConfig(...) repr in place of the pick
+            cfg = eval(os.environ["ONETRIP_DIAG_CONFIG"], {"NormConfig": norm.NormConfig})
         print(f"{fam} {rows}x{width}: {cfg}", flush=True)
         for _ in range(3):
             norm._launch(x, r, w, None if is_rms else w, y, h, 1e-6, is_rms, False, cfg)
