@@ -11,6 +11,11 @@ stream, both captured in the same CUDA graph as parallel branches (fork and join
 ``wait_stream``), so the two grids share the GPU.
 
     python benchmarks/norm_streams.py --out DIR      # on an H100
+
+Outcome on an H100 (NOTES.md, twenty-second session): slower at every cut (rms_norm 256K
+88.2-88.5% -> 85.1-86.8, layer_norm 83.9 -> 78.7-82.1, 64 rows 5-14 points lower), the fork
+itself free (the pick alone on the side stream: level): the 16-rank picks are not short of
+SMs, and a second grid only competes for the memory system.
 """
 
 from __future__ import annotations

@@ -25,6 +25,11 @@ r or x never feeds another tile's statistics).
 bf16 rows of unit column stride, Llama convention; under the interpreter the two launches
 run one after the other (no PDL).
     python benchmarks/norm_tiles.py --out DIR      # on an H100/H200
+
+Outcome on an H100 (NOTES.md, twenty-second session): lost everywhere, rms_norm 64 x 256K
+61.7% at best against the pick's 76-77%. Nsight Compute: the L2 kept only a quarter of
+the 33.5 MB x across the boundary (at 16.8 MB it kept most), and each launch alone was
+slow (a one-wave grid with one 16 KB chunk a program in flight).
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ def _stats_kernel(x_ptr, r_ptr, h_ptr, part_ptr, M, N, sx, sr, sh, NCB,
         c = _load_h(x_ptr, r_ptr, h_ptr, rows, first, row_ok[:, None], sx, sr, sh, HAS_RESIDUAL, False)
         if HAS_RESIDUAL:
             c = cast_out(c, h_ptr.dtype.element_ty).to(tl.float32)
+            tl.debug_barrier()  # h may be stored over r: every thread's load of c comes first
     s1 = tl.zeros((BM, 1), tl.float32)
     s2 = tl.zeros((BM, 1), tl.float32)
     for i in range(0, BN, BC):  # a loop, not unrolled: the chunks' loads are not all hoisted
