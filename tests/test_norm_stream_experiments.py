@@ -188,3 +188,17 @@ def test_two_streams(gen, kind, side):
     graph.replay()
     torch.cuda.synchronize()
     _check(x, None, w, b, y, None, 1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("r, split, block_n", [(1, 16, 4096), (2, 16, 4096), (2, 4, 1024)])
+def test_pair(gen, r, split, block_n):
+    """benchmarks/norm_pair.py: 6 rows of 256K (three pairs, or six clusters), within the rule."""
+    _hopper()
+    from norm_pair import pair_rms_norm
+
+    x, _, w, _ = _inputs(gen, "cuda", 6, 262144, "rms", False)
+    y = poison_(torch.empty_like(x))
+    pair_rms_norm(x, w, 1e-5, y, r, split, block_n)
+    torch.cuda.synchronize()
+    _check(x, None, w, None, y, None, 1e-5)
