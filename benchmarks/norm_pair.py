@@ -27,18 +27,17 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from onetrip.ops._cluster import cluster_arrive, launch_clusters, share3, smem_load  # noqa: E402
+from norm_fetch import _cluster_row  # noqa: E402
+from onetrip.ops._cluster import launch_clusters, share3, smem_load  # noqa: E402
 from onetrip.ops._jit import cast_out  # noqa: E402
 
 
 @triton.jit
 def _pair_kernel(x_ptr, w_ptr, y_ptr, eps, N: tl.constexpr, SEG: tl.constexpr, SPLIT: tl.constexpr,
                  R: tl.constexpr, BLOCK_N: tl.constexpr):
-    pid = tl.program_id(0)
-    cluster_arrive(pid)
+    _, cluster, col0 = _cluster_row(SPLIT, SEG)
     r = tl.arange(0, R)
-    rows = (pid // SPLIT) * R + r  # (R,)
-    col0 = (pid % SPLIT) * SEG
+    rows = cluster * R + r  # (R,)
     x_row = x_ptr + rows.to(tl.int64)[:, None] * N + col0  # (R, 1)
     y_row = y_ptr + rows.to(tl.int64)[:, None] * N + col0
     v2 = tl.zeros((R, BLOCK_N), tl.float32)

@@ -191,6 +191,15 @@ NORM_INTS = dict(M=1024, N=65536, C=8, seg_n=65536, stride_xm=65536, stride_rm=6
                  stride_hm=65536)
 
 
+def _even(const_n: int, split: int, block_n: int) -> bool:
+    """The launcher's ``even`` for a dense row of ``const_n`` columns (0: a runtime width)."""
+    if not const_n:
+        return False
+    norm = importlib.import_module("onetrip.ops.norm")
+    parts, seg = norm._segments(const_n, norm.NormConfig("loop", 1, block_n, 4, split=split))
+    return const_n == parts * seg and seg % block_n == 0
+
+
 def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: int = 8192,
                 hints: bool = False, stash: bool = False, vec: bool = False, unroll: int = 1,
                 const_n: int = 0, split: int = 1, block_m: int = 1, hold: int = 0, drop_y: bool = False,
@@ -204,7 +213,7 @@ def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: i
                  HINTS=hints, STASH=stash and residual, VEC=vec, UNROLL=unroll, CONST_N=const_n, SPLIT=split,
                  SEG_N=(const_n // split if const_n else 0), LOOP_PART=0, HOLD=hold, DROP_Y=drop_y, CLUSTER=cluster,
                  LATE_WB=False, SHELF=shelf, FOLD=fold,  # every constexpr: ASTSource binds no defaults
-                 EVEN=bool(const_n) and const_n % split == 0 and (const_n // split) % block_n == 0)
+                 EVEN=_even(const_n, split, block_n))
     sig, attrs = {}, {}
     for i, n in enumerate(fn.arg_names):
         if n in const:
