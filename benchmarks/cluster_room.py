@@ -26,26 +26,38 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
+class LaunchAttr(ctypes.Structure):
+    """The driver API's CUlaunchAttribute: an id, padding to 8 bytes, a 64-byte value whose
+    first 12 bytes are, for the cluster dimension (id 4), the cluster's x, y, z."""
+    _fields_ = [("id", ctypes.c_uint32), ("pad", ctypes.c_uint32), ("dim", ctypes.c_uint32 * 3),
+                ("rest", ctypes.c_uint8 * 52)]
+
+
+class LaunchConfig(ctypes.Structure):
+    """The driver API's CUlaunchConfig: grid, block, dynamic shared bytes, stream, attributes."""
+    _fields_ = [("grid", ctypes.c_uint32 * 3), ("block", ctypes.c_uint32 * 3), ("smem", ctypes.c_uint32),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(LaunchAttr)), ("n_attrs", ctypes.c_uint32)]
+
+
+def cluster_config(grid: int, c: int, threads: int, nbytes: int, stream: int | None = None):
+    """(config, attribute) for a 1-D launch of ``grid`` CTAs in clusters of ``c``; keep the
+    attribute alive as long as the config."""
+    attr = LaunchAttr(id=4, dim=(c, 1, 1))  # CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    cfg = LaunchConfig(grid=(grid, 1, 1), block=(threads, 1, 1), smem=nbytes, stream=stream,
+                       attrs=ctypes.pointer(attr), n_attrs=1)
+    return cfg, attr
+
+
 def max_clusters(compiled, c: int, warps: int, nbytes: int) -> int | None:
     """How many clusters of c CTAs of this kernel the GPU holds at once
     (``cuOccupancyMaxActiveClusters``), or None where the driver call is unavailable.
-    ``nbytes``: its dynamic shared memory a CTA. The structs are the driver API's
-    CUlaunchAttribute (an id, padding to 8 bytes, a 64-byte value whose first 12 bytes are
-    the cluster's x, y, z) and CUlaunchConfig (grid, block, shared bytes, stream, attributes)."""
-    class Attr(ctypes.Structure):
-        _fields_ = [("id", ctypes.c_uint32), ("pad", ctypes.c_uint32), ("dim", ctypes.c_uint32 * 3),
-                    ("rest", ctypes.c_uint8 * 52)]
-
-    class Config(ctypes.Structure):
-        _fields_ = [("grid", ctypes.c_uint32 * 3), ("block", ctypes.c_uint32 * 3), ("smem", ctypes.c_uint32),
-                    ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(Attr)), ("n_attrs", ctypes.c_uint32)]
+    ``compiled``: anything with the CUfunction handle as ``.function``; ``nbytes``: its
+    dynamic shared memory a CTA."""
     try:
         cu = ctypes.CDLL("libcuda.so.1")
         fn = ctypes.c_void_p(compiled.function)
         cu.cuFuncSetAttribute(fn, 14, 1)  # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
-        attr = Attr(id=4, dim=(c, 1, 1))  # CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-        cfg = Config(grid=(c * 64, 1, 1), block=(32 * warps, 1, 1), smem=nbytes, attrs=ctypes.pointer(attr),
-                     n_attrs=1)
+        cfg, _attr = cluster_config(c * 64, c, 32 * warps, nbytes)
         n = ctypes.c_int(0)
         if cu.cuOccupancyMaxActiveClusters(ctypes.byref(n), fn, ctypes.byref(cfg)) != 0:
             return None

@@ -202,3 +202,59 @@ def test_pair(gen, r, split, block_n):
     pair_rms_norm(x, w, 1e-5, y, r, split, block_n)
     torch.cuda.synchronize()
     _check(x, None, w, None, y, None, 1e-5)
+
+
+_BULK = [  # (rows, width, BulkConfig fields, clusters cap, padded row stride)
+    (6, 262144, (16, 256, 1, 1, True), None, False),
+    (7, 262144, (16, 256, 2, 4, False), 2, False),  # persistent: 3-4 rows a cluster, parity flips
+    (7, 262144, (16, 256, 2, 1, True), 3, True),
+    (5, 4096, (4, 256, 1, 4, False, False), None, True),
+    (9, 131072, (8, 512, 2, 4, False), 2, False),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+@pytest.mark.parametrize("rows, width, fields, clusters, padded", _BULK)
+def test_bulk_norm(gen, kind, rows, width, fields, clusters, padded):
+    """benchmarks/bulk_norm.py (CUDA C++, bulk copies and DSMEM): within the rule, for plain
+    and persistent grids, padded rows; eagerly and replayed from a CUDA graph on new x."""
+    _hopper()
+    from bulk_norm import BulkConfig, build, bulk_norm
+
+    try:
+        build()
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    cfg = BulkConfig(*fields)
+    x, _, w, b = _inputs(gen, "cuda", rows, width + 64 * padded, kind, False)
+    x, w = x[:, :width], w[:width]
+    b = None if b is None else b[:width]
+    y = poison_(torch.empty_like(x))
+    bulk_norm(x, w, b, 1e-5, y, cfg, clusters)
+    torch.cuda.synchronize()
+    _check(x, None, w, b, y, None, 1e-5)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        bulk_norm(x, w, b, 1e-5, y, cfg, clusters)
+    x.copy_((torch.randn(x.shape, device="cuda", generator=gen) * 2 + 0.5).to(x.dtype))
+    poison_(y)
+    graph.replay()
+    torch.cuda.synchronize()
+    _check(x, None, w, b, y, None, 1e-5)
+
+
+def test_bulk_norm_rejects():
+    """The launcher's checks, before any GPU work: a width that does not cut into whole
+    16-byte chunks, too much shared memory, and a tensor off the GPU raise ValueError naming
+    the limit."""
+    from bulk_norm import BulkConfig, bulk_norm
+
+    x = torch.empty(2, 262144, dtype=torch.bfloat16)
+    w = torch.empty(262144, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="segments of a multiple of 32"):
+        bulk_norm(x[:, :1000], w[:1000], None, 1e-5, x[:, :1000], BulkConfig(4))
+    with pytest.raises(ValueError, match="shared memory"):
+        bulk_norm(x, w, w, 1e-5, x, BulkConfig(8, 256, 2, 1, True))
+    with pytest.raises(ValueError, match="x must be a CUDA bfloat16"):
+        bulk_norm(x, w, None, 1e-5, x)

@@ -1,0 +1,194 @@
+"""Experiment: the wide-row norms as a CUDA C++ kernel on Hopper's bulk copies (issue 2's
+256K rows; NOTES.md, twenty-third session). The kernel and why are in ``bulk_norm.cu``:
+a row over a cluster of ``ranks`` CTAs, each segment bulk-copied into shared memory, summed
+there, the statistics exchanged through distributed shared memory, y written over the
+segment and bulk-stored; x crosses L2 -> SM once and never passes through registers twice.
+
+The .cu is compiled here by nvcc (the GPU machine has it; CI never runs this) into a cubin
+cached beside the build, loaded by the driver (``cuModuleLoadData``) and launched with a
+cluster dimension by ``cuLaunchKernelEx`` on torch's current stream, so it is timed and
+captured into CUDA graphs as the Triton kernels are.
+    python benchmarks/bulk_norm.py --out DIR      # on an H100
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from cluster_room import cluster_config, max_clusters  # noqa: E402
+
+SOURCE = Path(__file__).with_suffix(".cu")
+MAX_SMEM = 227 * 1024  # an H100 CTA's dynamic shared memory limit
+
+
+@dataclass(frozen=True)
+class BulkConfig:
+    """One compiled variant (``bulk_norm.cu``'s BOTH list) and its cluster size.
+
+    ranks: CTAs a row (cluster size, <= 16); threads: a CTA; nbuf: row segments in flight a
+    CTA (2: persistent grid of the clusters that fit); chunks: mbarriers a segment;
+    wsmem: weight (and bias) bulk-loaded into shared memory once; hint: L2 evict-first for
+    x and y, evict-last for the weight."""
+    ranks: int = 16
+    threads: int = 256
+    nbuf: int = 1
+    chunks: int = 4
+    wsmem: bool = False
+    hint: bool = True
+
+    def name(self, rms: bool) -> str:
+        return (f"bulk_{'rms' if rms else 'layer'}_t{self.threads}_b{self.nbuf}_c{self.chunks}"
+                f"_w{int(self.wsmem)}_h{int(self.hint)}")
+
+    def smem(self, seg: int, rms: bool) -> int:
+        """Dynamic shared bytes a CTA: the row buffers and the held weight (and bias)."""
+        return 2 * seg * (self.nbuf + (self.wsmem * (1 if rms else 2)))
+
+    def label(self) -> str:
+        return (f"bulk r{self.ranks} t{self.threads} buf{self.nbuf} ch{self.chunks}"
+                f"{' w-smem' if self.wsmem else ''}{'' if self.hint else ' nohint'}")
+
+
+_cu = None
+_module = None
+_functions: dict[str, ctypes.c_void_p] = {}
+
+
+def _driver():
+    global _cu
+    if _cu is None:
+        _cu = ctypes.CDLL("libcuda.so.1")
+    return _cu
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        raise RuntimeError(f"{what} failed with CUresult {rc}")
+
+
+def build() -> Path:
+    """The cubin of ``bulk_norm.cu`` for sm_90a, compiled once per source (cached by hash)."""
+    digest = hashlib.sha1(SOURCE.read_bytes()).hexdigest()[:12]
+    cubin = Path(tempfile.gettempdir()) / f"onetrip-bulk-norm-{digest}.cubin"
+    if cubin.exists():
+        return cubin
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    if not os.path.exists(nvcc):
+        raise RuntimeError("bulk_norm needs nvcc (CUDA 12.x or later) to build bulk_norm.cu")
+    subprocess.run([nvcc, "-gencode=arch=compute_90a,code=sm_90a", "-cubin", "-O3", str(SOURCE), "-o", str(cubin)],
+                   check=True)
+    return cubin
+
+
+def _function(name: str, smem: int) -> ctypes.c_void_p:
+    global _module
+    cu = _driver()
+    if _module is None:
+        torch.cuda.init()
+        torch.empty(1, device="cuda")  # the primary context current on this thread
+        _module = ctypes.c_void_p()
+        _check(cu.cuModuleLoadData(ctypes.byref(_module), build().read_bytes()), "cuModuleLoadData")
+    if name not in _functions:
+        fn = ctypes.c_void_p()
+        _check(cu.cuModuleGetFunction(ctypes.byref(fn), _module, name.encode()), f"cuModuleGetFunction({name})")
+        _check(cu.cuFuncSetAttribute(fn, 14, 1), "non-portable cluster size")  # clusters of 16
+        _functions[name] = fn
+    fn = _functions[name]
+    _check(cu.cuFuncSetAttribute(fn, 8, smem), "dynamic shared memory")  # MAX_DYNAMIC_SHARED_SIZE_BYTES
+    return fn
+
+
+def bulk_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, eps: float, y: torch.Tensor,
+              cfg: BulkConfig = BulkConfig(), clusters: int | None = None) -> torch.Tensor:
+    """y = RMSNorm(x) * w (``b`` None; Llama convention) or LayerNorm(x) * w + b of (M, N)
+    bf16 rows with unit column stride. ``clusters``: cap on the persistent grid (nbuf 2;
+    default: as many as fit at once)."""
+    rms = b is None
+    M, N = x.shape
+    seg = N // cfg.ranks
+    if not 1 <= cfg.ranks <= 16 or N % cfg.ranks or seg % (8 * cfg.chunks):
+        raise ValueError(f"width {N} must cut into ranks={cfg.ranks} (1-16) segments of a multiple of "
+                         f"{8 * cfg.chunks} columns (8 a 16-byte vector, chunks={cfg.chunks})")
+    if x.stride(0) % 8 or y.stride(0) % 8 or y.shape != x.shape:
+        raise ValueError(f"y {tuple(y.shape)} must match x {tuple(x.shape)}; row strides a multiple of 8")
+    if w.shape != (N,) or (b is not None and b.shape != (N,)):
+        raise ValueError(f"w and b must have shape ({N},), got {tuple(w.shape)} and "
+                         f"{None if b is None else tuple(b.shape)}")
+    smem = cfg.smem(seg, rms)
+    if smem > MAX_SMEM:
+        raise ValueError(f"{cfg} needs {smem} bytes of shared memory a CTA for width {N}; at most {MAX_SMEM}")
+    tensors = [("x", x), ("w", w), ("y", y)] + ([] if rms else [("b", b)])
+    for label, t in tensors:
+        if t.dtype != torch.bfloat16 or not t.is_cuda or t.stride(-1) != 1:
+            raise ValueError(f"{label} must be a CUDA bfloat16 tensor with unit column stride, got {t.dtype} "
+                             f"on {t.device} with strides {tuple(t.stride())}")
+        if t.data_ptr() % 16:
+            raise ValueError(f"{label} must be 16-byte aligned (the bulk copies' rule)")
+    fn = _function(cfg.name(rms), smem)
+    n_clusters = M
+    if cfg.nbuf > 1:
+        fit = max_clusters(SimpleNamespace(function=fn.value), cfg.ranks, cfg.threads // 32, smem)
+        n_clusters = min(M, fit or M, clusters or M)
+    stream = torch.cuda.current_stream().cuda_stream
+    launch, _attr = cluster_config(n_clusters * cfg.ranks, cfg.ranks, cfg.threads, smem, stream)
+    args = [ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(w.data_ptr()),
+            ctypes.c_void_p(0 if rms else b.data_ptr()), ctypes.c_void_p(y.data_ptr()), ctypes.c_int(M),
+            ctypes.c_int(seg), ctypes.c_longlong(x.stride(0)), ctypes.c_longlong(y.stride(0)), ctypes.c_float(eps)]
+    params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
+    _check(_driver().cuLaunchKernelEx(ctypes.byref(launch), fn, params, None), "cuLaunchKernelEx")
+    return y
+
+
+def occupancy(cfg: BulkConfig, width: int, rms: bool) -> dict:
+    """CTAs an SM (by shared memory and threads) and clusters that fit, for the record."""
+    seg = width // cfg.ranks
+    smem = cfg.smem(seg, rms)
+    fn = _function(cfg.name(rms), smem)
+    n = ctypes.c_int(0)
+    _driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(n), fn, cfg.threads, smem)
+    return {"smem": smem, "ctas_per_sm": n.value,
+            "clusters_fit": max_clusters(SimpleNamespace(function=fn.value), cfg.ranks, cfg.threads // 32, smem)}
+
+
+# (rows, width): the variants timed there
+_WIDE = [BulkConfig(16, 256, 1, 1, True), BulkConfig(16, 256, 1, 4, True), BulkConfig(16, 256, 1, 4, False),
+         BulkConfig(16, 256, 1, 4, False, False), BulkConfig(16, 256, 2, 1, True), BulkConfig(16, 256, 2, 4, False),
+         BulkConfig(16, 512, 1, 4, False), BulkConfig(16, 512, 2, 4, False), BulkConfig(8, 256, 1, 4, False),
+         BulkConfig(8, 256, 2, 4, False)]
+VARIANTS = {(256, 262144): _WIDE, (64, 262144): _WIDE,
+            (512, 131072): [BulkConfig(8, 256, 1, 4, True), BulkConfig(8, 256, 1, 4, False),
+                            BulkConfig(8, 256, 2, 1, True), BulkConfig(8, 256, 2, 4, False),
+                            BulkConfig(16, 256, 1, 4, False), BulkConfig(16, 256, 2, 4, False),
+                            BulkConfig(8, 512, 1, 4, False)]}
+
+
+def _variants(rows, width, is_rms, w, b, eps):
+    out = []
+    for cfg in VARIANTS[(rows, width)]:
+        occ = occupancy(cfg, width, is_rms)
+        label = f"{cfg.label()} [{occ['ctas_per_sm']}/SM, {occ['clusters_fit']} cl]"
+        out.append((label, lambda x, y, cfg=cfg: bulk_norm(x, w, b, eps, y, cfg)))
+    return out
+
+
+def main() -> int:
+    from norm_variants import rows_main  # noqa: PLC0415
+    return rows_main(list(VARIANTS), _variants, "bulk-norm.json")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
