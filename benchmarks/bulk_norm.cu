@@ -112,7 +112,7 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   return t;
 }
 
-template <int THREADS, int NBUF, int CHUNKS, bool RMS, bool WSMEM, bool HINT>
+template <int THREADS, int NBUF, int CHUNKS, bool RMS, bool WSMEM, bool HINT, bool COPY>
 __device__ __forceinline__ void bulk_norm(const bf16* __restrict__ x, const bf16* __restrict__ w,
                                           const bf16* __restrict__ b, bf16* __restrict__ y, int rows, int seg,
                                           long long sx, long long sy, float eps) {
@@ -162,12 +162,24 @@ __device__ __forceinline__ void bulk_norm(const bf16* __restrict__ x, const bf16
       if (cid + s * clusters < rows) issue_row(s, cid + s * clusters);
   }
 
+  int pending = -1;  // the row whose load waits for its buffer's store to be read (thread 0)
   const uint4* wg = reinterpret_cast<const uint4*>(w + rank * seg);
   const uint4* bg = reinterpret_cast<const uint4*>(b + (RMS ? 0 : rank * seg));
   for (int it = 0, row = cid; row < rows; ++it, row += clusters) {
     const int s = it % NBUF;
     const uint32_t parity = (it / NBUF) & 1;
     uint4* xv = reinterpret_cast<uint4*>(xs + s * seg);
+    if (COPY) {  // the same bulk traffic with nothing between load and store: the ceiling
+      for (int c = 0; c < CHUNKS; ++c) mbar_wait(&full[s][c], parity);
+      if (tid == 0) {
+        bulk_store<HINT>(y + row * sy + rank * seg, xv, 2u * seg, pol_stream);
+        if (row + NBUF * clusters < rows) {
+          asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+          issue_row(s, row + NBUF * clusters);
+        }
+      }
+      continue;
+    }
 
     // Pass 1 over shared memory: RMSNorm sum x^2; LayerNorm sum x, then sum (x - mean_k)^2.
     float acc = 0.f;
@@ -191,6 +203,12 @@ __device__ __forceinline__ void bulk_norm(const bf16* __restrict__ x, const bf16
         for (int i = 0; i < 8; ++i) acc += (f[i] - mean_k) * (f[i] - mean_k);
       }
       m2_k = block_sum<THREADS>(acc, scratch);
+    }
+    // The previous row's store has had pass 1 to read its buffer out: refill that buffer now,
+    // not right after the store (which held warp 0, and with it every block reduction).
+    if (tid == 0 && pending >= 0) {
+      asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+      issue_row((it + NBUF - 1) % NBUF, pending);
     }
 
     // The cluster's exchange: each CTA's statistics into every peer's red[it & 1].
@@ -228,27 +246,31 @@ __device__ __forceinline__ void bulk_norm(const bf16* __restrict__ x, const bf16
     __syncthreads();
     if (tid == 0) {
       bulk_store<HINT>(y + row * sy + rank * seg, xv, 2u * seg, pol_stream);
-      if (row + NBUF * clusters < rows) {
-        asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // the buffer read out
-        issue_row(s, row + NBUF * clusters);
+      pending = row + NBUF * clusters < rows ? row + NBUF * clusters : -1;
+      if (NBUF == 1 && pending >= 0) {  // nothing else to do before the refill
+        asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+        issue_row(s, pending);
+        pending = -1;
       }
     }
   }
-  if (tid == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+  // Shared memory must outlive the last store's read of it (as CUTLASS's epilogues wait);
+  // the writes themselves complete before the grid does.
+  if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
 }
 
-// extern "C" entry points, one per variant: bulk_{rms|layer}_t{THREADS}_b{NBUF}_c{CHUNKS}_w{WSMEM}_h{HINT}.
-#define BULK_NORM(KIND, RMS, T, NB, CH, WS, HI)                                                         \
+// extern "C" entry points, one per variant: bulk_{rms|layer|copy}_t{THREADS}_b{NBUF}_c{CHUNKS}_w{WSMEM}_h{HINT}.
+#define BULK_NORM(KIND, RMS, T, NB, CH, WS, HI, CP)                                                       \
   extern "C" __global__ void __launch_bounds__(T)                                                      \
       bulk_##KIND##_t##T##_b##NB##_c##CH##_w##WS##_h##HI(const bf16* x, const bf16* w, const bf16* b,  \
                                                          bf16* y, int rows, int seg, long long sx,     \
                                                          long long sy, float eps) {                    \
-    bulk_norm<T, NB, CH, RMS, WS, HI>(x, w, b, y, rows, seg, sx, sy, eps);                             \
+    bulk_norm<T, NB, CH, RMS, WS, HI, CP>(x, w, b, y, rows, seg, sx, sy, eps);                             \
   }
 
 #define BOTH(T, NB, CH, WS, HI)          \
-  BULK_NORM(rms, true, T, NB, CH, WS, HI) \
-  BULK_NORM(layer, false, T, NB, CH, WS, HI)
+  BULK_NORM(rms, true, T, NB, CH, WS, HI, false) \
+  BULK_NORM(layer, false, T, NB, CH, WS, HI, false)
 
 BOTH(256, 1, 1, 1, 1)
 BOTH(256, 1, 4, 1, 1)
@@ -258,3 +280,8 @@ BOTH(256, 2, 1, 1, 1)
 BOTH(256, 2, 4, 0, 1)
 BOTH(512, 1, 4, 0, 1)
 BOTH(512, 2, 4, 0, 1)
+BOTH(256, 3, 4, 0, 1)
+BULK_NORM(copy, true, 256, 1, 4, 0, 1, true)
+BULK_NORM(copy, true, 256, 1, 1, 0, 1, true)
+BULK_NORM(copy, true, 256, 2, 4, 0, 1, true)
+BULK_NORM(copy, true, 256, 3, 4, 0, 1, true)

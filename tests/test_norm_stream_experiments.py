@@ -208,6 +208,7 @@ _BULK = [  # (rows, width, BulkConfig fields, clusters cap, padded row stride)
     (6, 262144, (16, 256, 1, 1, True), None, False),
     (7, 262144, (16, 256, 2, 4, False), 2, False),  # persistent: 3-4 rows a cluster, parity flips
     (7, 262144, (16, 256, 2, 1, True), 3, True),
+    (8, 262144, (16, 256, 3, 4, False), 2, False),
     (5, 4096, (4, 256, 1, 4, False, False), None, True),
     (9, 131072, (8, 512, 2, 4, False), 2, False),
 ]
