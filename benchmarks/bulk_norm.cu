@@ -112,14 +112,18 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   return t;
 }
 
-template <int THREADS, int NBUF, int CHUNKS, bool RMS, bool WSMEM, bool HINT, bool COPY>
+template <int THREADS, int VPT, int NBUF, int CHUNKS, bool RMS, bool WSMEM, bool HINT, bool COPY, bool EARLY,
+          bool XCH>
 __device__ __forceinline__ void bulk_norm(const bf16* __restrict__ x, const bf16* __restrict__ w,
                                           const bf16* __restrict__ b, bf16* __restrict__ y, int rows, int seg,
                                           long long sx, long long sy, float eps) {
   cg::cluster_group cluster = cg::this_cluster();
   const unsigned ranks = cluster.num_blocks(), rank = cluster.block_rank();
   const int cid = blockIdx.x / ranks, clusters = gridDim.x / ranks, tid = threadIdx.x;
-  const int vecs = seg / 8, cvecs = vecs / CHUNKS;          // 16-byte vectors: segment, chunk
+  static_assert(VPT % CHUNKS == 0, "whole vectors a thread a chunk");
+  constexpr int vecs = THREADS * VPT, cvecs = vecs / CHUNKS;  // 16-byte vectors: segment, chunk
+  // (seg == 8 * vecs: the launcher picks VPT so; the loops below unroll completely, so each
+  // thread's VPT weight loads are in flight together rather than one L2 trip at a time)
   const uint32_t cbytes = 16u * cvecs;
   const float n = static_cast<float>(seg) * ranks;
 
@@ -130,6 +134,7 @@ __device__ __forceinline__ void bulk_norm(const bf16* __restrict__ x, const bf16
   __shared__ __align__(8) uint64_t full[NBUF][CHUNKS];      // one phase a row a chunk
   __shared__ __align__(8) uint64_t wbar;
   __shared__ float2 red[2][16];                             // peers' (mean_k, m2_k), two rows apart
+  __shared__ __align__(8) uint64_t xbar[2];                 // XCH: red[i]'s bytes landed
   __shared__ float scratch[THREADS / 32];
 
   uint64_t pol_stream = 0, pol_keep = 0;
@@ -141,6 +146,8 @@ __device__ __forceinline__ void bulk_norm(const bf16* __restrict__ x, const bf16
     for (int s = 0; s < NBUF; ++s)
       for (int c = 0; c < CHUNKS; ++c) mbar_init(&full[s][c], 1);
     mbar_init(&wbar, 1);
+    mbar_init(&xbar[0], 1);
+    mbar_init(&xbar[1], 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   cluster.sync();  // the barriers initialized, and every peer running before DSMEM writes
@@ -169,6 +176,14 @@ __device__ __forceinline__ void bulk_norm(const bf16* __restrict__ x, const bf16
     const int s = it % NBUF;
     const uint32_t parity = (it / NBUF) & 1;
     uint4* xv = reinterpret_cast<uint4*>(xs + s * seg);
+    uint4 wr[VPT], br[RMS ? 1 : VPT];  // this thread's weight (and bias) vectors
+    if (EARLY && !WSMEM) {  // this row's weight (and bias) on its way while x's copy lands
+#pragma unroll
+      for (int k = 0; k < VPT; ++k) {
+        wr[k] = __ldg(wg + tid + k * THREADS);
+        if (!RMS) br[k] = __ldg(bg + tid + k * THREADS);
+      }
+    }
     if (COPY) {  // the same bulk traffic with nothing between load and store: the ceiling
       for (int c = 0; c < CHUNKS; ++c) mbar_wait(&full[s][c], parity);
       if (tid == 0) {
@@ -183,11 +198,13 @@ __device__ __forceinline__ void bulk_norm(const bf16* __restrict__ x, const bf16
 
     // Pass 1 over shared memory: RMSNorm sum x^2; LayerNorm sum x, then sum (x - mean_k)^2.
     float acc = 0.f;
+#pragma unroll
     for (int c = 0; c < CHUNKS; ++c) {
       mbar_wait(&full[s][c], parity);
-      for (int v = c * cvecs + tid; v < (c + 1) * cvecs; v += THREADS) {
+#pragma unroll
+      for (int k = 0; k < VPT / CHUNKS; ++k) {
         float f[8];
-        unpack8(xv[v], f);
+        unpack8(xv[c * cvecs + tid + k * THREADS], f);
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc += RMS ? f[i] * f[i] : f[i];
       }
@@ -196,9 +213,10 @@ __device__ __forceinline__ void bulk_norm(const bf16* __restrict__ x, const bf16
     if (!RMS) {
       mean_k = m2_k / seg;
       acc = 0.f;
-      for (int v = tid; v < vecs; v += THREADS) {
+#pragma unroll
+      for (int k = 0; k < VPT; ++k) {
         float f[8];
-        unpack8(xv[v], f);
+        unpack8(xv[tid + k * THREADS], f);
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc += (f[i] - mean_k) * (f[i] - mean_k);
       }
@@ -211,10 +229,25 @@ __device__ __forceinline__ void bulk_norm(const bf16* __restrict__ x, const bf16
       issue_row((it + NBUF - 1) % NBUF, pending);
     }
 
-    // The cluster's exchange: each CTA's statistics into every peer's red[it & 1].
+    // The cluster's exchange: each CTA's statistics into every peer's red[it & 1]. XCH: by
+    // st.async, whose bytes complete the receiver's mbarrier xbar[it & 1] (expecting 8 bytes
+    // from each rank): no cluster barrier, whose release fence compiles to MEMBAR.ALL.GPU.
+    // A peer cannot run two rows ahead (it needs this CTA's next row first), so two slots do.
     float2* slot = red[it & 1];
-    if (tid < static_cast<int>(ranks)) cluster.map_shared_rank(slot, tid)[rank] = make_float2(mean_k, m2_k);
-    cluster.sync();
+    if (XCH) {
+      if (tid == 0) mbar_expect(&xbar[it & 1], 8u * ranks);
+      if (tid < static_cast<int>(ranks)) {
+        uint32_t to, bar;
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(to) : "r"(smem_addr(slot + rank)), "r"(tid));
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(bar) : "r"(smem_addr(&xbar[it & 1])), "r"(tid));
+        asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];"
+                     ::"r"(to), "f"(mean_k), "f"(m2_k), "r"(bar) : "memory");
+      }
+      mbar_wait(&xbar[it & 1], (it >> 1) & 1);
+    } else {
+      if (tid < static_cast<int>(ranks)) cluster.map_shared_rank(slot, tid)[rank] = make_float2(mean_k, m2_k);
+      cluster.sync();
+    }
     float mean = 0.f, m2 = 0.f;
     if (!RMS) {
       for (unsigned k = 0; k < ranks; ++k) mean += slot[k].x;
@@ -228,15 +261,25 @@ __device__ __forceinline__ void bulk_norm(const bf16* __restrict__ x, const bf16
 
     // Pass 2: y over the segment in shared memory, then one bulk store.
     if (WSMEM && it == 0) mbar_wait(&wbar, 0);
-    for (int v = tid; v < vecs; v += THREADS) {
+    if (!EARLY || WSMEM) {  // all VPT loads issued before the first use
+#pragma unroll
+      for (int k = 0; k < VPT; ++k) {
+        const int v = tid + k * THREADS;
+        wr[k] = WSMEM ? reinterpret_cast<const uint4*>(ws)[v] : __ldg(wg + v);
+        if (!RMS) br[k] = WSMEM ? reinterpret_cast<const uint4*>(bs)[v] : __ldg(bg + v);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const int v = tid + k * THREADS;
       float f[8], g[8], h[8];
       unpack8(xv[v], f);
-      unpack8(WSMEM ? reinterpret_cast<const uint4*>(ws)[v] : __ldg(wg + v), g);
+      unpack8(wr[k], g);
       if (RMS) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) f[i] = __bfloat162float(__float2bfloat16_rn(f[i] * rstd)) * g[i];
       } else {
-        unpack8(WSMEM ? reinterpret_cast<const uint4*>(bs)[v] : __ldg(bg + v), h);
+        unpack8(br[k], h);
 #pragma unroll
         for (int i = 0; i < 8; ++i) f[i] = (f[i] - mean) * rstd * g[i] + h[i];
       }
@@ -259,29 +302,32 @@ __device__ __forceinline__ void bulk_norm(const bf16* __restrict__ x, const bf16
   if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
 }
 
-// extern "C" entry points, one per variant: bulk_{rms|layer|copy}_t{THREADS}_b{NBUF}_c{CHUNKS}_w{WSMEM}_h{HINT}.
-#define BULK_NORM(KIND, RMS, T, NB, CH, WS, HI, CP)                                                       \
-  extern "C" __global__ void __launch_bounds__(T)                                                      \
-      bulk_##KIND##_t##T##_b##NB##_c##CH##_w##WS##_h##HI(const bf16* x, const bf16* w, const bf16* b,  \
-                                                         bf16* y, int rows, int seg, long long sx,     \
-                                                         long long sy, float eps) {                    \
-    bulk_norm<T, NB, CH, RMS, WS, HI, CP>(x, w, b, y, rows, seg, sx, sy, eps);                             \
+// extern "C" entry points, one per variant:
+// bulk_{rms|layer|copy}_t{THREADS}_v{VPT}_b{NBUF}_c{CHUNKS}_w{WSMEM}_h{HINT}_e{EARLY}_x{XCH}.
+#define BULK_NORM(KIND, RMS, T, V, NB, CH, WS, HI, CP, EA, XC)                                      \
+  extern "C" __global__ void __launch_bounds__(T)                                                   \
+      bulk_##KIND##_t##T##_v##V##_b##NB##_c##CH##_w##WS##_h##HI##_e##EA##_x##XC(                    \
+          const bf16* x, const bf16* w, const bf16* b, bf16* y, int rows, int seg, long long sx,    \
+          long long sy, float eps) {                                                                \
+    bulk_norm<T, V, NB, CH, RMS, WS, HI, CP, EA, XC>(x, w, b, y, rows, seg, sx, sy, eps);          \
   }
 
-#define BOTH(T, NB, CH, WS, HI)          \
-  BULK_NORM(rms, true, T, NB, CH, WS, HI, false) \
-  BULK_NORM(layer, false, T, NB, CH, WS, HI, false)
+#define BOTH(T, V, NB, CH, WS, HI, EA, XC)                  \
+  BULK_NORM(rms, true, T, V, NB, CH, WS, HI, false, EA, XC) \
+  BULK_NORM(layer, false, T, V, NB, CH, WS, HI, false, EA, XC)
 
-BOTH(256, 1, 1, 1, 1)
-BOTH(256, 1, 4, 1, 1)
-BOTH(256, 1, 4, 0, 1)
-BOTH(256, 1, 4, 0, 0)
-BOTH(256, 2, 1, 1, 1)
-BOTH(256, 2, 4, 0, 1)
-BOTH(512, 1, 4, 0, 1)
-BOTH(512, 2, 4, 0, 1)
-BOTH(256, 3, 4, 0, 1)
-BULK_NORM(copy, true, 256, 1, 4, 0, 1, true)
-BULK_NORM(copy, true, 256, 1, 1, 0, 1, true)
-BULK_NORM(copy, true, 256, 2, 4, 0, 1, true)
-BULK_NORM(copy, true, 256, 3, 4, 0, 1, true)
+// T  V  NB CH WS HI EA XC: the plain row (16K-column segments at 256 threads: 256K over 16
+// ranks, 128K over 8), weight early, st.async exchange, persistent, 512 threads, 8K and 32K
+// segments, the weight via shared memory
+BOTH(256, 8, 1, 4, 0, 1, 0, 0)
+BOTH(256, 8, 1, 4, 0, 1, 1, 0)
+BOTH(256, 8, 1, 4, 0, 1, 0, 1)
+BOTH(256, 8, 1, 4, 0, 1, 1, 1)
+BOTH(256, 8, 2, 4, 0, 1, 1, 1)
+BOTH(256, 8, 1, 4, 1, 1, 0, 1)
+BOTH(512, 4, 1, 4, 0, 1, 1, 1)
+BOTH(256, 4, 1, 4, 0, 1, 1, 1)
+BOTH(256, 16, 1, 4, 0, 1, 1, 1)
+BULK_NORM(copy, true, 256, 8, 1, 4, 0, 1, true, 0, 0)
+BULK_NORM(copy, true, 256, 8, 2, 4, 0, 1, true, 0, 0)
+BULK_NORM(copy, true, 256, 4, 1, 4, 0, 1, true, 0, 0)

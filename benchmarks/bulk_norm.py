@@ -42,20 +42,26 @@ class BulkConfig:
     ranks: CTAs a row (cluster size, <= 16); threads: a CTA; nbuf: row segments in flight a
     CTA (2: persistent grid of the clusters that fit); chunks: mbarriers a segment;
     wsmem: weight (and bias) bulk-loaded into shared memory once; hint: L2 evict-first for
-    x and y, evict-last for the weight; copy: the same bulk loads and stores with nothing
-    between them (y = x, the design's ceiling)."""
+    x and y, evict-last for the weight; early: the row's weight (and bias) loaded into
+    registers before x's copy is waited for; xch: the statistics exchanged by st.async on
+    mbarriers rather than a cluster barrier; copy: the same bulk loads and stores with
+    nothing between them (y = x, the design's ceiling). A thread's 16-byte vectors a segment
+    (VPT, a template constant) follow from the width: seg / (8 * threads)."""
     ranks: int = 16
     threads: int = 256
     nbuf: int = 1
     chunks: int = 4
     wsmem: bool = False
     hint: bool = True
+    early: bool = True
+    xch: bool = True
     copy: bool = False
 
-    def name(self, rms: bool) -> str:
+    def name(self, rms: bool, seg: int) -> str:
         kind = "copy" if self.copy else "rms" if rms else "layer"
-        return (f"bulk_{kind}_t{self.threads}_b{self.nbuf}_c{self.chunks}"
-                f"_w{int(self.wsmem)}_h{int(self.hint)}")
+        e, x = (0, 0) if self.copy else (int(self.early), int(self.xch))
+        return (f"bulk_{kind}_t{self.threads}_v{seg // (8 * self.threads)}_b{self.nbuf}_c{self.chunks}"
+                f"_w{int(self.wsmem)}_h{int(self.hint)}_e{e}_x{x}")
 
     def smem(self, seg: int, rms: bool) -> int:
         """Dynamic shared bytes a CTA: the row buffers and the held weight (and bias)."""
@@ -63,7 +69,8 @@ class BulkConfig:
 
     def label(self) -> str:
         return (f"bulk{' COPY' if self.copy else ''} r{self.ranks} t{self.threads} buf{self.nbuf} ch{self.chunks}"
-                f"{' w-smem' if self.wsmem else ''}{'' if self.hint else ' nohint'}")
+                f"{' w-smem' if self.wsmem else ''}{'' if self.hint else ' nohint'}"
+                f"{'' if self.copy else (' early' if self.early else '') + (' st.async' if self.xch else ' csync')}")
 
 
 _cu = None
@@ -107,7 +114,8 @@ def _function(name: str, smem: int) -> ctypes.c_void_p:
         _check(cu.cuModuleLoadData(ctypes.byref(_module), build().read_bytes()), "cuModuleLoadData")
     if name not in _functions:
         fn = ctypes.c_void_p()
-        _check(cu.cuModuleGetFunction(ctypes.byref(fn), _module, name.encode()), f"cuModuleGetFunction({name})")
+        if cu.cuModuleGetFunction(ctypes.byref(fn), _module, name.encode()) != 0:
+            raise ValueError(f"no compiled variant {name}: add it to bulk_norm.cu's list")
         _check(cu.cuFuncSetAttribute(fn, 14, 1), "non-portable cluster size")  # clusters of 16
         _functions[name] = fn
     fn = _functions[name]
@@ -123,9 +131,10 @@ def bulk_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, eps: flo
     rms = b is None
     M, N = x.shape
     seg = N // cfg.ranks
-    if not 1 <= cfg.ranks <= 16 or N % cfg.ranks or seg % (8 * cfg.chunks):
+    unit = 8 * cfg.threads * cfg.chunks
+    if not 1 <= cfg.ranks <= 16 or N % cfg.ranks or seg % unit:
         raise ValueError(f"width {N} must cut into ranks={cfg.ranks} (1-16) segments of a multiple of "
-                         f"{8 * cfg.chunks} columns (8 a 16-byte vector, chunks={cfg.chunks})")
+                         f"{unit} columns (8 a 16-byte vector, threads={cfg.threads}, chunks={cfg.chunks})")
     if x.stride(0) % 8 or y.stride(0) % 8 or y.shape != x.shape:
         raise ValueError(f"y {tuple(y.shape)} must match x {tuple(x.shape)}; row strides a multiple of 8")
     if w.shape != (N,) or (b is not None and b.shape != (N,)):
@@ -141,7 +150,7 @@ def bulk_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, eps: flo
                              f"on {t.device} with strides {tuple(t.stride())}")
         if t.data_ptr() % 16:
             raise ValueError(f"{label} must be 16-byte aligned (the bulk copies' rule)")
-    fn = _function(cfg.name(rms), smem)
+    fn = _function(cfg.name(rms, seg), smem)
     n_clusters = M
     if cfg.nbuf > 1:
         fit = max_clusters(SimpleNamespace(function=fn.value), cfg.ranks, cfg.threads // 32, smem)
@@ -160,21 +169,20 @@ def occupancy(cfg: BulkConfig, width: int, rms: bool) -> dict:
     """CTAs an SM (by shared memory and threads) and clusters that fit, for the record."""
     seg = width // cfg.ranks
     smem = cfg.smem(seg, rms)
-    fn = _function(cfg.name(rms), smem)
+    fn = _function(cfg.name(rms, seg), smem)
     n = ctypes.c_int(0)
     _driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(n), fn, cfg.threads, smem)
     return {"smem": smem, "ctas_per_sm": n.value,
             "clusters_fit": max_clusters(SimpleNamespace(function=fn.value), cfg.ranks, cfg.threads // 32, smem)}
 
 
-# (rows, width): the variants timed there (the first session's losers dropped: NOTES)
+# (rows, width): the variants timed there (the first sessions' losers dropped: NOTES)
 _C = BulkConfig
-_WIDE = [_C(16, 256, 1, 4, False), _C(16, 256, 2, 4, False), _C(16, 256, 3, 4, False), _C(16, 256, 1, 4, True),
-         _C(8, 256, 1, 4, False), _C(16, 256, 1, 4, False, copy=True), _C(16, 256, 1, 1, False, copy=True),
-         _C(16, 256, 2, 4, False, copy=True), _C(16, 256, 3, 4, False, copy=True)]
+_WIDE = [_C(16, early=False, xch=False), _C(16, xch=False), _C(16, early=False), _C(16), _C(16, nbuf=2),
+         _C(16, early=False, wsmem=True), _C(16, 512), _C(8), _C(16, copy=True), _C(16, nbuf=2, copy=True)]
 VARIANTS = {(256, 262144): _WIDE, (64, 262144): _WIDE,
-            (512, 131072): [_C(8, 256, 1, 4, False), _C(8, 256, 2, 4, False), _C(8, 256, 3, 4, False),
-                            _C(8, 256, 1, 4, False, copy=True), _C(8, 256, 2, 4, False, copy=True)]}
+            (512, 131072): [_C(8, early=False, xch=False), _C(8, early=False), _C(8), _C(8, nbuf=2), _C(16),
+                            _C(8, 512), _C(8, copy=True)]}
 
 
 def _variants(rows, width, is_rms, w, b, eps):

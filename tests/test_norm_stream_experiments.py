@@ -205,12 +205,13 @@ def test_pair(gen, r, split, block_n):
 
 
 _BULK = [  # (rows, width, BulkConfig fields, clusters cap, padded row stride)
-    (6, 262144, (16, 256, 1, 1, True), None, False),
-    (7, 262144, (16, 256, 2, 4, False), 2, False),  # persistent: 3-4 rows a cluster, parity flips
-    (7, 262144, (16, 256, 2, 1, True), 3, True),
-    (8, 262144, (16, 256, 3, 4, False), 2, False),
-    (5, 4096, (4, 256, 1, 4, False, False), None, True),
-    (9, 131072, (8, 512, 2, 4, False), 2, False),
+    (6, 262144, dict(ranks=16, early=False, xch=False), None, False),
+    (6, 262144, dict(ranks=16, early=False, wsmem=True), None, True),
+    (7, 262144, dict(ranks=16, nbuf=2), 2, False),  # persistent: 3-4 rows a cluster, parity flips
+    (9, 262144, dict(ranks=16, nbuf=2), 3, True),
+    (5, 32768, dict(ranks=4), None, True),
+    (9, 131072, dict(ranks=8, threads=512), None, False),
+    (5, 262144, dict(ranks=8), None, False),
 ]
 
 
@@ -227,7 +228,7 @@ def test_bulk_norm(gen, kind, rows, width, fields, clusters, padded):
         build()
     except RuntimeError as exc:
         pytest.skip(str(exc))
-    cfg = BulkConfig(*fields)
+    cfg = BulkConfig(**fields)
     x, _, w, b = _inputs(gen, "cuda", rows, width + 64 * padded, kind, False)
     x, w = x[:, :width], w[:width]
     b = None if b is None else b[:width]
@@ -253,7 +254,7 @@ def test_bulk_norm_rejects():
 
     x = torch.empty(2, 262144, dtype=torch.bfloat16)
     w = torch.empty(262144, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="segments of a multiple of 32"):
+    with pytest.raises(ValueError, match="segments of a multiple of 8192"):
         bulk_norm(x[:, :1000], w[:1000], None, 1e-5, x[:, :1000], BulkConfig(4))
     with pytest.raises(ValueError, match="shared memory"):
         bulk_norm(x, w, w, 1e-5, x, BulkConfig(8, 256, 2, 1, True))
