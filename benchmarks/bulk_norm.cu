@@ -112,15 +112,15 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   return t;
 }
 
-template <int THREADS, int VPT, int NBUF, int CHUNKS, bool RMS, bool WSMEM, bool HINT, bool COPY, bool EARLY,
-          bool XCH>
+template <int THREADS, int VPT, int NBUF, int CHUNKS, bool RMS, bool WSMEM, bool HINT, bool COPY, int EARLY,
+          int XCH, int PB>
 __device__ __forceinline__ void bulk_norm(const bf16* __restrict__ x, const bf16* __restrict__ w,
                                           const bf16* __restrict__ b, bf16* __restrict__ y, int rows, int seg,
                                           long long sx, long long sy, float eps) {
   cg::cluster_group cluster = cg::this_cluster();
   const unsigned ranks = cluster.num_blocks(), rank = cluster.block_rank();
   const int cid = blockIdx.x / ranks, clusters = gridDim.x / ranks, tid = threadIdx.x;
-  static_assert(VPT % CHUNKS == 0, "whole vectors a thread a chunk");
+  static_assert(VPT % CHUNKS == 0 && VPT % PB == 0, "whole vectors a thread a chunk, a batch");
   constexpr int vecs = THREADS * VPT, cvecs = vecs / CHUNKS;  // 16-byte vectors: segment, chunk
   // (seg == 8 * vecs: the launcher picks VPT so; the loops below unroll completely, so each
   // thread's VPT weight loads are in flight together rather than one L2 trip at a time)
@@ -177,11 +177,18 @@ __device__ __forceinline__ void bulk_norm(const bf16* __restrict__ x, const bf16
     const uint32_t parity = (it / NBUF) & 1;
     uint4* xv = reinterpret_cast<uint4*>(xs + s * seg);
     uint4 wr[VPT], br[RMS ? 1 : VPT];  // this thread's weight (and bias) vectors
-    if (EARLY && !WSMEM) {  // this row's weight (and bias) on its way while x's copy lands
+    if (EARLY == 1 && !WSMEM) {  // this row's weight (and bias) on its way while x's copy lands
 #pragma unroll
       for (int k = 0; k < VPT; ++k) {
         wr[k] = __ldg(wg + tid + k * THREADS);
         if (!RMS) br[k] = __ldg(bg + tid + k * THREADS);
+      }
+    }
+    if (EARLY == 2 && !WSMEM) {  // the same into the L1, no registers held: pass 2 hits there
+#pragma unroll
+      for (int k = 0; k < VPT; ++k) {
+        asm volatile("prefetch.global.L1 [%0];" ::"l"(wg + tid + k * THREADS));
+        if (!RMS) asm volatile("prefetch.global.L1 [%0];" ::"l"(bg + tid + k * THREADS));
       }
     }
     if (COPY) {  // the same bulk traffic with nothing between load and store: the ceiling
@@ -234,7 +241,9 @@ __device__ __forceinline__ void bulk_norm(const bf16* __restrict__ x, const bf16
     // from each rank): no cluster barrier, whose release fence compiles to MEMBAR.ALL.GPU.
     // A peer cannot run two rows ahead (it needs this CTA's next row first), so two slots do.
     float2* slot = red[it & 1];
-    if (XCH) {
+    if (XCH == 2) {  // diagnostic: no exchange, each segment normalized by its own statistics
+      slot[rank] = make_float2(mean_k, m2_k);
+    } else if (XCH == 1) {
       if (tid == 0) mbar_expect(&xbar[it & 1], 8u * ranks);
       if (tid < static_cast<int>(ranks)) {
         uint32_t to, bar;
@@ -249,41 +258,47 @@ __device__ __forceinline__ void bulk_norm(const bf16* __restrict__ x, const bf16
       cluster.sync();
     }
     float mean = 0.f, m2 = 0.f;
+    const unsigned k0 = XCH == 2 ? rank : 0, k1 = XCH == 2 ? rank + 1 : ranks;
     if (!RMS) {
-      for (unsigned k = 0; k < ranks; ++k) mean += slot[k].x;
-      mean /= ranks;
+      for (unsigned k = k0; k < k1; ++k) mean += slot[k].x;
+      mean /= k1 - k0;
     }
-    for (unsigned k = 0; k < ranks; ++k) {
+    for (unsigned k = k0; k < k1; ++k) {
       const float d = slot[k].x - mean;
       m2 += slot[k].y + (RMS ? 0.f : seg * d * d);
     }
-    const float rstd = rsqrtf(m2 / n + eps);
+    const float rstd = rsqrtf(m2 / (XCH == 2 ? static_cast<float>(seg) : n) + eps);
 
     // Pass 2: y over the segment in shared memory, then one bulk store.
     if (WSMEM && it == 0) mbar_wait(&wbar, 0);
-    if (!EARLY || WSMEM) {  // all VPT loads issued before the first use
+    // In batches of PB vectors a thread: each batch's weight (and bias) loads issued together
+    // before their first use (PB = VPT: one L2 trip; less: fewer registers, for LayerNorm).
 #pragma unroll
-      for (int k = 0; k < VPT; ++k) {
+    for (int k0 = 0; k0 < VPT; k0 += PB) {
+      if (EARLY != 1 || WSMEM) {
+#pragma unroll
+        for (int k = k0; k < k0 + PB; ++k) {
+          const int v = tid + k * THREADS;
+          wr[k] = WSMEM ? reinterpret_cast<const uint4*>(ws)[v] : __ldg(wg + v);
+          if (!RMS) br[k] = WSMEM ? reinterpret_cast<const uint4*>(bs)[v] : __ldg(bg + v);
+        }
+      }
+#pragma unroll
+      for (int k = k0; k < k0 + PB; ++k) {
         const int v = tid + k * THREADS;
-        wr[k] = WSMEM ? reinterpret_cast<const uint4*>(ws)[v] : __ldg(wg + v);
-        if (!RMS) br[k] = WSMEM ? reinterpret_cast<const uint4*>(bs)[v] : __ldg(bg + v);
+        float f[8], g[8], h[8];
+        unpack8(xv[v], f);
+        unpack8(wr[k], g);
+        if (RMS) {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) f[i] = __bfloat162float(__float2bfloat16_rn(f[i] * rstd)) * g[i];
+        } else {
+          unpack8(br[k], h);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) f[i] = (f[i] - mean) * rstd * g[i] + h[i];
+        }
+        xv[v] = pack8(f);
       }
-    }
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      const int v = tid + k * THREADS;
-      float f[8], g[8], h[8];
-      unpack8(xv[v], f);
-      unpack8(wr[k], g);
-      if (RMS) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) f[i] = __bfloat162float(__float2bfloat16_rn(f[i] * rstd)) * g[i];
-      } else {
-        unpack8(br[k], h);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) f[i] = (f[i] - mean) * rstd * g[i] + h[i];
-      }
-      xv[v] = pack8(f);
     }
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // y's stores seen by the bulk copy
     __syncthreads();
@@ -303,31 +318,37 @@ __device__ __forceinline__ void bulk_norm(const bf16* __restrict__ x, const bf16
 }
 
 // extern "C" entry points, one per variant:
-// bulk_{rms|layer|copy}_t{THREADS}_v{VPT}_b{NBUF}_c{CHUNKS}_w{WSMEM}_h{HINT}_e{EARLY}_x{XCH}.
-#define BULK_NORM(KIND, RMS, T, V, NB, CH, WS, HI, CP, EA, XC)                                      \
+// bulk_{rms|layer|copy}_t{THREADS}_v{VPT}_b{NBUF}_c{CHUNKS}_w{WSMEM}_h{HINT}_e{EARLY}_x{XCH}_p{PB}.
+#define BULK_NORM(KIND, RMS, T, V, NB, CH, WS, HI, CP, EA, XC, PB)                                  \
   extern "C" __global__ void __launch_bounds__(T)                                                   \
-      bulk_##KIND##_t##T##_v##V##_b##NB##_c##CH##_w##WS##_h##HI##_e##EA##_x##XC(                    \
+      bulk_##KIND##_t##T##_v##V##_b##NB##_c##CH##_w##WS##_h##HI##_e##EA##_x##XC##_p##PB(            \
           const bf16* x, const bf16* w, const bf16* b, bf16* y, int rows, int seg, long long sx,    \
           long long sy, float eps) {                                                                \
-    bulk_norm<T, V, NB, CH, RMS, WS, HI, CP, EA, XC>(x, w, b, y, rows, seg, sx, sy, eps);          \
+    bulk_norm<T, V, NB, CH, RMS, WS, HI, CP, EA, XC, PB>(x, w, b, y, rows, seg, sx, sy, eps);      \
   }
 
-#define BOTH(T, V, NB, CH, WS, HI, EA, XC)                  \
-  BULK_NORM(rms, true, T, V, NB, CH, WS, HI, false, EA, XC) \
-  BULK_NORM(layer, false, T, V, NB, CH, WS, HI, false, EA, XC)
+#define BOTH(T, V, NB, CH, WS, HI, EA, XC, PB)                  \
+  BULK_NORM(rms, true, T, V, NB, CH, WS, HI, false, EA, XC, PB) \
+  BULK_NORM(layer, false, T, V, NB, CH, WS, HI, false, EA, XC, PB)
 
-// T  V  NB CH WS HI EA XC: the plain row (16K-column segments at 256 threads: 256K over 16
-// ranks, 128K over 8), weight early, st.async exchange, persistent, 512 threads, 8K and 32K
-// segments, the weight via shared memory
-BOTH(256, 8, 1, 4, 0, 1, 0, 0)
-BOTH(256, 8, 1, 4, 0, 1, 1, 0)
-BOTH(256, 8, 1, 4, 0, 1, 0, 1)
-BOTH(256, 8, 1, 4, 0, 1, 1, 1)
-BOTH(256, 8, 2, 4, 0, 1, 1, 1)
-BOTH(256, 8, 1, 4, 1, 1, 0, 1)
-BOTH(512, 4, 1, 4, 0, 1, 1, 1)
-BOTH(256, 4, 1, 4, 0, 1, 1, 1)
-BOTH(256, 16, 1, 4, 0, 1, 1, 1)
-BULK_NORM(copy, true, 256, 8, 1, 4, 0, 1, true, 0, 0)
-BULK_NORM(copy, true, 256, 8, 2, 4, 0, 1, true, 0, 0)
-BULK_NORM(copy, true, 256, 4, 1, 4, 0, 1, true, 0, 0)
+// T  V  NB CH WS HI EA XC PB. EARLY: 0 the weight loaded in pass 2, 1 into registers at the
+// row's start, 2 prefetched into the L1 there; XCH: 0 cluster barrier, 1 st.async, 2 none
+// (diagnostic). 16K-column segments at 256 threads: 256K over 16 ranks, 128K over 8.
+BOTH(256, 8, 1, 4, 0, 1, 0, 0, 8)
+BOTH(256, 8, 1, 4, 0, 1, 0, 1, 8)
+BOTH(256, 8, 1, 4, 0, 1, 1, 1, 8)
+BOTH(256, 8, 1, 4, 0, 1, 2, 1, 8)
+BOTH(256, 8, 1, 4, 0, 1, 2, 1, 4)
+BOTH(256, 8, 1, 4, 0, 1, 2, 1, 2)
+BOTH(256, 8, 1, 4, 0, 1, 1, 2, 8)
+BOTH(256, 8, 2, 4, 0, 1, 1, 1, 8)
+BOTH(256, 8, 2, 4, 0, 1, 2, 1, 4)
+BOTH(256, 4, 1, 4, 0, 1, 1, 1, 4)
+BOTH(256, 4, 1, 4, 0, 1, 2, 1, 4)
+BOTH(256, 16, 1, 4, 0, 1, 1, 1, 16)
+BOTH(256, 16, 1, 4, 0, 1, 2, 1, 4)
+BOTH(512, 4, 1, 4, 0, 1, 1, 1, 4)
+BOTH(256, 8, 1, 4, 1, 1, 0, 1, 8)
+BULK_NORM(copy, true, 256, 8, 1, 4, 0, 1, true, 0, 0, 8)
+BULK_NORM(copy, true, 256, 8, 2, 4, 0, 1, true, 0, 0, 8)
+BULK_NORM(copy, true, 256, 16, 1, 4, 0, 1, true, 0, 0, 16)

@@ -42,9 +42,11 @@ class BulkConfig:
     ranks: CTAs a row (cluster size, <= 16); threads: a CTA; nbuf: row segments in flight a
     CTA (2: persistent grid of the clusters that fit); chunks: mbarriers a segment;
     wsmem: weight (and bias) bulk-loaded into shared memory once; hint: L2 evict-first for
-    x and y, evict-last for the weight; early: the row's weight (and bias) loaded into
-    registers before x's copy is waited for; xch: the statistics exchanged by st.async on
-    mbarriers rather than a cluster barrier; copy: the same bulk loads and stores with
+    x and y, evict-last for the weight; early: the row's weight (and bias) loaded in pass 2
+    (0), into registers before x's copy is waited for (1), or prefetched into the L1 then
+    (2); xch: the statistics exchanged by a cluster barrier (0), by st.async on mbarriers
+    (1), or not at all (2: each segment by its own statistics, a wrong y: the diagnostic of
+    what the exchange costs); pb: pass 2's batch of vectors a thread (default all); copy: the same bulk loads and stores with
     nothing between them (y = x, the design's ceiling). A thread's 16-byte vectors a segment
     (VPT, a template constant) follow from the width: seg / (8 * threads)."""
     ranks: int = 16
@@ -53,15 +55,17 @@ class BulkConfig:
     chunks: int = 4
     wsmem: bool = False
     hint: bool = True
-    early: bool = True
-    xch: bool = True
+    early: int = 1
+    xch: int = 1
+    pb: int | None = None
     copy: bool = False
 
     def name(self, rms: bool, seg: int) -> str:
         kind = "copy" if self.copy else "rms" if rms else "layer"
-        e, x = (0, 0) if self.copy else (int(self.early), int(self.xch))
-        return (f"bulk_{kind}_t{self.threads}_v{seg // (8 * self.threads)}_b{self.nbuf}_c{self.chunks}"
-                f"_w{int(self.wsmem)}_h{int(self.hint)}_e{e}_x{x}")
+        e, x = (0, 0) if self.copy else (self.early, self.xch)
+        vpt = seg // (8 * self.threads)
+        return (f"bulk_{kind}_t{self.threads}_v{vpt}_b{self.nbuf}_c{self.chunks}"
+                f"_w{int(self.wsmem)}_h{int(self.hint)}_e{e}_x{x}_p{self.pb or vpt}")
 
     def smem(self, seg: int, rms: bool) -> int:
         """Dynamic shared bytes a CTA: the row buffers and the held weight (and bias)."""
@@ -70,7 +74,8 @@ class BulkConfig:
     def label(self) -> str:
         return (f"bulk{' COPY' if self.copy else ''} r{self.ranks} t{self.threads} buf{self.nbuf} ch{self.chunks}"
                 f"{' w-smem' if self.wsmem else ''}{'' if self.hint else ' nohint'}"
-                f"{'' if self.copy else (' early' if self.early else '') + (' st.async' if self.xch else ' csync')}")
+                f"{'' if self.copy else ('', ' early', ' L1pf')[self.early] + (' csync', ' st.async', ' NOXCH')[self.xch]}"
+                f"{f' pb{self.pb}' if self.pb else ''}")
 
 
 _cu = None
@@ -178,11 +183,13 @@ def occupancy(cfg: BulkConfig, width: int, rms: bool) -> dict:
 
 # (rows, width): the variants timed there (the first sessions' losers dropped: NOTES)
 _C = BulkConfig
-_WIDE = [_C(16, early=False, xch=False), _C(16, xch=False), _C(16, early=False), _C(16), _C(16, nbuf=2),
-         _C(16, early=False, wsmem=True), _C(16, 512), _C(8), _C(16, copy=True), _C(16, nbuf=2, copy=True)]
+_WIDE = [_C(16, early=0, xch=0), _C(16), _C(16, early=2), _C(16, early=2, pb=4), _C(16, early=2, pb=2),
+         _C(16, xch=2), _C(16, nbuf=2), _C(16, nbuf=2, early=2, pb=4), _C(8), _C(8, early=2, pb=4),
+         _C(16, copy=True), _C(16, nbuf=2, copy=True), _C(8, copy=True)]
 VARIANTS = {(256, 262144): _WIDE, (64, 262144): _WIDE,
-            (512, 131072): [_C(8, early=False, xch=False), _C(8, early=False), _C(8), _C(8, nbuf=2), _C(16),
-                            _C(8, 512), _C(8, copy=True)]}
+            (512, 131072): [_C(8, early=0, xch=0), _C(8), _C(8, early=2), _C(8, early=2, pb=4),
+                            _C(8, early=2, pb=2), _C(8, nbuf=2, early=2, pb=4), _C(16, pb=4), _C(16, early=2, pb=4),
+                            _C(8, copy=True)]}
 
 
 def _variants(rows, width, is_rms, w, b, eps):

@@ -205,13 +205,14 @@ def test_pair(gen, r, split, block_n):
 
 
 _BULK = [  # (rows, width, BulkConfig fields, clusters cap, padded row stride)
-    (6, 262144, dict(ranks=16, early=False, xch=False), None, False),
-    (6, 262144, dict(ranks=16, early=False, wsmem=True), None, True),
+    (6, 262144, dict(ranks=16, early=0, xch=0), None, False),
+    (6, 262144, dict(ranks=16, early=0, wsmem=True), None, True),
+    (6, 262144, dict(ranks=16, early=2, pb=2), None, False),
     (7, 262144, dict(ranks=16, nbuf=2), 2, False),  # persistent: 3-4 rows a cluster, parity flips
-    (9, 262144, dict(ranks=16, nbuf=2), 3, True),
-    (5, 32768, dict(ranks=4), None, True),
-    (9, 131072, dict(ranks=8, threads=512), None, False),
-    (5, 262144, dict(ranks=8), None, False),
+    (9, 262144, dict(ranks=16, nbuf=2, early=2, pb=4), 3, True),
+    (5, 32768, dict(ranks=4, pb=4), None, True),
+    (9, 131072, dict(ranks=8, threads=512, pb=4), None, False),
+    (5, 262144, dict(ranks=8, early=2, pb=4), None, False),
 ]
 
 
