@@ -27,90 +27,7 @@
 // aligned, at most 16 CTAs a cluster.
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -cubin -O3 bulk_norm.cu
 
-#include <cooperative_groups.h>
-#include <cuda_bf16.h>
-#include <cstdint>
-
-namespace cg = cooperative_groups;
-typedef __nv_bfloat16 bf16;
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
-
-__device__ __forceinline__ void mbar_expect(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
-               : "memory");
-}
-
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-
-template <bool HINT>
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar,
-                                          uint64_t policy) {
-  if (HINT)
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
-        ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy) : "memory");
-  else
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
-}
-
-template <bool HINT>
-__device__ __forceinline__ void bulk_store(void* dst, const void* src, uint32_t bytes, uint64_t policy) {
-  if (HINT)
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [%0], [%1], %2, %3;"
-                 ::"l"(dst), "r"(smem_addr(src)), "r"(bytes), "l"(policy) : "memory");
-  else
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
-                 ::"l"(dst), "r"(smem_addr(src)), "r"(bytes) : "memory");
-  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-}
-
-__device__ __forceinline__ void unpack8(const uint4& v, float f[8]) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    float2 t = __bfloat1622float2(h[i]);
-    f[2 * i] = t.x;
-    f[2 * i + 1] = t.y;
-  }
-}
-
-__device__ __forceinline__ uint4 pack8(const float f[8]) {
-  uint4 v;
-  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
-  return v;
-}
-
-template <int THREADS>
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
-#pragma unroll
-  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
-  __syncthreads();
-  float t = 0.f;
-#pragma unroll
-  for (int i = 0; i < THREADS / 32; ++i) t += scratch[i];
-  __syncthreads();  // scratch free for the next reduction
-  return t;
-}
+#include "bulk_ptx.cuh"
 
 template <int THREADS, int VPT, int NBUF, int CHUNKS, bool RMS, bool WSMEM, bool HINT, bool COPY, int EARLY,
           int XCH, int PB>
@@ -121,11 +38,10 @@ __device__ __forceinline__ void bulk_norm(const bf16* __restrict__ x, const bf16
   const unsigned ranks = cluster.num_blocks(), rank = cluster.block_rank();
   const int cid = blockIdx.x / ranks, clusters = gridDim.x / ranks, tid = threadIdx.x;
   static_assert(VPT % CHUNKS == 0 && VPT % PB == 0, "whole vectors a thread a chunk, a batch");
-  constexpr int vecs = THREADS * VPT, cvecs = vecs / CHUNKS;  // 16-byte vectors: segment, chunk
-  // (seg == 8 * vecs: the launcher picks VPT so; the loops below unroll completely, so each
-  // thread's VPT weight loads are in flight together rather than one L2 trip at a time)
+  // 16-byte vectors: the segment's (seg == 8 * vecs: the launcher picks VPT so) and a chunk's.
+  // The loops unroll completely, so a thread's VPT weight loads are in flight together.
+  constexpr int vecs = THREADS * VPT, cvecs = vecs / CHUNKS;
   const uint32_t cbytes = 16u * cvecs;
-  const float n = static_cast<float>(seg) * ranks;
 
   extern __shared__ __align__(128) unsigned char dsm[];
   bf16* ws = reinterpret_cast<bf16*>(dsm);                  // (seg,) weight when WSMEM
@@ -134,7 +50,7 @@ __device__ __forceinline__ void bulk_norm(const bf16* __restrict__ x, const bf16
   __shared__ __align__(8) uint64_t full[NBUF][CHUNKS];      // one phase a row a chunk
   __shared__ __align__(8) uint64_t wbar;
   __shared__ float2 red[2][16];                             // peers' (mean_k, m2_k), two rows apart
-  __shared__ __align__(8) uint64_t xbar[2];                 // XCH: red[i]'s bytes landed
+  __shared__ __align__(8) uint64_t xbar[2];                 // XCH 1: red[i]'s bytes landed
   __shared__ float scratch[THREADS / 32];
 
   uint64_t pol_stream = 0, pol_keep = 0;
@@ -177,20 +93,10 @@ __device__ __forceinline__ void bulk_norm(const bf16* __restrict__ x, const bf16
     const uint32_t parity = (it / NBUF) & 1;
     uint4* xv = reinterpret_cast<uint4*>(xs + s * seg);
     uint4 wr[VPT], br[RMS ? 1 : VPT];  // this thread's weight (and bias) vectors
-    if (EARLY == 1 && !WSMEM) {  // this row's weight (and bias) on its way while x's copy lands
-#pragma unroll
-      for (int k = 0; k < VPT; ++k) {
-        wr[k] = __ldg(wg + tid + k * THREADS);
-        if (!RMS) br[k] = __ldg(bg + tid + k * THREADS);
-      }
-    }
-    if (EARLY == 2 && !WSMEM) {  // the same into the L1, no registers held: pass 2 hits there
-#pragma unroll
-      for (int k = 0; k < VPT; ++k) {
-        asm volatile("prefetch.global.L1 [%0];" ::"l"(wg + tid + k * THREADS));
-        if (!RMS) asm volatile("prefetch.global.L1 [%0];" ::"l"(bg + tid + k * THREADS));
-      }
-    }
+    // EARLY 1: this row's weight (and bias) on its way while x's copy lands; 2: the same into
+    // the L1, no registers held, pass 2 hits there.
+    if (EARLY == 1 && !WSMEM) load_wb<RMS, false, THREADS, VPT>(wr, br, ws, bs, wg, bg, tid, 0);
+    if (EARLY == 2 && !WSMEM) prefetch_wb<RMS, THREADS, VPT>(wg, bg, tid);
     if (COPY) {  // the same bulk traffic with nothing between load and store: the ceiling
       for (int c = 0; c < CHUNKS; ++c) mbar_wait(&full[s][c], parity);
       if (tid == 0) {
@@ -203,32 +109,14 @@ __device__ __forceinline__ void bulk_norm(const bf16* __restrict__ x, const bf16
       continue;
     }
 
-    // Pass 1 over shared memory: RMSNorm sum x^2; LayerNorm sum x, then sum (x - mean_k)^2.
+    // Pass 1 over shared memory, a chunk as it lands.
     float acc = 0.f;
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) {
       mbar_wait(&full[s][c], parity);
-#pragma unroll
-      for (int k = 0; k < VPT / CHUNKS; ++k) {
-        float f[8];
-        unpack8(xv[c * cvecs + tid + k * THREADS], f);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc += RMS ? f[i] * f[i] : f[i];
-      }
+      acc = sum_vecs<RMS ? 1 : 0, THREADS, VPT / CHUNKS>(xv + c * cvecs, tid, acc);
     }
-    float mean_k = 0.f, m2_k = block_sum<THREADS>(acc, scratch);
-    if (!RMS) {
-      mean_k = m2_k / seg;
-      acc = 0.f;
-#pragma unroll
-      for (int k = 0; k < VPT; ++k) {
-        float f[8];
-        unpack8(xv[tid + k * THREADS], f);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc += (f[i] - mean_k) * (f[i] - mean_k);
-      }
-      m2_k = block_sum<THREADS>(acc, scratch);
-    }
+    const float2 mine = seg_stats<RMS, 0, THREADS, VPT>(xv, tid, seg, acc, scratch);
     // The previous row's store has had pass 1 to read its buffer out: refill that buffer now,
     // not right after the store (which held warp 0, and with it every block reduction).
     if (tid == 0 && pending >= 0) {
@@ -236,69 +124,26 @@ __device__ __forceinline__ void bulk_norm(const bf16* __restrict__ x, const bf16
       issue_row((it + NBUF - 1) % NBUF, pending);
     }
 
-    // The cluster's exchange: each CTA's statistics into every peer's red[it & 1]. XCH: by
-    // st.async, whose bytes complete the receiver's mbarrier xbar[it & 1] (expecting 8 bytes
-    // from each rank): no cluster barrier, whose release fence compiles to MEMBAR.ALL.GPU.
-    // A peer cannot run two rows ahead (it needs this CTA's next row first), so two slots do.
+    // The cluster's exchange into every peer's red[it & 1] (a peer cannot run two rows ahead:
+    // it needs this CTA's next row first, so two slots do). XCH 0: a cluster barrier; 1:
+    // st.async on mbarriers; 2 (diagnostic): none, each segment by its own statistics.
     float2* slot = red[it & 1];
-    if (XCH == 2) {  // diagnostic: no exchange, each segment normalized by its own statistics
-      slot[rank] = make_float2(mean_k, m2_k);
+    if (XCH == 2) {
+      slot[rank] = mine;
     } else if (XCH == 1) {
-      if (tid == 0) mbar_expect(&xbar[it & 1], 8u * ranks);
-      if (tid < static_cast<int>(ranks)) {
-        uint32_t to, bar;
-        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(to) : "r"(smem_addr(slot + rank)), "r"(tid));
-        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(bar) : "r"(smem_addr(&xbar[it & 1])), "r"(tid));
-        asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];"
-                     ::"r"(to), "f"(mean_k), "f"(m2_k), "r"(bar) : "memory");
-      }
-      mbar_wait(&xbar[it & 1], (it >> 1) & 1);
+      exchange(slot, &xbar[it & 1], (it >> 1) & 1, mine, tid, rank, ranks);
     } else {
-      if (tid < static_cast<int>(ranks)) cluster.map_shared_rank(slot, tid)[rank] = make_float2(mean_k, m2_k);
+      if (tid < static_cast<int>(ranks)) cluster.map_shared_rank(slot, tid)[rank] = mine;
       cluster.sync();
     }
-    float mean = 0.f, m2 = 0.f;
-    const unsigned k0 = XCH == 2 ? rank : 0, k1 = XCH == 2 ? rank + 1 : ranks;
-    if (!RMS) {
-      for (unsigned k = k0; k < k1; ++k) mean += slot[k].x;
-      mean /= k1 - k0;
-    }
-    for (unsigned k = k0; k < k1; ++k) {
-      const float d = slot[k].x - mean;
-      m2 += slot[k].y + (RMS ? 0.f : seg * d * d);
-    }
-    const float rstd = rsqrtf(m2 / (XCH == 2 ? static_cast<float>(seg) : n) + eps);
+    const float2 mr = XCH == 2 ? combine<RMS>(slot, rank, rank + 1, seg, eps) : combine<RMS>(slot, 0, ranks, seg, eps);
 
-    // Pass 2: y over the segment in shared memory, then one bulk store.
+    // Pass 2: y over the segment in shared memory, PB vectors a batch, then one bulk store.
     if (WSMEM && it == 0) mbar_wait(&wbar, 0);
-    // In batches of PB vectors a thread: each batch's weight (and bias) loads issued together
-    // before their first use (PB = VPT: one L2 trip; less: fewer registers, for LayerNorm).
 #pragma unroll
     for (int k0 = 0; k0 < VPT; k0 += PB) {
-      if (EARLY != 1 || WSMEM) {
-#pragma unroll
-        for (int k = k0; k < k0 + PB; ++k) {
-          const int v = tid + k * THREADS;
-          wr[k] = WSMEM ? reinterpret_cast<const uint4*>(ws)[v] : __ldg(wg + v);
-          if (!RMS) br[k] = WSMEM ? reinterpret_cast<const uint4*>(bs)[v] : __ldg(bg + v);
-        }
-      }
-#pragma unroll
-      for (int k = k0; k < k0 + PB; ++k) {
-        const int v = tid + k * THREADS;
-        float f[8], g[8], h[8];
-        unpack8(xv[v], f);
-        unpack8(wr[k], g);
-        if (RMS) {
-#pragma unroll
-          for (int i = 0; i < 8; ++i) f[i] = __bfloat162float(__float2bfloat16_rn(f[i] * rstd)) * g[i];
-        } else {
-          unpack8(br[k], h);
-#pragma unroll
-          for (int i = 0; i < 8; ++i) f[i] = (f[i] - mean) * rstd * g[i] + h[i];
-        }
-        xv[v] = pack8(f);
-      }
+      if (EARLY != 1 || WSMEM) load_wb<RMS, WSMEM, THREADS, PB>(wr, br, ws, bs, wg, bg, tid, k0);
+      normalize<RMS, THREADS, PB>(xv, wr, br, tid, mr, k0);
     }
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // y's stores seen by the bulk copy
     __syncthreads();

@@ -31,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cluster_room import cluster_config, max_clusters  # noqa: E402
 
-SOURCE = Path(__file__).with_suffix(".cu")
+HERE = Path(__file__).resolve().parent
+SOURCES = (HERE / "bulk_norm.cu", HERE / "bulk_norm_ws.cu")  # both include bulk_ptx.cuh
 MAX_SMEM = 227 * 1024  # an H100 CTA's dynamic shared memory limit
 
 
@@ -46,9 +47,10 @@ class BulkConfig:
     (0), into registers before x's copy is waited for (1), or prefetched into the L1 then
     (2); xch: the statistics exchanged by a cluster barrier (0), by st.async on mbarriers
     (1), or not at all (2: each segment by its own statistics, a wrong y: the diagnostic of
-    what the exchange costs); pb: pass 2's batch of vectors a thread (default all); copy: the same bulk loads and stores with
-    nothing between them (y = x, the design's ceiling). A thread's 16-byte vectors a segment
-    (VPT, a template constant) follow from the width: seg / (8 * threads)."""
+    what the exchange costs); pb: pass 2's batch of vectors a thread (default all); copy:
+    the same bulk loads and stores with nothing between them (y = x, the design's ceiling).
+    A thread's 16-byte vectors a segment (VPT, a template constant) follow from the width:
+    seg / (8 * threads)."""
     ranks: int = 16
     threads: int = 256
     nbuf: int = 1
@@ -59,6 +61,16 @@ class BulkConfig:
     xch: int = 1
     pb: int | None = None
     copy: bool = False
+    source = 0  # SOURCES[0]
+
+    @property
+    def persistent(self) -> bool:
+        return self.nbuf > 1
+
+    @property
+    def unit(self) -> int:
+        """The segment's columns must be a multiple of this."""
+        return 8 * self.threads * self.chunks
 
     def name(self, rms: bool, seg: int) -> str:
         kind = "copy" if self.copy else "rms" if rms else "layer"
@@ -78,8 +90,44 @@ class BulkConfig:
                 f"{f' pb{self.pb}' if self.pb else ''}")
 
 
+@dataclass(frozen=True)
+class WsConfig:
+    """A variant of ``bulk_norm_ws.cu`` (persistent, one producer warp and ``cw`` consumer
+    warps; the grid is the clusters that fit): ranks, nbuf, wsmem, early and pb as
+    BulkConfig's."""
+    ranks: int = 16
+    cw: int = 8
+    nbuf: int = 2
+    wsmem: bool = True
+    early: int = 0
+    pb: int | None = None
+    source = 1  # SOURCES[1]
+    persistent = True
+    copy = False
+
+    @property
+    def threads(self) -> int:
+        return 32 * (self.cw + 1)
+
+    @property
+    def unit(self) -> int:
+        return 8 * 32 * self.cw
+
+    def name(self, rms: bool, seg: int) -> str:
+        vpt = seg // (8 * 32 * self.cw)
+        return (f"ws_{'rms' if rms else 'layer'}_w{self.cw}_v{vpt}_b{self.nbuf}_s{int(self.wsmem)}_e{self.early}"
+                f"_p{self.pb or vpt}")
+
+    def smem(self, seg: int, rms: bool) -> int:
+        return 2 * seg * (self.nbuf + (self.wsmem * (1 if rms else 2)))
+
+    def label(self) -> str:
+        return (f"ws r{self.ranks} {self.cw}+1 warps buf{self.nbuf}{' w-smem' if self.wsmem else ''}"
+                f"{('', ' early', ' L1pf')[self.early]}{f' pb{self.pb}' if self.pb else ''}")
+
+
 _cu = None
-_module = None
+_modules: dict[int, ctypes.c_void_p] = {}
 _functions: dict[str, ctypes.c_void_p] = {}
 
 
@@ -95,32 +143,34 @@ def _check(rc: int, what: str) -> None:
         raise RuntimeError(f"{what} failed with CUresult {rc}")
 
 
-def build() -> Path:
-    """The cubin of ``bulk_norm.cu`` for sm_90a, compiled once per source (cached by hash)."""
-    digest = hashlib.sha1(SOURCE.read_bytes()).hexdigest()[:12]
-    cubin = Path(tempfile.gettempdir()) / f"onetrip-bulk-norm-{digest}.cubin"
+def build(source: int = 0) -> Path:
+    """The cubin of ``SOURCES[source]`` for sm_90a, compiled once per text of it and of
+    bulk_ptx.cuh (cached by hash)."""
+    src = SOURCES[source]
+    digest = hashlib.sha1(src.read_bytes() + (HERE / "bulk_ptx.cuh").read_bytes()).hexdigest()[:12]
+    cubin = Path(tempfile.gettempdir()) / f"onetrip-{src.stem}-{digest}.cubin"
     if cubin.exists():
         return cubin
     nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
     if not os.path.exists(nvcc):
-        raise RuntimeError("bulk_norm needs nvcc (CUDA 12.x or later) to build bulk_norm.cu")
-    subprocess.run([nvcc, "-gencode=arch=compute_90a,code=sm_90a", "-cubin", "-O3", str(SOURCE), "-o", str(cubin)],
-                   check=True)
+        raise RuntimeError(f"bulk_norm needs nvcc (CUDA 12.x or later) to build {src.name}")
+    subprocess.run([nvcc, "-gencode=arch=compute_90a,code=sm_90a", "-cubin", "-O3", f"-I{HERE}", str(src),
+                    "-o", str(cubin)], check=True)
     return cubin
 
 
-def _function(name: str, smem: int) -> ctypes.c_void_p:
-    global _module
+def _function(name: str, smem: int, source: int) -> ctypes.c_void_p:
     cu = _driver()
-    if _module is None:
+    if source not in _modules:
         torch.cuda.init()
         torch.empty(1, device="cuda")  # the primary context current on this thread
-        _module = ctypes.c_void_p()
-        _check(cu.cuModuleLoadData(ctypes.byref(_module), build().read_bytes()), "cuModuleLoadData")
+        module = ctypes.c_void_p()
+        _check(cu.cuModuleLoadData(ctypes.byref(module), build(source).read_bytes()), "cuModuleLoadData")
+        _modules[source] = module
     if name not in _functions:
         fn = ctypes.c_void_p()
-        if cu.cuModuleGetFunction(ctypes.byref(fn), _module, name.encode()) != 0:
-            raise ValueError(f"no compiled variant {name}: add it to bulk_norm.cu's list")
+        if cu.cuModuleGetFunction(ctypes.byref(fn), _modules[source], name.encode()) != 0:
+            raise ValueError(f"no compiled variant {name}: add it to {SOURCES[source].name}'s list")
         _check(cu.cuFuncSetAttribute(fn, 14, 1), "non-portable cluster size")  # clusters of 16
         _functions[name] = fn
     fn = _functions[name]
@@ -129,17 +179,16 @@ def _function(name: str, smem: int) -> ctypes.c_void_p:
 
 
 def bulk_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, eps: float, y: torch.Tensor,
-              cfg: BulkConfig = BulkConfig(), clusters: int | None = None) -> torch.Tensor:
+              cfg: BulkConfig | WsConfig = BulkConfig(), clusters: int | None = None) -> torch.Tensor:
     """y = RMSNorm(x) * w (``b`` None; Llama convention) or LayerNorm(x) * w + b of (M, N)
-    bf16 rows with unit column stride. ``clusters``: cap on the persistent grid (nbuf 2;
-    default: as many as fit at once)."""
+    bf16 rows with unit column stride. ``clusters``: cap on a persistent grid (BulkConfig
+    with nbuf > 1, WsConfig; default: as many as fit at once)."""
     rms = b is None
     M, N = x.shape
     seg = N // cfg.ranks
-    unit = 8 * cfg.threads * cfg.chunks
-    if not 1 <= cfg.ranks <= 16 or N % cfg.ranks or seg % unit:
+    if not 1 <= cfg.ranks <= 16 or N % cfg.ranks or seg % cfg.unit:
         raise ValueError(f"width {N} must cut into ranks={cfg.ranks} (1-16) segments of a multiple of "
-                         f"{unit} columns (8 a 16-byte vector, threads={cfg.threads}, chunks={cfg.chunks})")
+                         f"{cfg.unit} columns (8 a 16-byte vector, by the threads and chunks of {cfg})")
     if x.stride(0) % 8 or y.stride(0) % 8 or y.shape != x.shape:
         raise ValueError(f"y {tuple(y.shape)} must match x {tuple(x.shape)}; row strides a multiple of 8")
     if w.shape != (N,) or (b is not None and b.shape != (N,)):
@@ -155,9 +204,9 @@ def bulk_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, eps: flo
                              f"on {t.device} with strides {tuple(t.stride())}")
         if t.data_ptr() % 16:
             raise ValueError(f"{label} must be 16-byte aligned (the bulk copies' rule)")
-    fn = _function(cfg.name(rms, seg), smem)
+    fn = _function(cfg.name(rms, seg), smem, cfg.source)
     n_clusters = M
-    if cfg.nbuf > 1:
+    if cfg.persistent:
         fit = max_clusters(SimpleNamespace(function=fn.value), cfg.ranks, cfg.threads // 32, smem)
         n_clusters = min(M, fit or M, clusters or M)
     stream = torch.cuda.current_stream().cuda_stream
@@ -174,7 +223,7 @@ def occupancy(cfg: BulkConfig, width: int, rms: bool) -> dict:
     """CTAs an SM (by shared memory and threads) and clusters that fit, for the record."""
     seg = width // cfg.ranks
     smem = cfg.smem(seg, rms)
-    fn = _function(cfg.name(rms, seg), smem)
+    fn = _function(cfg.name(rms, seg), smem, cfg.source)
     n = ctypes.c_int(0)
     _driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(n), fn, cfg.threads, smem)
     return {"smem": smem, "ctas_per_sm": n.value,
@@ -182,20 +231,20 @@ def occupancy(cfg: BulkConfig, width: int, rms: bool) -> dict:
 
 
 # (rows, width): the variants timed there (the first sessions' losers dropped: NOTES)
-_C = BulkConfig
-_WIDE = [_C(16, early=0, xch=0), _C(16), _C(16, early=2), _C(16, early=2, pb=4), _C(16, early=2, pb=2),
-         _C(16, xch=2), _C(16, nbuf=2), _C(16, nbuf=2, early=2, pb=4), _C(8), _C(8, early=2, pb=4),
-         _C(16, copy=True), _C(16, nbuf=2, copy=True), _C(8, copy=True)]
+_C, _W = BulkConfig, WsConfig
+_WIDE = [_C(16), _C(16, early=2, pb=4), _C(8), _C(16, copy=True),
+         _W(16, 8, 2, True), _W(16, 8, 3, True), _W(16, 8, 4, True), _W(16, 8, 2, False, 1), _W(16, 8, 4, False, 2, 4),
+         _W(16, 8, 6, False, 2, 4), _W(16, 16, 4, True), _W(8, 8, 2, True, 0, 8)]
 VARIANTS = {(256, 262144): _WIDE, (64, 262144): _WIDE,
-            (512, 131072): [_C(8, early=0, xch=0), _C(8), _C(8, early=2), _C(8, early=2, pb=4),
-                            _C(8, early=2, pb=2), _C(8, nbuf=2, early=2, pb=4), _C(16, pb=4), _C(16, early=2, pb=4),
-                            _C(8, copy=True)]}
+            (512, 131072): [_C(8), _C(8, early=2, pb=4), _C(8, copy=True), _W(8, 8, 2, True), _W(8, 8, 3, True),
+                            _W(8, 8, 4, True), _W(8, 8, 2, False, 1), _W(8, 8, 4, False, 2, 4), _W(8, 8, 6, False, 2, 4),
+                            _W(8, 16, 4, True)]}
 
 
 def _variants(rows, width, is_rms, w, b, eps):
     out = []
     for cfg in VARIANTS[(rows, width)]:
-        if cfg.copy and not is_rms:
+        if (cfg.copy and not is_rms) or cfg.smem(width // cfg.ranks, is_rms) > MAX_SMEM:
             continue
         occ = occupancy(cfg, width, is_rms)
         label = f"{cfg.label()} [{occ['ctas_per_sm']}/SM, {occ['clusters_fit']} cl]"

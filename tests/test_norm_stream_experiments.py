@@ -204,32 +204,39 @@ def test_pair(gen, r, split, block_n):
     _check(x, None, w, None, y, None, 1e-5)
 
 
-_BULK = [  # (rows, width, BulkConfig fields, clusters cap, padded row stride)
-    (6, 262144, dict(ranks=16, early=0, xch=0), None, False),
-    (6, 262144, dict(ranks=16, early=0, wsmem=True), None, True),
-    (6, 262144, dict(ranks=16, early=2, pb=2), None, False),
-    (7, 262144, dict(ranks=16, nbuf=2), 2, False),  # persistent: 3-4 rows a cluster, parity flips
-    (9, 262144, dict(ranks=16, nbuf=2, early=2, pb=4), 3, True),
-    (5, 32768, dict(ranks=4, pb=4), None, True),
-    (9, 131072, dict(ranks=8, threads=512, pb=4), None, False),
-    (5, 262144, dict(ranks=8, early=2, pb=4), None, False),
+_BULK = [  # (rows, width, config class, its fields, clusters cap, padded row stride)
+    (6, 262144, "bulk", dict(ranks=16, early=0, xch=0), None, False),
+    (6, 262144, "bulk", dict(ranks=16, early=0, wsmem=True), None, True),
+    (6, 262144, "bulk", dict(ranks=16, early=2, pb=2), None, False),
+    (7, 262144, "bulk", dict(ranks=16, nbuf=2), 2, False),  # persistent: 3-4 rows a cluster, parity flips
+    (9, 262144, "bulk", dict(ranks=16, nbuf=2, early=2, pb=4), 3, True),
+    (5, 32768, "bulk", dict(ranks=4, pb=4), None, True),
+    (9, 131072, "bulk", dict(ranks=8, threads=512, pb=4), None, False),
+    (5, 262144, "bulk", dict(ranks=8, early=2, pb=4), None, False),
+    (7, 262144, "ws", dict(ranks=16, nbuf=2), 2, False),
+    (9, 262144, "ws", dict(ranks=16, nbuf=3), 2, True),
+    (11, 262144, "ws", dict(ranks=16, nbuf=4, wsmem=False, early=2, pb=4), 2, True),
+    (5, 131072, "ws", dict(ranks=8, nbuf=6, wsmem=False, early=2, pb=4), 1, False),  # fewer rows than buffers
+    (9, 131072, "ws", dict(ranks=8, cw=16, nbuf=4), 3, False),
+    (4, 131072, "ws", dict(ranks=8, nbuf=2, wsmem=False, early=1), None, False),
 ]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["rms", "layer"])
-@pytest.mark.parametrize("rows, width, fields, clusters, padded", _BULK)
-def test_bulk_norm(gen, kind, rows, width, fields, clusters, padded):
-    """benchmarks/bulk_norm.py (CUDA C++, bulk copies and DSMEM): within the rule, for plain
-    and persistent grids, padded rows; eagerly and replayed from a CUDA graph on new x."""
+@pytest.mark.parametrize("rows, width, cls, fields, clusters, padded", _BULK)
+def test_bulk_norm(gen, kind, rows, width, cls, fields, clusters, padded):
+    """benchmarks/bulk_norm.py (CUDA C++, bulk copies and DSMEM; bulk_norm.cu and its
+    warp-specialized bulk_norm_ws.cu): within the rule, for plain and persistent grids, more
+    or fewer rows than buffers, padded rows; eagerly and replayed from a CUDA graph on new x."""
     _hopper()
-    from bulk_norm import BulkConfig, build, bulk_norm
+    from bulk_norm import BulkConfig, WsConfig, build, bulk_norm
 
     try:
-        build()
+        build(0)
     except RuntimeError as exc:
         pytest.skip(str(exc))
-    cfg = BulkConfig(**fields)
+    cfg = (BulkConfig if cls == "bulk" else WsConfig)(**fields)
     x, _, w, b = _inputs(gen, "cuda", rows, width + 64 * padded, kind, False)
     x, w = x[:, :width], w[:width]
     b = None if b is None else b[:width]

@@ -1,0 +1,128 @@
+// Experiment: bulk_norm.cu's row made persistent and warp-specialized (issue 2's 256K rows;
+// NOTES.md, twenty-third session; loaded by bulk_norm.py).
+//
+// Why: in bulk_norm.cu a CTA's slot holds no bytes in flight while it sums, waits for its
+// peers and normalizes; its persistent form (two buffers) refilled a buffer only half a row
+// ahead, since the thread that stores also computes. Here one producer warp (warp CW) owns
+// the copies: for each of the CTA's rows it waits until the consumers have written y into
+// the buffer's previous row (mbarrier ydone), stores that row, waits for the store to read the
+// buffer out, and loads the next row into it, while CW consumer warps work on the other
+// buffers. NBUF buffers of the segment (seg = N / R columns, 2 * seg bytes each) and, with
+// WSMEM, the weight (and bias) held in shared memory for all the CTA's rows, so the weight
+// crosses L2 -> SM once a CTA instead of once a row. The grid is the clusters that fit.
+// Statistics, exchange and row math as bulk_norm.cu (bulk_ptx.cuh).
+//   nvcc -gencode=arch=compute_90a,code=sm_90a -cubin -O3 bulk_norm_ws.cu
+
+#include "bulk_ptx.cuh"
+
+template <int CW, int VPT, int NBUF, bool RMS, bool WSMEM, int EARLY, int PB>
+__device__ __forceinline__ void ws_norm(const bf16* __restrict__ x, const bf16* __restrict__ w,
+                                        const bf16* __restrict__ b, bf16* __restrict__ y, int rows, int seg,
+                                        long long sx, long long sy, float eps) {
+  constexpr int CT = 32 * CW;  // consumer threads; the producer is warp CW
+  static_assert(VPT % PB == 0, "whole batches");
+  cg::cluster_group cluster = cg::this_cluster();
+  const unsigned ranks = cluster.num_blocks(), rank = cluster.block_rank();
+  const int cid = blockIdx.x / ranks, clusters = gridDim.x / ranks, tid = threadIdx.x;
+  const uint32_t bytes = 2u * seg;
+
+  extern __shared__ __align__(128) unsigned char dsm[];
+  bf16* ws = reinterpret_cast<bf16*>(dsm);                  // (seg,) weight when WSMEM
+  bf16* bs = ws + (WSMEM ? seg : 0);                        // (seg,) bias when WSMEM and LayerNorm
+  bf16* xs = bs + ((WSMEM && !RMS) ? seg : 0);              // (NBUF, seg) row segments
+  __shared__ __align__(8) uint64_t full[NBUF];              // x of the buffer's row landed
+  __shared__ __align__(8) uint64_t ydone[NBUF];             // y of the buffer's row written (CT arrivals)
+  __shared__ __align__(8) uint64_t wbar, xbar[2];
+  __shared__ float2 red[2][16];
+  __shared__ float scratch[CW];
+
+  if (tid == 0) {
+    for (int s = 0; s < NBUF; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&ydone[s], CT);
+    }
+    mbar_init(&wbar, 1);
+    mbar_init(&xbar[0], 1);
+    mbar_init(&xbar[1], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  cluster.sync();  // the barriers initialized, and every peer running before DSMEM writes
+
+  if (tid >= CT) {  // the producer warp: one lane issues every copy of the CTA
+    if (tid != CT) return;
+    uint64_t pol_stream, pol_keep;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol_stream));
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol_keep));
+    if (WSMEM) {
+      mbar_expect(&wbar, (RMS ? 1u : 2u) * bytes);
+      bulk_load<true>(ws, w + rank * seg, bytes, &wbar, pol_keep);
+      if (!RMS) bulk_load<true>(bs, b + rank * seg, bytes, &wbar, pol_keep);
+    }
+    auto store = [&](int j) {  // the CTA's j-th row, once its y is written
+      const int s = j % NBUF;
+      mbar_wait(&ydone[s], (j / NBUF) & 1);
+      bulk_store<true>(y + (cid + static_cast<long long>(j) * clusters) * sy + rank * seg, xs + s * seg, bytes,
+                       pol_stream);
+    };
+    int it = 0;
+    for (int row = cid; row < rows; ++it, row += clusters) {
+      const int s = it % NBUF;
+      if (it >= NBUF) {  // the buffer's previous row out first
+        store(it - NBUF);
+        asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+      }
+      mbar_expect(&full[s], bytes);
+      bulk_load<true>(xs + s * seg, x + row * sx + rank * seg, bytes, &full[s], pol_stream);
+    }
+    for (int j = it > NBUF ? it - NBUF : 0; j < it; ++j) store(j);
+    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // shared memory read out
+    return;
+  }
+
+  const uint4* wg = reinterpret_cast<const uint4*>(w + rank * seg);
+  const uint4* bg = reinterpret_cast<const uint4*>(b + (RMS ? 0 : rank * seg));
+  for (int it = 0, row = cid; row < rows; ++it, row += clusters) {
+    const int s = it % NBUF;
+    uint4* xv = reinterpret_cast<uint4*>(xs + s * seg);
+    uint4 wr[VPT], br[RMS ? 1 : VPT];
+    if (EARLY == 1 && !WSMEM) load_wb<RMS, false, CT, VPT>(wr, br, ws, bs, wg, bg, tid, 0);
+    if (EARLY == 2 && !WSMEM) prefetch_wb<RMS, CT, VPT>(wg, bg, tid);
+    mbar_wait(&full[s], (it / NBUF) & 1);
+    const float first = sum_vecs<RMS ? 1 : 0, CT, VPT>(xv, tid, 0.f);
+    const float2 mine = seg_stats<RMS, 1, CT, VPT>(xv, tid, seg, first, scratch);
+    exchange(red[it & 1], &xbar[it & 1], (it >> 1) & 1, mine, tid, rank, ranks);
+    const float2 mr = combine<RMS>(red[it & 1], 0, ranks, seg, eps);
+    if (WSMEM && it == 0) mbar_wait(&wbar, 0);
+#pragma unroll
+    for (int k0 = 0; k0 < VPT; k0 += PB) {
+      if (EARLY != 1 || WSMEM) load_wb<RMS, WSMEM, CT, PB>(wr, br, ws, bs, wg, bg, tid, k0);
+      normalize<RMS, CT, PB>(xv, wr, br, tid, mr, k0);
+    }
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // y's stores seen by the bulk copy
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(&ydone[s])) : "memory");
+  }
+}
+
+// extern "C" entry points: ws_{rms|layer}_w{CW}_v{VPT}_b{NBUF}_s{WSMEM}_e{EARLY}_p{PB}; CW + 1 warps.
+#define WS_NORM(KIND, RMS, CW, V, NB, WS, EA, PB)                                                   \
+  extern "C" __global__ void __launch_bounds__(32 * (CW + 1))                                       \
+      ws_##KIND##_w##CW##_v##V##_b##NB##_s##WS##_e##EA##_p##PB(                                    \
+          const bf16* x, const bf16* w, const bf16* b, bf16* y, int rows, int seg, long long sx,    \
+          long long sy, float eps) {                                                                \
+    ws_norm<CW, V, NB, RMS, WS, EA, PB>(x, w, b, y, rows, seg, sx, sy, eps);                        \
+  }
+
+#define WS_BOTH(CW, V, NB, WS, EA, PB)        \
+  WS_NORM(rms, true, CW, V, NB, WS, EA, PB) \
+  WS_NORM(layer, false, CW, V, NB, WS, EA, PB)
+
+// CW V NB WS EA PB: 16K-column segments with 8 consumer warps (256K over 16 ranks, 128K over
+// 8); the weight held (WS 1) with 2-4 buffers, or read through the L1 with 2-6; 32K segments.
+WS_BOTH(8, 8, 2, 1, 0, 8)
+WS_BOTH(8, 8, 3, 1, 0, 8)
+WS_BOTH(8, 8, 4, 1, 0, 8)
+WS_BOTH(8, 8, 2, 0, 1, 8)
+WS_BOTH(8, 8, 4, 0, 2, 4)
+WS_BOTH(8, 8, 6, 0, 2, 4)
+WS_BOTH(16, 4, 4, 1, 0, 4)
+WS_BOTH(8, 16, 2, 1, 0, 8)

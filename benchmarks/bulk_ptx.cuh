@@ -1,0 +1,203 @@
+// What the bulk-copy norm kernels share (bulk_norm.cu, bulk_norm_ws.cu; issue 2, NOTES.md,
+// twenty-third session): PTX for mbarriers and bulk copies, bf16 vectors, the block sums, the
+// segment statistics, the cluster exchange by st.async, and the row math of pass 2.
+#pragma once
+
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cstdint>
+
+namespace cg = cooperative_groups;
+typedef __nv_bfloat16 bf16;
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_expect(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+template <bool HINT>
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar,
+                                          uint64_t policy) {
+  if (HINT)
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
+        ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy) : "memory");
+  else
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
+}
+
+template <bool HINT>
+__device__ __forceinline__ void bulk_store(void* dst, const void* src, uint32_t bytes, uint64_t policy) {
+  if (HINT)
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [%0], [%1], %2, %3;"
+                 ::"l"(dst), "r"(smem_addr(src)), "r"(bytes), "l"(policy) : "memory");
+  else
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
+                 ::"l"(dst), "r"(smem_addr(src)), "r"(bytes) : "memory");
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+
+__device__ __forceinline__ void unpack8(const uint4& v, float f[8]) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float2 t = __bfloat1622float2(h[i]);
+    f[2 * i] = t.x;
+    f[2 * i + 1] = t.y;
+  }
+}
+
+__device__ __forceinline__ uint4 pack8(const float f[8]) {
+  uint4 v;
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+  return v;
+}
+
+// Named barrier BAR over NT threads (BAR 0 with all of the CTA's threads is __syncthreads).
+template <int BAR, int NT>
+__device__ __forceinline__ void bar_sync() {
+  asm volatile("bar.sync %0, %1;" ::"n"(BAR), "n"(NT) : "memory");
+}
+
+// The sum of v over the NT threads that share barrier BAR (threads 0..NT-1).
+template <int BAR, int NT>
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
+  bar_sync<BAR, NT>();
+  float t = 0.f;
+#pragma unroll
+  for (int i = 0; i < NT / 32; ++i) t += scratch[i];
+  bar_sync<BAR, NT>();  // scratch free for the next reduction
+  return t;
+}
+
+// acc plus the sum over K vectors a thread, xv[tid + k * NT] (shared memory), of x (MODE 0),
+// x^2 (1) or (x - m)^2 (2).
+template <int MODE, int NT, int K>
+__device__ __forceinline__ float sum_vecs(const uint4* xv, int tid, float acc, float m = 0.f) {
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    float f[8];
+    unpack8(xv[tid + k * NT], f);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc += MODE == 0 ? f[i] : MODE == 1 ? f[i] * f[i] : (f[i] - m) * (f[i] - m);
+  }
+  return acc;
+}
+
+// (mean_k, m2_k) of this CTA's segment from its K vectors a thread: RMSNorm (0, sum x^2);
+// LayerNorm exact two-pass over shared memory (mean_k, sum (x - mean_k)^2).
+template <bool RMS, int BAR, int NT, int K>
+__device__ __forceinline__ float2 seg_stats(const uint4* xv, int tid, int seg, float first, float* scratch) {
+  const float s1 = block_sum<BAR, NT>(first, scratch);
+  if (RMS) return make_float2(0.f, s1);
+  const float mean_k = s1 / seg;
+  return make_float2(mean_k, block_sum<BAR, NT>(sum_vecs<2, NT, K>(xv, tid, 0.f, mean_k), scratch));
+}
+
+// Each CTA's (mean_k, m2_k) into red[rank] of every peer by st.async, whose bytes complete the
+// receiver's mbarrier xbar (expecting 8 bytes from each rank; the caller's thread 0 arms it):
+// no cluster barrier, whose release fence compiles to MEMBAR.ALL.GPU. Returns after this
+// CTA's red[] is full (phase ``parity`` of xbar).
+__device__ __forceinline__ void exchange(float2* red, uint64_t* xbar, uint32_t parity, float2 mine, int tid,
+                                         unsigned rank, unsigned ranks) {
+  if (tid == 0) mbar_expect(xbar, 8u * ranks);
+  if (tid < static_cast<int>(ranks)) {
+    uint32_t to, bar;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(to) : "r"(smem_addr(red + rank)), "r"(tid));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(bar) : "r"(smem_addr(xbar)), "r"(tid));
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];"
+                 ::"r"(to), "f"(mine.x), "f"(mine.y), "r"(bar) : "memory");
+  }
+  mbar_wait(xbar, parity);
+}
+
+// The row's (mean, rstd) from the peers' red[k0..k1): Chan's formula with equal counts,
+//   mean = sum_k mean_k / R,  m2 = sum_k m2_k + seg * sum_k (mean_k - mean)^2,  n = seg * R.
+template <bool RMS>
+__device__ __forceinline__ float2 combine(const float2* red, unsigned k0, unsigned k1, int seg, float eps) {
+  float mean = 0.f, m2 = 0.f;
+  if (!RMS) {
+    for (unsigned k = k0; k < k1; ++k) mean += red[k].x;
+    mean /= k1 - k0;
+  }
+  for (unsigned k = k0; k < k1; ++k) {
+    const float d = red[k].x - mean;
+    m2 += red[k].y + (RMS ? 0.f : seg * d * d);
+  }
+  return make_float2(mean, rsqrtf(m2 / (static_cast<float>(seg) * (k1 - k0)) + eps));
+}
+
+// Pass 2 over the thread's vectors k0..k0+PB-1, in place in shared memory:
+// RMSNorm y = bf16(bf16(x * rstd) * w); LayerNorm y = bf16((x - mean) * rstd * w + b).
+template <bool RMS, int NT, int PB>
+__device__ __forceinline__ void normalize(uint4* xv, const uint4* wr, const uint4* br, int tid, float2 mr,
+                                          int k0) {
+#pragma unroll
+  for (int k = k0; k < k0 + PB; ++k) {
+    const int v = tid + k * NT;
+    float f[8], g[8], h[8];
+    unpack8(xv[v], f);
+    unpack8(wr[k], g);
+    if (RMS) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) f[i] = __bfloat162float(__float2bfloat16_rn(f[i] * mr.y)) * g[i];
+    } else {
+      unpack8(br[k], h);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) f[i] = (f[i] - mr.x) * mr.y * g[i] + h[i];
+    }
+    xv[v] = pack8(f);
+  }
+}
+
+// This thread's weight (and bias) vectors k0..k0+PB-1 into registers, from shared memory (ws,
+// bs) or global (wg, bg).
+// (k0 is a constant once the caller's loop over batches unrolls: the arrays stay in registers.)
+template <bool RMS, bool WSMEM, int NT, int PB>
+__device__ __forceinline__ void load_wb(uint4* wr, uint4* br, const bf16* ws, const bf16* bs, const uint4* wg,
+                                        const uint4* bg, int tid, int k0) {
+#pragma unroll
+  for (int k = k0; k < k0 + PB; ++k) {
+    const int v = tid + k * NT;
+    wr[k] = WSMEM ? reinterpret_cast<const uint4*>(ws)[v] : __ldg(wg + v);
+    if (!RMS) br[k] = WSMEM ? reinterpret_cast<const uint4*>(bs)[v] : __ldg(bg + v);
+  }
+  // All issued before any of pass 2's stores to shared memory: without this the compiler
+  // interleaves them (one L2 trip after another, as the SASS of the first version showed).
+  asm volatile("" ::: "memory");
+}
+
+// The weight (and bias) vectors of this thread prefetched into the L1 (no registers held).
+template <bool RMS, int NT, int K>
+__device__ __forceinline__ void prefetch_wb(const uint4* wg, const uint4* bg, int tid) {
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    asm volatile("prefetch.global.L1 [%0];" ::"l"(wg + tid + k * NT));
+    if (!RMS) asm volatile("prefetch.global.L1 [%0];" ::"l"(bg + tid + k * NT));
+  }
+}
