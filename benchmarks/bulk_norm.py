@@ -94,13 +94,14 @@ class BulkConfig:
 class WsConfig:
     """A variant of ``bulk_norm_ws.cu`` (persistent, one producer warp and ``cw`` consumer
     warps; the grid is the clusters that fit): ranks, nbuf, wsmem, early and pb as
-    BulkConfig's."""
+    BulkConfig's; look: row i + 1's pass 1 and send before row i's exchange is waited for."""
     ranks: int = 16
     cw: int = 8
     nbuf: int = 2
     wsmem: bool = True
     early: int = 0
     pb: int | None = None
+    look: int = 1
     source = 1  # SOURCES[1]
     persistent = True
     copy = False
@@ -116,14 +117,15 @@ class WsConfig:
     def name(self, rms: bool, seg: int) -> str:
         vpt = seg // (8 * 32 * self.cw)
         return (f"ws_{'rms' if rms else 'layer'}_w{self.cw}_v{vpt}_b{self.nbuf}_s{int(self.wsmem)}_e{self.early}"
-                f"_p{self.pb or vpt}")
+                f"_p{self.pb or vpt}_l{self.look}")
 
     def smem(self, seg: int, rms: bool) -> int:
         return 2 * seg * (self.nbuf + (self.wsmem * (1 if rms else 2)))
 
     def label(self) -> str:
         return (f"ws r{self.ranks} {self.cw}+1 warps buf{self.nbuf}{' w-smem' if self.wsmem else ''}"
-                f"{('', ' early', ' L1pf')[self.early]}{f' pb{self.pb}' if self.pb else ''}")
+                f"{('', ' early', ' L1pf')[self.early]}{f' pb{self.pb}' if self.pb else ''}"
+                f"{' look' if self.look else ''}")
 
 
 _cu = None
@@ -232,13 +234,15 @@ def occupancy(cfg: BulkConfig, width: int, rms: bool) -> dict:
 
 # (rows, width): the variants timed there (the first sessions' losers dropped: NOTES)
 _C, _W = BulkConfig, WsConfig
-_WIDE = [_C(16), _C(16, early=2, pb=4), _C(8), _C(16, copy=True),
-         _W(16, 8, 2, True), _W(16, 8, 3, True), _W(16, 8, 4, True), _W(16, 8, 2, False, 1), _W(16, 8, 4, False, 2, 4),
-         _W(16, 8, 6, False, 2, 4), _W(16, 16, 4, True), _W(8, 8, 2, True, 0, 8)]
-VARIANTS = {(256, 262144): _WIDE, (64, 262144): _WIDE,
-            (512, 131072): [_C(8), _C(8, early=2, pb=4), _C(8, copy=True), _W(8, 8, 2, True), _W(8, 8, 3, True),
-                            _W(8, 8, 4, True), _W(8, 8, 2, False, 1), _W(8, 8, 4, False, 2, 4), _W(8, 8, 6, False, 2, 4),
-                            _W(8, 16, 4, True)]}
+
+
+def _ws(r):
+    return [_W(r, 8, 4, True, look=0), _W(r, 8, 2, True), _W(r, 8, 3, True), _W(r, 8, 4, True), _W(r, 8, 5, True),
+            _W(r, 8, 2, False, 1), _W(r, 8, 3, False, 1), _W(r, 16, 4, True)]
+
+
+_WIDE = [_C(16), _C(16, copy=True), *_ws(16), _W(8, 8, 2, True, 0, 8)]
+VARIANTS = {(256, 262144): _WIDE, (64, 262144): _WIDE, (512, 131072): [_C(8), _C(8, copy=True), *_ws(8)]}
 
 
 def _variants(rows, width, is_rms, w, b, eps):

@@ -10,12 +10,15 @@
 // buffers. NBUF buffers of the segment (seg = N / R columns, 2 * seg bytes each) and, with
 // WSMEM, the weight (and bias) held in shared memory for all the CTA's rows, so the weight
 // crosses L2 -> SM once a CTA instead of once a row. The grid is the clusters that fit.
+// LOOK 1: the consumers sum row i + 1 and send its statistics before they wait for row i's
+// from their peers, so the exchange's round trip across the cluster overlaps a pass 1
+// (a peer can then run up to three sends ahead of this CTA's reads: four slots).
 // Statistics, exchange and row math as bulk_norm.cu (bulk_ptx.cuh).
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -cubin -O3 bulk_norm_ws.cu
 
 #include "bulk_ptx.cuh"
 
-template <int CW, int VPT, int NBUF, bool RMS, bool WSMEM, int EARLY, int PB>
+template <int CW, int VPT, int NBUF, bool RMS, bool WSMEM, int EARLY, int PB, int LOOK>
 __device__ __forceinline__ void ws_norm(const bf16* __restrict__ x, const bf16* __restrict__ w,
                                         const bf16* __restrict__ b, bf16* __restrict__ y, int rows, int seg,
                                         long long sx, long long sy, float eps) {
@@ -32,8 +35,9 @@ __device__ __forceinline__ void ws_norm(const bf16* __restrict__ x, const bf16* 
   bf16* xs = bs + ((WSMEM && !RMS) ? seg : 0);              // (NBUF, seg) row segments
   __shared__ __align__(8) uint64_t full[NBUF];              // x of the buffer's row landed
   __shared__ __align__(8) uint64_t ydone[NBUF];             // y of the buffer's row written (CT arrivals)
-  __shared__ __align__(8) uint64_t wbar, xbar[2];
-  __shared__ float2 red[2][16];
+  constexpr int SLOTS = LOOK ? 4 : 2;                       // exchange slots (see LOOK)
+  __shared__ __align__(8) uint64_t wbar, xbar[SLOTS];
+  __shared__ float2 red[SLOTS][16];
   __shared__ float scratch[CW];
 
   if (tid == 0) {
@@ -42,8 +46,7 @@ __device__ __forceinline__ void ws_norm(const bf16* __restrict__ x, const bf16* 
       mbar_init(&ydone[s], CT);
     }
     mbar_init(&wbar, 1);
-    mbar_init(&xbar[0], 1);
-    mbar_init(&xbar[1], 1);
+    for (int i = 0; i < SLOTS; ++i) mbar_init(&xbar[i], 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   cluster.sync();  // the barriers initialized, and every peer running before DSMEM writes
@@ -81,17 +84,25 @@ __device__ __forceinline__ void ws_norm(const bf16* __restrict__ x, const bf16* 
 
   const uint4* wg = reinterpret_cast<const uint4*>(w + rank * seg);
   const uint4* bg = reinterpret_cast<const uint4*>(b + (RMS ? 0 : rank * seg));
+  // Pass 1 of the CTA's row j (its x in buffer j % NBUF) and the send of its statistics.
+  auto stats = [&](int j) {
+    const uint4* xv = reinterpret_cast<const uint4*>(xs + (j % NBUF) * seg);
+    mbar_wait(&full[j % NBUF], (j / NBUF) & 1);
+    const float first = sum_vecs<RMS ? 1 : 0, CT, VPT>(xv, tid, 0.f);
+    send_stats(red[j % SLOTS], &xbar[j % SLOTS], seg_stats<RMS, 1, CT, VPT>(xv, tid, seg, first, scratch), tid,
+               rank, ranks);
+  };
+  if (LOOK && cid < rows) stats(0);
   for (int it = 0, row = cid; row < rows; ++it, row += clusters) {
     const int s = it % NBUF;
     uint4* xv = reinterpret_cast<uint4*>(xs + s * seg);
     uint4 wr[VPT], br[RMS ? 1 : VPT];
     if (EARLY == 1 && !WSMEM) load_wb<RMS, false, CT, VPT>(wr, br, ws, bs, wg, bg, tid, 0);
     if (EARLY == 2 && !WSMEM) prefetch_wb<RMS, CT, VPT>(wg, bg, tid);
-    mbar_wait(&full[s], (it / NBUF) & 1);
-    const float first = sum_vecs<RMS ? 1 : 0, CT, VPT>(xv, tid, 0.f);
-    const float2 mine = seg_stats<RMS, 1, CT, VPT>(xv, tid, seg, first, scratch);
-    exchange(red[it & 1], &xbar[it & 1], (it >> 1) & 1, mine, tid, rank, ranks);
-    const float2 mr = combine<RMS>(red[it & 1], 0, ranks, seg, eps);
+    if (!LOOK) stats(it);
+    else if (row + clusters < rows) stats(it + 1);
+    mbar_wait(&xbar[it % SLOTS], (it / SLOTS) & 1);
+    const float2 mr = combine<RMS>(red[it % SLOTS], 0, ranks, seg, eps);
     if (WSMEM && it == 0) mbar_wait(&wbar, 0);
 #pragma unroll
     for (int k0 = 0; k0 < VPT; k0 += PB) {
@@ -103,26 +114,30 @@ __device__ __forceinline__ void ws_norm(const bf16* __restrict__ x, const bf16* 
   }
 }
 
-// extern "C" entry points: ws_{rms|layer}_w{CW}_v{VPT}_b{NBUF}_s{WSMEM}_e{EARLY}_p{PB}; CW + 1 warps.
-#define WS_NORM(KIND, RMS, CW, V, NB, WS, EA, PB)                                                   \
+// extern "C" entry points: ws_{rms|layer}_w{CW}_v{VPT}_b{NBUF}_s{WSMEM}_e{EARLY}_p{PB}_l{LOOK};
+// CW + 1 warps.
+#define WS_NORM(KIND, RMS, CW, V, NB, WS, EA, PB, LK)                                               \
   extern "C" __global__ void __launch_bounds__(32 * (CW + 1))                                       \
-      ws_##KIND##_w##CW##_v##V##_b##NB##_s##WS##_e##EA##_p##PB(                                    \
+      ws_##KIND##_w##CW##_v##V##_b##NB##_s##WS##_e##EA##_p##PB##_l##LK(                            \
           const bf16* x, const bf16* w, const bf16* b, bf16* y, int rows, int seg, long long sx,    \
           long long sy, float eps) {                                                                \
-    ws_norm<CW, V, NB, RMS, WS, EA, PB>(x, w, b, y, rows, seg, sx, sy, eps);                        \
+    ws_norm<CW, V, NB, RMS, WS, EA, PB, LK>(x, w, b, y, rows, seg, sx, sy, eps);                    \
   }
 
-#define WS_BOTH(CW, V, NB, WS, EA, PB)        \
-  WS_NORM(rms, true, CW, V, NB, WS, EA, PB) \
-  WS_NORM(layer, false, CW, V, NB, WS, EA, PB)
+#define WS_BOTH(CW, V, NB, WS, EA, PB, LK)        \
+  WS_NORM(rms, true, CW, V, NB, WS, EA, PB, LK) \
+  WS_NORM(layer, false, CW, V, NB, WS, EA, PB, LK)
 
-// CW V NB WS EA PB: 16K-column segments with 8 consumer warps (256K over 16 ranks, 128K over
-// 8); the weight held (WS 1) with 2-4 buffers, or read through the L1 with 2-6; 32K segments.
-WS_BOTH(8, 8, 2, 1, 0, 8)
-WS_BOTH(8, 8, 3, 1, 0, 8)
-WS_BOTH(8, 8, 4, 1, 0, 8)
-WS_BOTH(8, 8, 2, 0, 1, 8)
-WS_BOTH(8, 8, 4, 0, 2, 4)
-WS_BOTH(8, 8, 6, 0, 2, 4)
-WS_BOTH(16, 4, 4, 1, 0, 4)
-WS_BOTH(8, 16, 2, 1, 0, 8)
+// CW V NB WS EA PB LK: 16K-column segments with 8 consumer warps (256K over 16 ranks, 128K over
+// 8); the weight held (WS 1) with 2-5 buffers, or read early into registers; 32K segments.
+WS_BOTH(8, 8, 2, 1, 0, 8, 0)
+WS_BOTH(8, 8, 4, 1, 0, 8, 0)
+WS_BOTH(8, 8, 2, 0, 1, 8, 0)
+WS_BOTH(8, 8, 2, 1, 0, 8, 1)
+WS_BOTH(8, 8, 3, 1, 0, 8, 1)
+WS_BOTH(8, 8, 4, 1, 0, 8, 1)
+WS_BOTH(8, 8, 5, 1, 0, 8, 1)
+WS_BOTH(8, 8, 2, 0, 1, 8, 1)
+WS_BOTH(8, 8, 3, 0, 1, 8, 1)
+WS_BOTH(16, 4, 4, 1, 0, 4, 1)
+WS_BOTH(8, 16, 2, 1, 0, 8, 1)

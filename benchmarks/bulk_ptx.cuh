@@ -120,11 +120,11 @@ __device__ __forceinline__ float2 seg_stats(const uint4* xv, int tid, int seg, f
 }
 
 // Each CTA's (mean_k, m2_k) into red[rank] of every peer by st.async, whose bytes complete the
-// receiver's mbarrier xbar (expecting 8 bytes from each rank; the caller's thread 0 arms it):
-// no cluster barrier, whose release fence compiles to MEMBAR.ALL.GPU. Returns after this
-// CTA's red[] is full (phase ``parity`` of xbar).
-__device__ __forceinline__ void exchange(float2* red, uint64_t* xbar, uint32_t parity, float2 mine, int tid,
-                                         unsigned rank, unsigned ranks) {
+// receiver's mbarrier xbar (expecting 8 bytes from each rank; this CTA's thread 0 arms its
+// own): no cluster barrier, whose release fence compiles to MEMBAR.ALL.GPU. The receiver then
+// waits for phase ``parity`` of its xbar (``exchange`` does both).
+__device__ __forceinline__ void send_stats(float2* red, uint64_t* xbar, float2 mine, int tid, unsigned rank,
+                                           unsigned ranks) {
   if (tid == 0) mbar_expect(xbar, 8u * ranks);
   if (tid < static_cast<int>(ranks)) {
     uint32_t to, bar;
@@ -133,6 +133,11 @@ __device__ __forceinline__ void exchange(float2* red, uint64_t* xbar, uint32_t p
     asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];"
                  ::"r"(to), "f"(mine.x), "f"(mine.y), "r"(bar) : "memory");
   }
+}
+
+__device__ __forceinline__ void exchange(float2* red, uint64_t* xbar, uint32_t parity, float2 mine, int tid,
+                                         unsigned rank, unsigned ranks) {
+  send_stats(red, xbar, mine, tid, rank, ranks);
   mbar_wait(xbar, parity);
 }
 
