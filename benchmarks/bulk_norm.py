@@ -94,7 +94,8 @@ class BulkConfig:
 class WsConfig:
     """A variant of ``bulk_norm_ws.cu`` (persistent, one producer warp and ``cw`` consumer
     warps; the grid is the clusters that fit): ranks, nbuf, wsmem, early and pb as
-    BulkConfig's; look: row i + 1's pass 1 and send before row i's exchange is waited for."""
+    BulkConfig's; look: row i + 1's pass 1 and send before row i's exchange is waited for;
+    xw: each consumer warp exchanges its own statistics (no CTA barrier on a row's path)."""
     ranks: int = 16
     cw: int = 8
     nbuf: int = 2
@@ -102,6 +103,7 @@ class WsConfig:
     early: int = 0
     pb: int | None = None
     look: int = 1
+    xw: int = 1
     source = 1  # SOURCES[1]
     persistent = True
     copy = False
@@ -117,7 +119,7 @@ class WsConfig:
     def name(self, rms: bool, seg: int) -> str:
         vpt = seg // (8 * 32 * self.cw)
         return (f"ws_{'rms' if rms else 'layer'}_w{self.cw}_v{vpt}_b{self.nbuf}_s{int(self.wsmem)}_e{self.early}"
-                f"_p{self.pb or vpt}_l{self.look}")
+                f"_p{self.pb or vpt}_l{self.look}_x{self.xw}")
 
     def smem(self, seg: int, rms: bool) -> int:
         return 2 * seg * (self.nbuf + (self.wsmem * (1 if rms else 2)))
@@ -125,7 +127,7 @@ class WsConfig:
     def label(self) -> str:
         return (f"ws r{self.ranks} {self.cw}+1 warps buf{self.nbuf}{' w-smem' if self.wsmem else ''}"
                 f"{('', ' early', ' L1pf')[self.early]}{f' pb{self.pb}' if self.pb else ''}"
-                f"{' look' if self.look else ''}")
+                f"{' look' if self.look else ''}{' xw' if self.xw else ''}")
 
 
 _cu = None
@@ -237,11 +239,13 @@ _C, _W = BulkConfig, WsConfig
 
 
 def _ws(r):
-    return [_W(r, 8, 4, True, look=0), _W(r, 8, 2, True), _W(r, 8, 3, True), _W(r, 8, 4, True), _W(r, 8, 5, True),
-            _W(r, 8, 2, False, 1), _W(r, 8, 3, False, 1), _W(r, 16, 4, True)]
+    return [_W(r, 8, 4, True, look=0, xw=0), _W(r, 8, 3, True, xw=0), _W(r, 8, 5, True, xw=0),
+            _W(r, 8, 3, False, 1, xw=0), _W(r, 8, 3, True), _W(r, 8, 4, True), _W(r, 8, 5, True),
+            _W(r, 8, 4, True, look=0), _W(r, 8, 2, False, 1), _W(r, 8, 3, False, 1), _W(r, 16, 4, True),
+            _W(r, 16, 5, True), _W(r, 4, 5, True, pb=8)]
 
 
-_WIDE = [_C(16), _C(16, copy=True), *_ws(16), _W(8, 8, 2, True, 0, 8)]
+_WIDE = [_C(16), _C(16, copy=True), *_ws(16)]
 VARIANTS = {(256, 262144): _WIDE, (64, 262144): _WIDE, (512, 131072): [_C(8), _C(8, copy=True), *_ws(8)]}
 
 

@@ -13,12 +13,15 @@
 // LOOK 1: the consumers sum row i + 1 and send its statistics before they wait for row i's
 // from their peers, so the exchange's round trip across the cluster overlaps a pass 1
 // (a peer can then run up to three sends ahead of this CTA's reads: four slots).
-// Statistics, exchange and row math as bulk_norm.cu (bulk_ptx.cuh).
+// XW 1: each consumer warp sends its own statistics to the peers (R x CW partials a row)
+// and combines them itself: no CTA barrier on a row's path, so the warps drift apart and
+// overlap one another's phases (with one CTA an SM, a barrier-stepped CTA waits out each
+// phase's latency). Statistics, exchange and row math as bulk_norm.cu (bulk_ptx.cuh).
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -cubin -O3 bulk_norm_ws.cu
 
 #include "bulk_ptx.cuh"
 
-template <int CW, int VPT, int NBUF, bool RMS, bool WSMEM, int EARLY, int PB, int LOOK>
+template <int CW, int VPT, int NBUF, bool RMS, bool WSMEM, int EARLY, int PB, int LOOK, int XW>
 __device__ __forceinline__ void ws_norm(const bf16* __restrict__ x, const bf16* __restrict__ w,
                                         const bf16* __restrict__ b, bf16* __restrict__ y, int rows, int seg,
                                         long long sx, long long sy, float eps) {
@@ -37,7 +40,7 @@ __device__ __forceinline__ void ws_norm(const bf16* __restrict__ x, const bf16* 
   __shared__ __align__(8) uint64_t ydone[NBUF];             // y of the buffer's row written (CT arrivals)
   constexpr int SLOTS = LOOK ? 4 : 2;                       // exchange slots (see LOOK)
   __shared__ __align__(8) uint64_t wbar, xbar[SLOTS];
-  __shared__ float2 red[SLOTS][16];
+  __shared__ float2 red[SLOTS][XW ? 16 * CW : 16];
   __shared__ float scratch[CW];
 
   if (tid == 0) {
@@ -88,9 +91,13 @@ __device__ __forceinline__ void ws_norm(const bf16* __restrict__ x, const bf16* 
   auto stats = [&](int j) {
     const uint4* xv = reinterpret_cast<const uint4*>(xs + (j % NBUF) * seg);
     mbar_wait(&full[j % NBUF], (j / NBUF) & 1);
-    const float first = sum_vecs<RMS ? 1 : 0, CT, VPT>(xv, tid, 0.f);
-    send_stats(red[j % SLOTS], &xbar[j % SLOTS], seg_stats<RMS, 1, CT, VPT>(xv, tid, seg, first, scratch), tid,
-               rank, ranks);
+    if (XW) {
+      send_warp_stats<CW>(red[j % SLOTS], &xbar[j % SLOTS], warp_stats<RMS, CT, VPT>(xv, tid), tid, rank, ranks);
+    } else {
+      const float first = sum_vecs<RMS ? 1 : 0, CT, VPT>(xv, tid, 0.f);
+      send_stats(red[j % SLOTS], &xbar[j % SLOTS], seg_stats<RMS, 1, CT, VPT>(xv, tid, seg, first, scratch), tid,
+                 rank, ranks);
+    }
   };
   if (LOOK && cid < rows) stats(0);
   for (int it = 0, row = cid; row < rows; ++it, row += clusters) {
@@ -102,7 +109,8 @@ __device__ __forceinline__ void ws_norm(const bf16* __restrict__ x, const bf16* 
     if (!LOOK) stats(it);
     else if (row + clusters < rows) stats(it + 1);
     mbar_wait(&xbar[it % SLOTS], (it / SLOTS) & 1);
-    const float2 mr = combine<RMS>(red[it % SLOTS], 0, ranks, seg, eps);
+    const float2 mr = XW ? combine_warps<RMS>(red[it % SLOTS], ranks * CW, 256.f * VPT, eps, tid & 31)
+                         : combine<RMS>(red[it % SLOTS], 0, ranks, seg, eps);
     if (WSMEM && it == 0) mbar_wait(&wbar, 0);
 #pragma unroll
     for (int k0 = 0; k0 < VPT; k0 += PB) {
@@ -114,30 +122,33 @@ __device__ __forceinline__ void ws_norm(const bf16* __restrict__ x, const bf16* 
   }
 }
 
-// extern "C" entry points: ws_{rms|layer}_w{CW}_v{VPT}_b{NBUF}_s{WSMEM}_e{EARLY}_p{PB}_l{LOOK};
+// extern "C" entry points: ws_{rms|layer}_w{CW}_v{VPT}_b{NBUF}_s{WSMEM}_e{EARLY}_p{PB}_l{LOOK}_x{XW};
 // CW + 1 warps.
-#define WS_NORM(KIND, RMS, CW, V, NB, WS, EA, PB, LK)                                               \
+#define WS_NORM(KIND, RMS, CW, V, NB, WS, EA, PB, LK, XW)                                           \
   extern "C" __global__ void __launch_bounds__(32 * (CW + 1))                                       \
-      ws_##KIND##_w##CW##_v##V##_b##NB##_s##WS##_e##EA##_p##PB##_l##LK(                            \
+      ws_##KIND##_w##CW##_v##V##_b##NB##_s##WS##_e##EA##_p##PB##_l##LK##_x##XW(                    \
           const bf16* x, const bf16* w, const bf16* b, bf16* y, int rows, int seg, long long sx,    \
           long long sy, float eps) {                                                                \
-    ws_norm<CW, V, NB, RMS, WS, EA, PB, LK>(x, w, b, y, rows, seg, sx, sy, eps);                    \
+    ws_norm<CW, V, NB, RMS, WS, EA, PB, LK, XW>(x, w, b, y, rows, seg, sx, sy, eps);                \
   }
 
-#define WS_BOTH(CW, V, NB, WS, EA, PB, LK)        \
-  WS_NORM(rms, true, CW, V, NB, WS, EA, PB, LK) \
-  WS_NORM(layer, false, CW, V, NB, WS, EA, PB, LK)
+#define WS_BOTH(CW, V, NB, WS, EA, PB, LK, XW)        \
+  WS_NORM(rms, true, CW, V, NB, WS, EA, PB, LK, XW) \
+  WS_NORM(layer, false, CW, V, NB, WS, EA, PB, LK, XW)
 
-// CW V NB WS EA PB LK: 16K-column segments with 8 consumer warps (256K over 16 ranks, 128K over
-// 8); the weight held (WS 1) with 2-5 buffers, or read early into registers; 32K segments.
-WS_BOTH(8, 8, 2, 1, 0, 8, 0)
-WS_BOTH(8, 8, 4, 1, 0, 8, 0)
-WS_BOTH(8, 8, 2, 0, 1, 8, 0)
-WS_BOTH(8, 8, 2, 1, 0, 8, 1)
-WS_BOTH(8, 8, 3, 1, 0, 8, 1)
-WS_BOTH(8, 8, 4, 1, 0, 8, 1)
-WS_BOTH(8, 8, 5, 1, 0, 8, 1)
-WS_BOTH(8, 8, 2, 0, 1, 8, 1)
-WS_BOTH(8, 8, 3, 0, 1, 8, 1)
-WS_BOTH(16, 4, 4, 1, 0, 4, 1)
-WS_BOTH(8, 16, 2, 1, 0, 8, 1)
+// CW V NB WS EA PB LK XW: 16K-column segments with 8 consumer warps (256K over 16 ranks, 128K
+// over 8); the weight held (WS 1) with 2-5 buffers, or read early into registers; the
+// exchange a CTA or a warp at a time; 16 consumer warps; 32K segments.
+WS_BOTH(8, 8, 4, 1, 0, 8, 0, 0)
+WS_BOTH(8, 8, 3, 1, 0, 8, 1, 0)
+WS_BOTH(8, 8, 5, 1, 0, 8, 1, 0)
+WS_BOTH(8, 8, 3, 0, 1, 8, 1, 0)
+WS_BOTH(8, 8, 3, 1, 0, 8, 1, 1)
+WS_BOTH(8, 8, 4, 1, 0, 8, 1, 1)
+WS_BOTH(8, 8, 5, 1, 0, 8, 1, 1)
+WS_BOTH(8, 8, 4, 1, 0, 8, 0, 1)
+WS_BOTH(8, 8, 2, 0, 1, 8, 1, 1)
+WS_BOTH(8, 8, 3, 0, 1, 8, 1, 1)
+WS_BOTH(16, 4, 4, 1, 0, 4, 1, 1)
+WS_BOTH(16, 4, 5, 1, 0, 4, 1, 1)
+WS_BOTH(4, 16, 5, 1, 0, 8, 1, 1)

@@ -157,6 +157,58 @@ __device__ __forceinline__ float2 combine(const float2* red, unsigned k0, unsign
   return make_float2(mean, rsqrtf(m2 / (static_cast<float>(seg) * (k1 - k0)) + eps));
 }
 
+// --- The exchange a warp at a time (bulk_norm_ws.cu's XW): no CTA barrier on the row's path.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// (mean_w, m2_w) of this warp's K vectors a lane, xv[tid + k * NT]: RMSNorm (0, sum x^2);
+// LayerNorm two-pass over shared memory (the warp's mean, then sum (x - mean_w)^2).
+template <bool RMS, int NT, int K>
+__device__ __forceinline__ float2 warp_stats(const uint4* xv, int tid) {
+  const float s1 = warp_sum(sum_vecs<RMS ? 1 : 0, NT, K>(xv, tid, 0.f));
+  if (RMS) return make_float2(0.f, s1);
+  const float mean_w = s1 / (256 * K);  // 32 lanes x K vectors x 8
+  return make_float2(mean_w, warp_sum(sum_vecs<2, NT, K>(xv, tid, 0.f, mean_w)));
+}
+
+// This warp's statistics into red[rank * W + warp] of every peer (W warps a CTA send), by
+// st.async on the peer's xbar; thread 0 of the CTA arms its own xbar for all R * W entries.
+template <int W>
+__device__ __forceinline__ void send_warp_stats(float2* red, uint64_t* xbar, float2 mine, int tid, unsigned rank,
+                                                unsigned ranks) {
+  const int lane = tid & 31, warp = tid >> 5;
+  if (tid == 0) mbar_expect(xbar, 8u * ranks * W);
+  if (lane < static_cast<int>(ranks)) {
+    uint32_t to, bar;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(to) : "r"(smem_addr(red + rank * W + warp)), "r"(lane));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(bar) : "r"(smem_addr(xbar)), "r"(lane));
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];"
+                 ::"r"(to), "f"(mine.x), "f"(mine.y), "r"(bar) : "memory");
+  }
+}
+
+// The row's (mean, rstd) from the E = R * W equal-count partials in red (cnt elements each),
+// by the warp's lanes together (Chan's formula as ``combine``).
+template <bool RMS>
+__device__ __forceinline__ float2 combine_warps(const float2* red, int e, float cnt, float eps, int lane) {
+  float sx = 0.f, sy = 0.f;
+  for (int i = lane; i < e; i += 32) {
+    sx += red[i].x;
+    sy += red[i].y;
+  }
+  float mean = 0.f, m2 = warp_sum(sy);
+  if (!RMS) {
+    mean = warp_sum(sx) / e;
+    float d2 = 0.f;
+    for (int i = lane; i < e; i += 32) d2 += (red[i].x - mean) * (red[i].x - mean);
+    m2 += cnt * warp_sum(d2);
+  }
+  return make_float2(mean, rsqrtf(m2 / (cnt * e) + eps));
+}
+
 // Pass 2 over the thread's vectors k0..k0+PB-1, in place in shared memory:
 // RMSNorm y = bf16(bf16(x * rstd) * w); LayerNorm y = bf16((x - mean) * rstd * w + b).
 template <bool RMS, int NT, int PB>
