@@ -95,7 +95,9 @@ class WsConfig:
     """A variant of ``bulk_norm_ws.cu`` (persistent, one producer warp and ``cw`` consumer
     warps; the grid is the clusters that fit): ranks, nbuf, wsmem, early and pb as
     BulkConfig's; look: row i + 1's pass 1 and send before row i's exchange is waited for;
-    xw: each consumer warp exchanges its own statistics (no CTA barrier on a row's path)."""
+    xw: each consumer warp exchanges its own statistics (no CTA barrier on a row's path);
+    prod: producer warps (1, or nbuf: one a buffer); copy: y = x, the consumers only hand
+    each buffer back (the pipeline's ceiling)."""
     ranks: int = 16
     cw: int = 8
     nbuf: int = 2
@@ -104,13 +106,14 @@ class WsConfig:
     pb: int | None = None
     look: int = 1
     xw: int = 1
+    prod: int = 1
+    copy: bool = False
     source = 1  # SOURCES[1]
     persistent = True
-    copy = False
 
     @property
     def threads(self) -> int:
-        return 32 * (self.cw + 1)
+        return 32 * (self.cw + self.prod)
 
     @property
     def unit(self) -> int:
@@ -118,14 +121,16 @@ class WsConfig:
 
     def name(self, rms: bool, seg: int) -> str:
         vpt = seg // (8 * 32 * self.cw)
+        if self.copy:
+            return f"ws_copy_w{self.cw}_v{vpt}_b{self.nbuf}_s0_e0_p{vpt}_l0_x0_q{self.prod}"
         return (f"ws_{'rms' if rms else 'layer'}_w{self.cw}_v{vpt}_b{self.nbuf}_s{int(self.wsmem)}_e{self.early}"
-                f"_p{self.pb or vpt}_l{self.look}_x{self.xw}")
+                f"_p{self.pb or vpt}_l{self.look}_x{self.xw}_q{self.prod}")
 
     def smem(self, seg: int, rms: bool) -> int:
-        return 2 * seg * (self.nbuf + (self.wsmem * (1 if rms else 2)))
+        return 2 * seg * (self.nbuf + (0 if self.copy else self.wsmem * (1 if rms else 2)))
 
     def label(self) -> str:
-        return (f"ws r{self.ranks} {self.cw}+1 warps buf{self.nbuf}{' w-smem' if self.wsmem else ''}"
+        return (f"ws{' COPY' if self.copy else ''} r{self.ranks} {self.cw}+{self.prod} warps buf{self.nbuf}{' w-smem' if self.wsmem else ''}"
                 f"{('', ' early', ' L1pf')[self.early]}{f' pb{self.pb}' if self.pb else ''}"
                 f"{' look' if self.look else ''}{' xw' if self.xw else ''}")
 
@@ -178,6 +183,10 @@ def _function(name: str, smem: int, source: int) -> ctypes.c_void_p:
         _check(cu.cuFuncSetAttribute(fn, 14, 1), "non-portable cluster size")  # clusters of 16
         _functions[name] = fn
     fn = _functions[name]
+    static = ctypes.c_int(0)
+    _check(cu.cuFuncGetAttribute(ctypes.byref(static), 1, fn), "static shared memory")  # SHARED_SIZE_BYTES
+    if smem + static.value > MAX_SMEM:
+        raise ValueError(f"{name} needs {smem} + {static.value} bytes of shared memory a CTA; at most {MAX_SMEM}")
     _check(cu.cuFuncSetAttribute(fn, 8, smem), "dynamic shared memory")  # MAX_DYNAMIC_SHARED_SIZE_BYTES
     return fn
 
@@ -239,10 +248,10 @@ _C, _W = BulkConfig, WsConfig
 
 
 def _ws(r):
-    return [_W(r, 8, 4, True, look=0, xw=0), _W(r, 8, 3, True, xw=0), _W(r, 8, 5, True, xw=0),
-            _W(r, 8, 3, False, 1, xw=0), _W(r, 8, 3, True), _W(r, 8, 4, True), _W(r, 8, 5, True),
-            _W(r, 8, 4, True, look=0), _W(r, 8, 2, False, 1), _W(r, 8, 3, False, 1), _W(r, 16, 4, True),
-            _W(r, 16, 5, True), _W(r, 4, 5, True, pb=8)]
+    return [_W(r, 8, 4, True, look=0, xw=0), _W(r, 8, 5, True, xw=0), _W(r, 8, 4, True, look=0),
+            _W(r, 8, 5, True), _W(r, 8, 3, True), _W(r, 8, 3, False, 1), _W(r, 8, 3, True, prod=3),
+            _W(r, 8, 4, True, prod=4), _W(r, 8, 5, True, prod=5), _W(r, 16, 4, True, prod=4),
+            _W(r, 8, 5, copy=True), _W(r, 8, 5, copy=True, prod=5), _W(r, 8, 3, copy=True, prod=3)]
 
 
 _WIDE = [_C(16), _C(16, copy=True), *_ws(16)]
@@ -252,9 +261,13 @@ VARIANTS = {(256, 262144): _WIDE, (64, 262144): _WIDE, (512, 131072): [_C(8), _C
 def _variants(rows, width, is_rms, w, b, eps):
     out = []
     for cfg in VARIANTS[(rows, width)]:
-        if (cfg.copy and not is_rms) or cfg.smem(width // cfg.ranks, is_rms) > MAX_SMEM:
+        if cfg.copy and not is_rms:
             continue
-        occ = occupancy(cfg, width, is_rms)
+        try:
+            occ = occupancy(cfg, width, is_rms)
+        except ValueError as exc:  # more shared memory than a CTA has
+            print(f"skipped: {exc}", flush=True)
+            continue
         label = f"{cfg.label()} [{occ['ctas_per_sm']}/SM, {occ['clusters_fit']} cl]"
         out.append((label, lambda x, y, cfg=cfg: bulk_norm(x, w, b, eps, y, cfg)))
     return out

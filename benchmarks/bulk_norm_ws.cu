@@ -21,12 +21,13 @@
 
 #include "bulk_ptx.cuh"
 
-template <int CW, int VPT, int NBUF, bool RMS, bool WSMEM, int EARLY, int PB, int LOOK, int XW>
+template <int CW, int VPT, int NBUF, bool RMS, bool WSMEM, int EARLY, int PB, int LOOK, int XW, int PROD,
+          int CP>
 __device__ __forceinline__ void ws_norm(const bf16* __restrict__ x, const bf16* __restrict__ w,
                                         const bf16* __restrict__ b, bf16* __restrict__ y, int rows, int seg,
                                         long long sx, long long sy, float eps) {
   constexpr int CT = 32 * CW;  // consumer threads; the producer is warp CW
-  static_assert(VPT % PB == 0, "whole batches");
+  static_assert(VPT % PB == 0 && NBUF % PROD == 0, "whole batches; a producer's rows keep to its buffers");
   cg::cluster_group cluster = cg::this_cluster();
   const unsigned ranks = cluster.num_blocks(), rank = cluster.block_rank();
   const int cid = blockIdx.x / ranks, clusters = gridDim.x / ranks, tid = threadIdx.x;
@@ -54,12 +55,13 @@ __device__ __forceinline__ void ws_norm(const bf16* __restrict__ x, const bf16* 
   }
   cluster.sync();  // the barriers initialized, and every peer running before DSMEM writes
 
-  if (tid >= CT) {  // the producer warp: one lane issues every copy of the CTA
-    if (tid != CT) return;
+  if (tid >= CT) {  // the producer warps: lane 0 of each issues the copies of its rows
+    const int p = (tid - CT) >> 5;
+    if (tid & 31) return;
     uint64_t pol_stream, pol_keep;
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol_stream));
     asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol_keep));
-    if (WSMEM) {
+    if (WSMEM && p == 0) {
       mbar_expect(&wbar, (RMS ? 1u : 2u) * bytes);
       bulk_load<true>(ws, w + rank * seg, bytes, &wbar, pol_keep);
       if (!RMS) bulk_load<true>(bs, b + rank * seg, bytes, &wbar, pol_keep);
@@ -70,17 +72,21 @@ __device__ __forceinline__ void ws_norm(const bf16* __restrict__ x, const bf16* 
       bulk_store<true>(y + (cid + static_cast<long long>(j) * clusters) * sy + rank * seg, xs + s * seg, bytes,
                        pol_stream);
     };
-    int it = 0;
-    for (int row = cid; row < rows; ++it, row += clusters) {
+    // The CTA's rows j = p, p + P, ... (P = 1, or NBUF: one producer a buffer, so that one
+    // buffer's wait for its store to be read out holds up no other buffer's load).
+    const int n = cid < rows ? (rows - cid + clusters - 1) / clusters : 0;
+    for (int it = p; it < n; it += PROD) {
       const int s = it % NBUF;
       if (it >= NBUF) {  // the buffer's previous row out first
         store(it - NBUF);
         asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
       }
       mbar_expect(&full[s], bytes);
-      bulk_load<true>(xs + s * seg, x + row * sx + rank * seg, bytes, &full[s], pol_stream);
+      bulk_load<true>(xs + s * seg, x + (cid + static_cast<long long>(it) * clusters) * sx + rank * seg, bytes,
+                      &full[s], pol_stream);
     }
-    for (int j = it > NBUF ? it - NBUF : 0; j < it; ++j) store(j);
+    for (int j = n > NBUF ? n - NBUF : 0; j < n; ++j)
+      if (j % PROD == p) store(j);
     asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // shared memory read out
     return;
   }
@@ -99,10 +105,15 @@ __device__ __forceinline__ void ws_norm(const bf16* __restrict__ x, const bf16* 
                  rank, ranks);
     }
   };
-  if (LOOK && cid < rows) stats(0);
+  if (LOOK && !CP && cid < rows) stats(0);
   for (int it = 0, row = cid; row < rows; ++it, row += clusters) {
     const int s = it % NBUF;
     uint4* xv = reinterpret_cast<uint4*>(xs + s * seg);
+    if (CP) {  // diagnostic: y = x, the consumers only hand each buffer back (the pipeline's ceiling)
+      mbar_wait(&full[s], (it / NBUF) & 1);
+      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(&ydone[s])) : "memory");
+      continue;
+    }
     uint4 wr[VPT], br[RMS ? 1 : VPT];
     if (EARLY == 1 && !WSMEM) load_wb<RMS, false, CT, VPT>(wr, br, ws, bs, wg, bg, tid, 0);
     if (EARLY == 2 && !WSMEM) prefetch_wb<RMS, CT, VPT>(wg, bg, tid);
@@ -122,33 +133,34 @@ __device__ __forceinline__ void ws_norm(const bf16* __restrict__ x, const bf16* 
   }
 }
 
-// extern "C" entry points: ws_{rms|layer}_w{CW}_v{VPT}_b{NBUF}_s{WSMEM}_e{EARLY}_p{PB}_l{LOOK}_x{XW};
-// CW + 1 warps.
-#define WS_NORM(KIND, RMS, CW, V, NB, WS, EA, PB, LK, XW)                                           \
-  extern "C" __global__ void __launch_bounds__(32 * (CW + 1))                                       \
-      ws_##KIND##_w##CW##_v##V##_b##NB##_s##WS##_e##EA##_p##PB##_l##LK##_x##XW(                    \
+// extern "C" entry points:
+// ws_{rms|layer|copy}_w{CW}_v{VPT}_b{NBUF}_s{WSMEM}_e{EARLY}_p{PB}_l{LOOK}_x{XW}_q{PROD};
+// CW + PROD warps.
+#define WS_NORM(KIND, RMS, CW, V, NB, WS, EA, PB, LK, XW, PR, CP)                                   \
+  extern "C" __global__ void __launch_bounds__(32 * (CW + PR))                                      \
+      ws_##KIND##_w##CW##_v##V##_b##NB##_s##WS##_e##EA##_p##PB##_l##LK##_x##XW##_q##PR(            \
           const bf16* x, const bf16* w, const bf16* b, bf16* y, int rows, int seg, long long sx,    \
           long long sy, float eps) {                                                                \
-    ws_norm<CW, V, NB, RMS, WS, EA, PB, LK, XW>(x, w, b, y, rows, seg, sx, sy, eps);                \
+    ws_norm<CW, V, NB, RMS, WS, EA, PB, LK, XW, PR, CP>(x, w, b, y, rows, seg, sx, sy, eps);        \
   }
 
-#define WS_BOTH(CW, V, NB, WS, EA, PB, LK, XW)        \
-  WS_NORM(rms, true, CW, V, NB, WS, EA, PB, LK, XW) \
-  WS_NORM(layer, false, CW, V, NB, WS, EA, PB, LK, XW)
+#define WS_BOTH(CW, V, NB, WS, EA, PB, LK, XW, PR)              \
+  WS_NORM(rms, true, CW, V, NB, WS, EA, PB, LK, XW, PR, 0)    \
+  WS_NORM(layer, false, CW, V, NB, WS, EA, PB, LK, XW, PR, 0)
 
-// CW V NB WS EA PB LK XW: 16K-column segments with 8 consumer warps (256K over 16 ranks, 128K
-// over 8); the weight held (WS 1) with 2-5 buffers, or read early into registers; the
-// exchange a CTA or a warp at a time; 16 consumer warps; 32K segments.
-WS_BOTH(8, 8, 4, 1, 0, 8, 0, 0)
-WS_BOTH(8, 8, 3, 1, 0, 8, 1, 0)
-WS_BOTH(8, 8, 5, 1, 0, 8, 1, 0)
-WS_BOTH(8, 8, 3, 0, 1, 8, 1, 0)
-WS_BOTH(8, 8, 3, 1, 0, 8, 1, 1)
-WS_BOTH(8, 8, 4, 1, 0, 8, 1, 1)
-WS_BOTH(8, 8, 5, 1, 0, 8, 1, 1)
-WS_BOTH(8, 8, 4, 1, 0, 8, 0, 1)
-WS_BOTH(8, 8, 2, 0, 1, 8, 1, 1)
-WS_BOTH(8, 8, 3, 0, 1, 8, 1, 1)
-WS_BOTH(16, 4, 4, 1, 0, 4, 1, 1)
-WS_BOTH(16, 4, 5, 1, 0, 4, 1, 1)
-WS_BOTH(4, 16, 5, 1, 0, 8, 1, 1)
+// CW V NB WS EA PB LK XW PR: 16K-column segments with 8 consumer warps (256K over 16 ranks,
+// 128K over 8); the weight held (WS 1) with 3-5 buffers, or read early into registers; the
+// exchange a CTA or a warp at a time; one producer, or one a buffer; 16 consumer warps.
+WS_BOTH(8, 8, 4, 1, 0, 8, 0, 0, 1)
+WS_BOTH(8, 8, 5, 1, 0, 8, 1, 0, 1)
+WS_BOTH(8, 8, 4, 1, 0, 8, 0, 1, 1)
+WS_BOTH(8, 8, 5, 1, 0, 8, 1, 1, 1)
+WS_BOTH(8, 8, 3, 1, 0, 8, 1, 1, 1)
+WS_BOTH(8, 8, 3, 0, 1, 8, 1, 1, 1)
+WS_BOTH(8, 8, 3, 1, 0, 8, 1, 1, 3)
+WS_BOTH(8, 8, 4, 1, 0, 8, 1, 1, 4)
+WS_BOTH(8, 8, 5, 1, 0, 8, 1, 1, 5)
+WS_BOTH(16, 4, 4, 1, 0, 4, 1, 1, 4)
+WS_NORM(copy, true, 8, 8, 5, 0, 0, 8, 0, 0, 1, 1)
+WS_NORM(copy, true, 8, 8, 5, 0, 0, 8, 0, 0, 5, 1)
+WS_NORM(copy, true, 8, 8, 3, 0, 0, 8, 0, 0, 3, 1)

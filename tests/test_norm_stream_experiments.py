@@ -213,15 +213,15 @@ _BULK = [  # (rows, width, config class, its fields, clusters cap, padded row st
     (5, 32768, "bulk", dict(ranks=4, pb=4), None, True),
     (9, 131072, "bulk", dict(ranks=8, threads=512, pb=4), None, False),
     (5, 262144, "bulk", dict(ranks=8, early=2, pb=4), None, False),
-    (7, 262144, "ws", dict(ranks=16, nbuf=3, xw=0), 2, False),
+    (7, 262144, "ws", dict(ranks=16, nbuf=4, look=0, xw=0), 2, False),
     (9, 262144, "ws", dict(ranks=16, nbuf=3), 2, True),
     (11, 262144, "ws", dict(ranks=16, nbuf=3, wsmem=False, early=1), 2, True),
-    (4, 131072, "ws", dict(ranks=8, nbuf=5), 1, False),  # fewer rows than buffers
+    (4, 131072, "ws", dict(ranks=8, nbuf=5, xw=0), 1, False),  # fewer rows than buffers
     (7, 262144, "ws", dict(ranks=16, nbuf=4, look=0), 2, False),
-    (7, 262144, "ws", dict(ranks=16, nbuf=4, look=0, xw=0), 3, False),
-    (9, 131072, "ws", dict(ranks=8, cw=16, nbuf=4), 3, False),
-    (6, 131072, "ws", dict(ranks=8, cw=4, nbuf=5, pb=8), 2, False),
-    (4, 131072, "ws", dict(ranks=8, nbuf=2, wsmem=False, early=1), None, False),
+    (9, 131072, "ws", dict(ranks=8, nbuf=3, prod=3), 2, True),
+    (11, 131072, "ws", dict(ranks=8, nbuf=4, prod=4), 3, False),
+    (3, 131072, "ws", dict(ranks=8, nbuf=4, prod=4), 1, False),  # a producer with no rows
+    (9, 131072, "ws", dict(ranks=8, cw=16, nbuf=4, prod=4), 3, False),
 ]
 
 
