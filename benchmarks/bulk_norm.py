@@ -130,7 +130,9 @@ class WsConfig:
         return 2 * seg * (self.nbuf + (0 if self.copy else self.wsmem * (1 if rms else 2)))
 
     def label(self) -> str:
-        return (f"ws{' COPY' if self.copy else ''} r{self.ranks} {self.cw}+{self.prod} warps buf{self.nbuf}{' w-smem' if self.wsmem else ''}"
+        if self.copy:  # (the earlier runs' labels also named the flags a copy ignores)
+            return f"ws COPY r{self.ranks} {self.cw}+{self.prod} warps buf{self.nbuf}"
+        return (f"ws r{self.ranks} {self.cw}+{self.prod} warps buf{self.nbuf}{' w-smem' if self.wsmem else ''}"
                 f"{('', ' early', ' L1pf')[self.early]}{f' pb{self.pb}' if self.pb else ''}"
                 f"{' look' if self.look else ''}{' xw' if self.xw else ''}")
 
