@@ -1,30 +1,34 @@
 // Experiment: the wide-row RMSNorm / LayerNorm outside Triton, on Hopper's bulk copies
-// (issue 2's 256K rows; NOTES.md, twenty-third session; loaded by bulk_norm.py).
+// (issue 2's 256K rows; NOTES.md, twenty-third session; loaded by bulk_norm.py). Outcome:
+// 84.5-85.8% of copy at rms_norm 256 x 256K against the Triton pick's 88% (a copy through
+// the same bulk loads and stores: 93%); not taken.
 //
-// Why: the library's split-row picks reach 88% of copy at 256 x 256K because their SMs move
+// Why: the library's split-row picks reach 88% of copy at 256 x 256K while their SMs move
 // 1.7-2.6x a copy's bytes between L2 and registers (the pass-2 re-read, the weight every row,
 // each element through registers twice). Here a row is cut over a cluster of R CTAs; CTA k
-// owns segment k (seg = N / R columns):
+// owns segment k (seg = N / R columns, VPT 16-byte vectors a thread):
 //   1. one thread issues cp.async.bulk of the segment of x into shared memory (CHUNKS
 //      pieces on CHUNKS mbarriers, so that the sums start on the first piece), no
 //      registers in the copy;
 //   2. the warps sum from shared memory (RMSNorm: sum x^2; LayerNorm: the segment's mean,
-//      then sum (x - mean_k)^2, exact two-pass), one block reduction, and each CTA writes
-//      its (mean_k, m2_k) into every peer's shared memory (DSMEM); one cluster barrier;
-//      the statistics combine as Chan's formula with equal counts:
+//      then sum (x - mean_k)^2, exact two-pass), one block reduction, and each CTA sends
+//      its (mean_k, m2_k) to every peer's shared memory: by st.async on the peer's mbarrier
+//      (XCH 1) or by DSMEM stores and a cluster barrier (XCH 0); the statistics combine as
+//      Chan's formula with equal counts:
 //        mean = sum_k mean_k / R,  m2 = sum_k m2_k + seg * sum_k (mean_k - mean)^2;
-//   3. y is computed from shared memory and written back over the segment, and one bulk
-//      store sends it to global memory.
+//   3. y is computed from shared memory and written back over the segment (PB vectors a
+//      batch), and one bulk store sends it to global memory.
 // The weight (and bias) come from shared memory, bulk-loaded once for all the CTA's rows
-// (WSMEM), or from global memory through the L1 (16-byte loads). With NBUF = 2 a CTA walks
-// rows cluster_id, cluster_id + clusters, ... with the next row's segment already loading
-// (persistent: the grid is the clusters that fit); NBUF = 1 and one row a cluster is the
-// plain form.
+// (WSMEM), or from global memory: in pass 2 (EARLY 0), into registers at the row's start
+// (1), or prefetched into the L1 then (2). With NBUF > 1 a CTA walks rows cluster_id,
+// cluster_id + clusters, ... with the next rows' segments already loading (persistent: the
+// grid is the clusters that fit); NBUF = 1 and one row a cluster is the plain form. COPY and
+// XCH 2 are diagnostics (y = x; no exchange).
 //
 // Conventions as the library's: RMSNorm y = bf16(bf16(x * rstd) * w) (Llama);
 // LayerNorm y = bf16((x - mean) * rstd * w + b); float32 statistics; bf16 in and out.
-// Limits (checked by the launcher): seg a multiple of 8 * CHUNKS columns, rows 16-byte
-// aligned, at most 16 CTAs a cluster.
+// Limits (checked by the launcher): seg = 8 * THREADS * VPT columns with VPT a multiple of
+// CHUNKS and PB, rows 16-byte aligned, at most 16 CTAs a cluster.
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -cubin -O3 bulk_norm.cu
 
 #include "bulk_ptx.cuh"
@@ -138,14 +142,8 @@ __device__ __forceinline__ void bulk_norm(const bf16* __restrict__ x, const bf16
     }
     const float2 mr = XCH == 2 ? combine<RMS>(slot, rank, rank + 1, seg, eps) : combine<RMS>(slot, 0, ranks, seg, eps);
 
-    // Pass 2: y over the segment in shared memory, PB vectors a batch, then one bulk store.
-    if (WSMEM && it == 0) mbar_wait(&wbar, 0);
-#pragma unroll
-    for (int k0 = 0; k0 < VPT; k0 += PB) {
-      if (EARLY != 1 || WSMEM) load_wb<RMS, WSMEM, THREADS, PB>(wr, br, ws, bs, wg, bg, tid, k0);
-      normalize<RMS, THREADS, PB>(xv, wr, br, tid, mr, k0);
-    }
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // y's stores seen by the bulk copy
+    // Pass 2: y over the segment in shared memory, then one bulk store.
+    pass2<RMS, WSMEM, EARLY, THREADS, VPT, PB>(xv, wr, br, ws, bs, wg, bg, tid, mr, &wbar, it == 0);
     __syncthreads();
     if (tid == 0) {
       bulk_store<HINT>(y + row * sy + rank * seg, xv, 2u * seg, pol_stream);

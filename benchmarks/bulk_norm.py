@@ -1,8 +1,11 @@
 """Experiment: the wide-row norms as a CUDA C++ kernel on Hopper's bulk copies (issue 2's
-256K rows; NOTES.md, twenty-third session). The kernel and why are in ``bulk_norm.cu``:
-a row over a cluster of ``ranks`` CTAs, each segment bulk-copied into shared memory, summed
-there, the statistics exchanged through distributed shared memory, y written over the
-segment and bulk-stored; x crosses L2 -> SM once and never passes through registers twice.
+256K rows; NOTES.md, twenty-third session). The kernels and why are in ``bulk_norm.cu``
+(BulkConfig: a row over a cluster of ``ranks`` CTAs, each segment bulk-copied into shared
+memory, summed there, the statistics exchanged through distributed shared memory, y written
+over the segment and bulk-stored; x crosses L2 -> SM once) and ``bulk_norm_ws.cu``
+(WsConfig: the same persistent and warp-specialized, the weight held in shared memory).
+Outcome: at best level with the Triton pick at rms_norm 256 x 256K (88.5%), +3 points on 64
+rows, under it for layer_norm; not taken (results/bulk-norm-h100-20261126-session23-*).
 
 The .cu is compiled here by nvcc (the GPU machine has it; CI never runs this) into a cubin
 cached beside the build, loaded by the driver (``cuModuleLoadData``) and launched with a

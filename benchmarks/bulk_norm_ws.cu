@@ -1,5 +1,7 @@
 // Experiment: bulk_norm.cu's row made persistent and warp-specialized (issue 2's 256K rows;
-// NOTES.md, twenty-third session; loaded by bulk_norm.py).
+// NOTES.md, twenty-third session; loaded by bulk_norm.py). Outcome: rms_norm 256 x 256K
+// 86.6-88.5% of copy (five buffers, LOOK) against the Triton pick's 88%, with this pipeline's
+// own copy (CP) at 91%; 64 x 256K 79-80% against 76-77%; layer_norm under the pick. Not taken.
 //
 // Why: in bulk_norm.cu a CTA's slot holds no bytes in flight while it sums, waits for its
 // peers and normalizes; its persistent form (two buffers) refilled a buffer only half a row
@@ -122,13 +124,7 @@ __device__ __forceinline__ void ws_norm(const bf16* __restrict__ x, const bf16* 
     mbar_wait(&xbar[it % SLOTS], (it / SLOTS) & 1);
     const float2 mr = XW ? combine_warps<RMS>(red[it % SLOTS], ranks * CW, 256.f * VPT, eps, tid & 31)
                          : combine<RMS>(red[it % SLOTS], 0, ranks, seg, eps);
-    if (WSMEM && it == 0) mbar_wait(&wbar, 0);
-#pragma unroll
-    for (int k0 = 0; k0 < VPT; k0 += PB) {
-      if (EARLY != 1 || WSMEM) load_wb<RMS, WSMEM, CT, PB>(wr, br, ws, bs, wg, bg, tid, k0);
-      normalize<RMS, CT, PB>(xv, wr, br, tid, mr, k0);
-    }
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // y's stores seen by the bulk copy
+    pass2<RMS, WSMEM, EARLY, CT, VPT, PB>(xv, wr, br, ws, bs, wg, bg, tid, mr, &wbar, it == 0);
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(&ydone[s])) : "memory");
   }
 }

@@ -1,6 +1,7 @@
 // What the bulk-copy norm kernels share (bulk_norm.cu, bulk_norm_ws.cu; issue 2, NOTES.md,
 // twenty-third session): PTX for mbarriers and bulk copies, bf16 vectors, the block sums, the
-// segment statistics, the cluster exchange by st.async, and the row math of pass 2.
+// segment statistics, the cluster exchange by st.async (a CTA or a warp at a time), and
+// pass 2's row math.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -247,6 +248,23 @@ __device__ __forceinline__ void load_wb(uint4* wr, uint4* br, const bf16* ws, co
   // All issued before any of pass 2's stores to shared memory: without this the compiler
   // interleaves them (one L2 trip after another, as the SASS of the first version showed).
   asm volatile("" ::: "memory");
+}
+
+// Pass 2 of a row over the thread's VPT vectors in shared memory, PB a batch (each batch's
+// weight and bias loaded first, unless EARLY 1 loaded them all at the row's start), then the
+// fence that lets the bulk store see y. The weight's bulk copy (WSMEM) is awaited on the
+// CTA's first row.
+template <bool RMS, bool WSMEM, int EARLY, int NT, int VPT, int PB>
+__device__ __forceinline__ void pass2(uint4* xv, uint4* wr, uint4* br, const bf16* ws, const bf16* bs,
+                                      const uint4* wg, const uint4* bg, int tid, float2 mr, uint64_t* wbar,
+                                      bool first) {
+  if (WSMEM && first) mbar_wait(wbar, 0);
+#pragma unroll
+  for (int k0 = 0; k0 < VPT; k0 += PB) {
+    if (EARLY != 1 || WSMEM) load_wb<RMS, WSMEM, NT, PB>(wr, br, ws, bs, wg, bg, tid, k0);
+    normalize<RMS, NT, PB>(xv, wr, br, tid, mr, k0);
+  }
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // y's stores seen by the bulk copy
 }
 
 // The weight (and bias) vectors of this thread prefetched into the L1 (no registers held).

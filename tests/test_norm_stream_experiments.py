@@ -1,8 +1,8 @@
 """benchmarks/norm_stream.py (persistent programs walking rows, the next row's loads in
 flight; clusters on Hopper) and benchmarks/norm_wbheld.py (a cluster over several rows with
 its weight held), benchmarks/norm_fetch.py and norm_fetch_res.py (segments copied into
-shared memory): within the
-2x-PyTorch-error rule, h = x + r exact. The one-program-a-row
+shared memory), the cluster probes, norm_streams, norm_pair and bulk_norm (CUDA C++ on bulk
+copies): within the 2x-PyTorch-error rule, h = x + r exact. The one-program-a-row
 streaming form runs under the interpreter too; the clusters need a Hopper GPU."""
 
 import sys
