@@ -58,10 +58,7 @@ __device__ __forceinline__ void bulk_norm(const bf16* __restrict__ x, const bf16
   __shared__ float scratch[THREADS / 32];
 
   uint64_t pol_stream = 0, pol_keep = 0;
-  if (HINT) {
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol_stream));
-    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol_keep));
-  }
+  if (HINT) l2_policies(pol_stream, pol_keep);
   if (tid == 0) {
     for (int s = 0; s < NBUF; ++s)
       for (int c = 0; c < CHUNKS; ++c) mbar_init(&full[s][c], 1);
@@ -106,7 +103,7 @@ __device__ __forceinline__ void bulk_norm(const bf16* __restrict__ x, const bf16
       if (tid == 0) {
         bulk_store<HINT>(y + row * sy + rank * seg, xv, 2u * seg, pol_stream);
         if (row + NBUF * clusters < rows) {
-          asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+          bulk_wait_read();
           issue_row(s, row + NBUF * clusters);
         }
       }
@@ -124,7 +121,7 @@ __device__ __forceinline__ void bulk_norm(const bf16* __restrict__ x, const bf16
     // The previous row's store has had pass 1 to read its buffer out: refill that buffer now,
     // not right after the store (which held warp 0, and with it every block reduction).
     if (tid == 0 && pending >= 0) {
-      asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+      bulk_wait_read();
       issue_row((it + NBUF - 1) % NBUF, pending);
     }
 
@@ -149,7 +146,7 @@ __device__ __forceinline__ void bulk_norm(const bf16* __restrict__ x, const bf16
       bulk_store<HINT>(y + row * sy + rank * seg, xv, 2u * seg, pol_stream);
       pending = row + NBUF * clusters < rows ? row + NBUF * clusters : -1;
       if (NBUF == 1 && pending >= 0) {  // nothing else to do before the refill
-        asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+        bulk_wait_read();
         issue_row(s, pending);
         pending = -1;
       }
@@ -157,7 +154,7 @@ __device__ __forceinline__ void bulk_norm(const bf16* __restrict__ x, const bf16
   }
   // Shared memory must outlive the last store's read of it (as CUTLASS's epilogues wait);
   // the writes themselves complete before the grid does.
-  if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+  if (tid == 0) bulk_wait_read();
 }
 
 // extern "C" entry points, one per variant:

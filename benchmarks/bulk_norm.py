@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cluster_room import cluster_config, max_clusters  # noqa: E402
+from cluster_room import blocks_per_sm, cluster_config, max_clusters  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 SOURCES = (HERE / "bulk_norm.cu", HERE / "bulk_norm_ws.cu")  # both include bulk_ptx.cuh
@@ -89,7 +89,8 @@ class BulkConfig:
     def label(self) -> str:
         return (f"bulk{' COPY' if self.copy else ''} r{self.ranks} t{self.threads} buf{self.nbuf} ch{self.chunks}"
                 f"{' w-smem' if self.wsmem else ''}{'' if self.hint else ' nohint'}"
-                f"{'' if self.copy else ('', ' early', ' L1pf')[self.early] + (' csync', ' st.async', ' NOXCH')[self.xch]}"
+                f"{'' if self.copy else ('', ' early', ' L1pf')[self.early]}"
+                f"{'' if self.copy else (' csync', ' st.async', ' NOXCH')[self.xch]}"
                 f"{f' pb{self.pb}' if self.pb else ''}")
 
 
@@ -142,7 +143,9 @@ class WsConfig:
 
 _cu = None
 _modules: dict[int, ctypes.c_void_p] = {}
-_functions: dict[str, ctypes.c_void_p] = {}
+_functions: dict[str, tuple[ctypes.c_void_p, int]] = {}  # name: (CUfunction, its static shared bytes)
+_sized: set[tuple[str, int]] = set()  # (name, dynamic shared bytes) the driver has allowed
+_fits: dict[tuple[str, int], int | None] = {}  # (name, dynamic shared bytes): clusters that fit
 
 
 def _driver():
@@ -174,6 +177,8 @@ def build(source: int = 0) -> Path:
 
 
 def _function(name: str, smem: int, source: int) -> ctypes.c_void_p:
+    """The loaded kernel ``name``, allowed ``smem`` dynamic shared bytes: the driver queries
+    run once per kernel and size, not on every launch."""
     cu = _driver()
     if source not in _modules:
         torch.cuda.init()
@@ -186,14 +191,23 @@ def _function(name: str, smem: int, source: int) -> ctypes.c_void_p:
         if cu.cuModuleGetFunction(ctypes.byref(fn), _modules[source], name.encode()) != 0:
             raise ValueError(f"no compiled variant {name}: add it to {SOURCES[source].name}'s list")
         _check(cu.cuFuncSetAttribute(fn, 14, 1), "non-portable cluster size")  # clusters of 16
-        _functions[name] = fn
-    fn = _functions[name]
-    static = ctypes.c_int(0)
-    _check(cu.cuFuncGetAttribute(ctypes.byref(static), 1, fn), "static shared memory")  # SHARED_SIZE_BYTES
-    if smem + static.value > MAX_SMEM:
-        raise ValueError(f"{name} needs {smem} + {static.value} bytes of shared memory a CTA; at most {MAX_SMEM}")
-    _check(cu.cuFuncSetAttribute(fn, 8, smem), "dynamic shared memory")  # MAX_DYNAMIC_SHARED_SIZE_BYTES
+        static = ctypes.c_int(0)
+        _check(cu.cuFuncGetAttribute(ctypes.byref(static), 1, fn), "static shared memory")  # SHARED_SIZE_BYTES
+        _functions[name] = (fn, static.value)
+    fn, static = _functions[name]
+    if smem + static > MAX_SMEM:
+        raise ValueError(f"{name} needs {smem} + {static} bytes of shared memory a CTA; at most {MAX_SMEM}")
+    if (name, smem) not in _sized:
+        _check(cu.cuFuncSetAttribute(fn, 8, smem), "dynamic shared memory")  # MAX_DYNAMIC_SHARED_SIZE_BYTES
+        _sized.add((name, smem))
     return fn
+
+
+def _clusters_fit(fn: ctypes.c_void_p, name: str, cfg, smem: int) -> int | None:
+    """Clusters of ``cfg.ranks`` CTAs of the kernel that the GPU holds at once (cached)."""
+    if (name, smem) not in _fits:
+        _fits[name, smem] = max_clusters(SimpleNamespace(function=fn.value), cfg.ranks, cfg.threads // 32, smem)
+    return _fits[name, smem]
 
 
 def bulk_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, eps: float, y: torch.Tensor,
@@ -222,11 +236,11 @@ def bulk_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, eps: flo
                              f"on {t.device} with strides {tuple(t.stride())}")
         if t.data_ptr() % 16:
             raise ValueError(f"{label} must be 16-byte aligned (the bulk copies' rule)")
-    fn = _function(cfg.name(rms, seg), smem, cfg.source)
+    name = cfg.name(rms, seg)
+    fn = _function(name, smem, cfg.source)
     n_clusters = M
     if cfg.persistent:
-        fit = max_clusters(SimpleNamespace(function=fn.value), cfg.ranks, cfg.threads // 32, smem)
-        n_clusters = min(M, fit or M, clusters or M)
+        n_clusters = min(M, _clusters_fit(fn, name, cfg, smem) or M, clusters or M)
     stream = torch.cuda.current_stream().cuda_stream
     launch, _attr = cluster_config(n_clusters * cfg.ranks, cfg.ranks, cfg.threads, smem, stream)
     args = [ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(w.data_ptr()),
@@ -237,15 +251,13 @@ def bulk_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, eps: flo
     return y
 
 
-def occupancy(cfg: BulkConfig, width: int, rms: bool) -> dict:
+def occupancy(cfg: BulkConfig | WsConfig, width: int, rms: bool) -> dict:
     """CTAs an SM (by shared memory and threads) and clusters that fit, for the record."""
     seg = width // cfg.ranks
-    smem = cfg.smem(seg, rms)
-    fn = _function(cfg.name(rms, seg), smem, cfg.source)
-    n = ctypes.c_int(0)
-    _driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(n), fn, cfg.threads, smem)
-    return {"smem": smem, "ctas_per_sm": n.value,
-            "clusters_fit": max_clusters(SimpleNamespace(function=fn.value), cfg.ranks, cfg.threads // 32, smem)}
+    smem, name = cfg.smem(seg, rms), cfg.name(rms, seg)
+    fn = _function(name, smem, cfg.source)
+    per_sm = blocks_per_sm(SimpleNamespace(function=fn.value), cfg.threads // 32, smem)
+    return {"smem": smem, "ctas_per_sm": per_sm, "clusters_fit": _clusters_fit(fn, name, cfg, smem)}
 
 
 # (rows, width): the variants timed there (the first sessions' losers dropped: NOTES)

@@ -61,8 +61,7 @@ __device__ __forceinline__ void ws_norm(const bf16* __restrict__ x, const bf16* 
     const int p = (tid - CT) >> 5;
     if (tid & 31) return;
     uint64_t pol_stream, pol_keep;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol_stream));
-    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol_keep));
+    l2_policies(pol_stream, pol_keep);
     if (WSMEM && p == 0) {
       mbar_expect(&wbar, (RMS ? 1u : 2u) * bytes);
       bulk_load<true>(ws, w + rank * seg, bytes, &wbar, pol_keep);
@@ -81,7 +80,7 @@ __device__ __forceinline__ void ws_norm(const bf16* __restrict__ x, const bf16* 
       const int s = it % NBUF;
       if (it >= NBUF) {  // the buffer's previous row out first
         store(it - NBUF);
-        asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+        bulk_wait_read();
       }
       mbar_expect(&full[s], bytes);
       bulk_load<true>(xs + s * seg, x + (cid + static_cast<long long>(it) * clusters) * sx + rank * seg, bytes,
@@ -89,7 +88,7 @@ __device__ __forceinline__ void ws_norm(const bf16* __restrict__ x, const bf16* 
     }
     for (int j = n > NBUF ? n - NBUF : 0; j < n; ++j)
       if (j % PROD == p) store(j);
-    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // shared memory read out
+    bulk_wait_read();  // shared memory read out
     return;
   }
 
@@ -113,7 +112,7 @@ __device__ __forceinline__ void ws_norm(const bf16* __restrict__ x, const bf16* 
     uint4* xv = reinterpret_cast<uint4*>(xs + s * seg);
     if (CP) {  // diagnostic: y = x, the consumers only hand each buffer back (the pipeline's ceiling)
       mbar_wait(&full[s], (it / NBUF) & 1);
-      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(&ydone[s])) : "memory");
+      mbar_arrive(&ydone[s]);
       continue;
     }
     uint4 wr[VPT], br[RMS ? 1 : VPT];
@@ -125,7 +124,7 @@ __device__ __forceinline__ void ws_norm(const bf16* __restrict__ x, const bf16* 
     const float2 mr = XW ? combine_warps<RMS>(red[it % SLOTS], ranks * CW, 256.f * VPT, eps, tid & 31)
                          : combine<RMS>(red[it % SLOTS], 0, ranks, seg, eps);
     pass2<RMS, WSMEM, EARLY, CT, VPT, PB>(xv, wr, br, ws, bs, wg, bg, tid, mr, &wbar, it == 0);
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(&ydone[s])) : "memory");
+    mbar_arrive(&ydone[s]);
   }
 }
 

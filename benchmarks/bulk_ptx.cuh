@@ -35,6 +35,16 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   } while (!done);
 }
 
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
+// L2 policies: evict-first for the streamed rows (x, y), evict-last for the weight.
+__device__ __forceinline__ void l2_policies(uint64_t& stream, uint64_t& keep) {
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(stream));
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(keep));
+}
+
 template <bool HINT>
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar,
                                           uint64_t policy) {
@@ -56,6 +66,11 @@ __device__ __forceinline__ void bulk_store(void* dst, const void* src, uint32_t 
     asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
                  ::"l"(dst), "r"(smem_addr(src)), "r"(bytes) : "memory");
   asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+
+// This thread's bulk stores have read their shared memory (it may be refilled or freed).
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
 }
 
 __device__ __forceinline__ void unpack8(const uint4& v, float f[8]) {
@@ -120,6 +135,16 @@ __device__ __forceinline__ float2 seg_stats(const uint4* xv, int tid, int seg, f
   return make_float2(mean_k, block_sum<BAR, NT>(sum_vecs<2, NT, K>(xv, tid, 0.f, mean_k), scratch));
 }
 
+// v into the float2 at ``slot`` (this CTA's address of it) in the shared memory of cluster rank
+// ``peer``, completing ``peer``'s mbarrier ``xbar`` by its 8 bytes.
+__device__ __forceinline__ void st_async_peer(float2* slot, uint64_t* xbar, float2 v, unsigned peer) {
+  uint32_t to, bar;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(to) : "r"(smem_addr(slot)), "r"(peer));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(bar) : "r"(smem_addr(xbar)), "r"(peer));
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];"
+               ::"r"(to), "f"(v.x), "f"(v.y), "r"(bar) : "memory");
+}
+
 // Each CTA's (mean_k, m2_k) into red[rank] of every peer by st.async, whose bytes complete the
 // receiver's mbarrier xbar (expecting 8 bytes from each rank; this CTA's thread 0 arms its
 // own): no cluster barrier, whose release fence compiles to MEMBAR.ALL.GPU. The receiver then
@@ -127,13 +152,7 @@ __device__ __forceinline__ float2 seg_stats(const uint4* xv, int tid, int seg, f
 __device__ __forceinline__ void send_stats(float2* red, uint64_t* xbar, float2 mine, int tid, unsigned rank,
                                            unsigned ranks) {
   if (tid == 0) mbar_expect(xbar, 8u * ranks);
-  if (tid < static_cast<int>(ranks)) {
-    uint32_t to, bar;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(to) : "r"(smem_addr(red + rank)), "r"(tid));
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(bar) : "r"(smem_addr(xbar)), "r"(tid));
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];"
-                 ::"r"(to), "f"(mine.x), "f"(mine.y), "r"(bar) : "memory");
-  }
+  if (tid < static_cast<int>(ranks)) st_async_peer(red + rank, xbar, mine, tid);
 }
 
 __device__ __forceinline__ void exchange(float2* red, uint64_t* xbar, uint32_t parity, float2 mine, int tid,
@@ -182,13 +201,7 @@ __device__ __forceinline__ void send_warp_stats(float2* red, uint64_t* xbar, flo
                                                 unsigned ranks) {
   const int lane = tid & 31, warp = tid >> 5;
   if (tid == 0) mbar_expect(xbar, 8u * ranks * W);
-  if (lane < static_cast<int>(ranks)) {
-    uint32_t to, bar;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(to) : "r"(smem_addr(red + rank * W + warp)), "r"(lane));
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(bar) : "r"(smem_addr(xbar)), "r"(lane));
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];"
-                 ::"r"(to), "f"(mine.x), "f"(mine.y), "r"(bar) : "memory");
-  }
+  if (lane < static_cast<int>(ranks)) st_async_peer(red + rank * W + warp, xbar, mine, lane);
 }
 
 // The row's (mean, rstd) from the E = R * W equal-count partials in red (cnt elements each),

@@ -108,7 +108,7 @@ def placement(ranks: int = 16, clusters: int = 256, warps: int = 16, spin: int =
     return res
 
 
-def _blocks_per_sm(compiled, warps: int, smem: int) -> int:
+def blocks_per_sm(compiled, warps: int, smem: int) -> int:
     """CTAs of ``compiled`` an SM holds (cuOccupancyMaxActiveBlocksPerMultiprocessor)."""
     cu = ctypes.CDLL("libcuda.so.1")
     n = ctypes.c_int(0)
@@ -126,7 +126,7 @@ def fingerprint() -> dict:
     cu.cuFuncSetAttribute(ctypes.c_void_p(compiled.function), 8, 200 * 1024)  # MAX_DYNAMIC_SHARED_SIZE_BYTES
     out = {}
     for per_sm, smem in [(1, 120 * 1024), (2, 100 * 1024), (3, 70 * 1024), (4, 52 * 1024), (5, 42 * 1024)]:
-        got = _blocks_per_sm(compiled, 4, smem)
+        got = blocks_per_sm(compiled, 4, smem)
         out[f"{per_sm}/SM"] = {"blocks_per_sm": got,
                                **{f"c{c}": max_clusters(compiled, c, 4, smem) for c in (2, 4, 8, 16)}}
         print(f"{per_sm} CTA/SM (occupancy says {got}): " + ", ".join(
@@ -152,7 +152,7 @@ def picks() -> list:
         compiled = norm._launch(x, r, w, None if is_rms else w, y, h, 1e-5, is_rms, False, cfg)
         smem = compiled.metadata.shared
         fit = max_clusters(compiled, cfg.split, cfg.num_warps, smem)
-        per_sm = _blocks_per_sm(compiled, cfg.num_warps, smem)
+        per_sm = blocks_per_sm(compiled, cfg.num_warps, smem)
         name = ("add_" if res else "") + ("rms_norm" if is_rms else "layer_norm")
         row = dict(op=name, width=width, split=cfg.split, warps=cfg.num_warps, regs=compiled.n_regs,
                    clusters_fit=fit, ctas_in_clusters=(fit or 0) * cfg.split, ctas_without=per_sm * sms)

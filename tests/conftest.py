@@ -62,11 +62,12 @@ def check_chain_phases(x, w1, w2, mid, y, first=None, second=None, extra=()):
     each phase on its own input: ``mid`` against ``first(x, w1, *extra)`` (default
     ``w1 @ x``), then ``y`` against ``second(mid, w2, *extra)`` (default
     ``w2 @ (silu(g) * u)``) of the kernel's own rounded ``mid``; ``extra``: more inputs
-    (norm weight, residual), upcast with the rest for the exact side. Judged end to end from the exact mid instead, mid's rounding (allowed,
-    and the same in PyTorch's chain) compounds through the second GEMV and the rule turns
-    into a coin toss on small outputs: 2.2e-2 against a bound of 1.9e-2 for 23 outputs in a
-    CI run; in a float64 simulation of the kernel's rounding, 1% of draws at 23 outputs and
-    0.1% at 5000 fail end to end, none of 20,000 by phases."""
+    (norm weight, residual), upcast with the rest for the exact side. Judged end to end from
+    the exact mid instead, mid's rounding (allowed, and the same in PyTorch's chain)
+    compounds through the second GEMV and the rule turns into a coin toss on small outputs:
+    2.2e-2 against a bound of 1.9e-2 for 23 outputs in a CI run; in a float64 simulation of
+    the kernel's rounding, 1% of draws at 23 outputs and 0.1% at 5000 fail end to end, none
+    of 20,000 by phases."""
     from onetrip.testing import assert_close, upcast
 
     def gemv(x, w1, *_):
