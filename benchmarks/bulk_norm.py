@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cluster_room import blocks_per_sm, cluster_config, max_clusters  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-SOURCES = (HERE / "bulk_norm.cu", HERE / "bulk_norm_ws.cu")  # both include bulk_ptx.cuh
+SOURCES = (HERE / "bulk_norm.cu", HERE / "bulk_norm_ws.cu", HERE / "grid_norm.cu")  # all include bulk_ptx.cuh
 MAX_SMEM = 227 * 1024  # an H100 CTA's dynamic shared memory limit
 
 
@@ -101,7 +101,8 @@ class WsConfig:
     BulkConfig's; look: row i + 1's pass 1 and send before row i's exchange is waited for;
     xw: each consumer warp exchanges its own statistics (no CTA barrier on a row's path);
     prod: producer warps (1, or nbuf: one a buffer); copy: y = x, the consumers only hand
-    each buffer back (the pipeline's ceiling)."""
+    each buffer back (the pipeline's ceiling); hint: x and y evict-first in L2 (False: the
+    session-24 variants, name suffix _h0)."""
     ranks: int = 16
     cw: int = 8
     nbuf: int = 2
@@ -112,6 +113,7 @@ class WsConfig:
     xw: int = 1
     prod: int = 1
     copy: bool = False
+    hint: bool = True
     source = 1  # SOURCES[1]
     persistent = True
 
@@ -124,28 +126,29 @@ class WsConfig:
         return 8 * 32 * self.cw
 
     def name(self, rms: bool, seg: int) -> str:
-        vpt = seg // (8 * 32 * self.cw)
+        vpt, h = seg // (8 * 32 * self.cw), "" if self.hint else "_h0"
         if self.copy:
-            return f"ws_copy_w{self.cw}_v{vpt}_b{self.nbuf}_s0_e0_p{vpt}_l0_x0_q{self.prod}"
+            return f"ws_copy_w{self.cw}_v{vpt}_b{self.nbuf}_s0_e0_p{vpt}_l0_x0_q{self.prod}{h}"
         return (f"ws_{'rms' if rms else 'layer'}_w{self.cw}_v{vpt}_b{self.nbuf}_s{int(self.wsmem)}_e{self.early}"
-                f"_p{self.pb or vpt}_l{self.look}_x{self.xw}_q{self.prod}")
+                f"_p{self.pb or vpt}_l{self.look}_x{self.xw}_q{self.prod}{h}")
 
     def smem(self, seg: int, rms: bool) -> int:
         return 2 * seg * (self.nbuf + (0 if self.copy else self.wsmem * (1 if rms else 2)))
 
     def label(self) -> str:
+        h = "" if self.hint else " nohint"
         if self.copy:  # (the earlier runs' labels also named the flags a copy ignores)
-            return f"ws COPY r{self.ranks} {self.cw}+{self.prod} warps buf{self.nbuf}"
+            return f"ws COPY r{self.ranks} {self.cw}+{self.prod} warps buf{self.nbuf}{h}"
         return (f"ws r{self.ranks} {self.cw}+{self.prod} warps buf{self.nbuf}{' w-smem' if self.wsmem else ''}"
                 f"{('', ' early', ' L1pf')[self.early]}{f' pb{self.pb}' if self.pb else ''}"
-                f"{' look' if self.look else ''}{' xw' if self.xw else ''}")
+                f"{' look' if self.look else ''}{' xw' if self.xw else ''}{h}")
 
 
 _cu = None
 _modules: dict[int, ctypes.c_void_p] = {}
 _functions: dict[str, tuple[ctypes.c_void_p, int]] = {}  # name: (CUfunction, its static shared bytes)
 _sized: set[tuple[str, int]] = set()  # (name, dynamic shared bytes) the driver has allowed
-_fits: dict[tuple[str, int], int | None] = {}  # (name, dynamic shared bytes): clusters that fit
+_fits: dict[tuple[str, int, int], int | None] = {}  # (name, dynamic shared bytes, ranks): clusters that fit
 
 
 def _driver():
@@ -204,10 +207,13 @@ def _function(name: str, smem: int, source: int) -> ctypes.c_void_p:
 
 
 def _clusters_fit(fn: ctypes.c_void_p, name: str, cfg, smem: int) -> int | None:
-    """Clusters of ``cfg.ranks`` CTAs of the kernel that the GPU holds at once (cached)."""
-    if (name, smem) not in _fits:
-        _fits[name, smem] = max_clusters(SimpleNamespace(function=fn.value), cfg.ranks, cfg.threads // 32, smem)
-    return _fits[name, smem]
+    """Clusters of ``cfg.ranks`` CTAs of the kernel that the GPU holds at once (cached; the
+    name leaves out the cluster size, so the key holds it: one kernel serves 256K over 16
+    ranks and 128K over 8)."""
+    key = (name, smem, cfg.ranks)
+    if key not in _fits:
+        _fits[key] = max_clusters(SimpleNamespace(function=fn.value), cfg.ranks, cfg.threads // 32, smem)
+    return _fits[key]
 
 
 def bulk_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, eps: float, y: torch.Tensor,
@@ -272,6 +278,19 @@ def _ws(r):
 # The session's last table: the best of each form beside the copies (earlier variants: NOTES)
 _WIDE = [_C(16), _C(16, copy=True), *_ws(16)]
 VARIANTS = {(256, 262144): _WIDE, (64, 262144): _WIDE, (512, 131072): [_C(8), _C(8, copy=True), *_ws(8)]}
+
+
+def _hint_ab(r):
+    """Session 24: the best warp-specialized forms and their copies with the L2 hints on x
+    and y, then without (LayerNorm's five buffers and exchange slots do not fit beside w and
+    b: four, one producer a buffer)."""
+    forms = [_W(r, 8, 5, True), _W(r, 8, 5, True, prod=5), _W(r, 8, 4, True, prod=4), _W(r, 8, 5, copy=True),
+             _W(r, 8, 5, copy=True, prod=5)]
+    return [replace(f, hint=h) for f in forms for h in (True, False)]
+
+
+if os.environ.get("BULK_SET") == "hint":  # BULK_SET=hint python benchmarks/bulk_norm.py --out DIR
+    VARIANTS = {(256, 262144): _hint_ab(16), (64, 262144): _hint_ab(16), (512, 131072): _hint_ab(8)}
 
 
 def _variants(rows, width, is_rms, w, b, eps):

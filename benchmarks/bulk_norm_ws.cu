@@ -24,7 +24,7 @@
 #include "bulk_ptx.cuh"
 
 template <int CW, int VPT, int NBUF, bool RMS, bool WSMEM, int EARLY, int PB, int LOOK, int XW, int PROD,
-          int CP>
+          int CP, bool HT = true>
 __device__ __forceinline__ void ws_norm(const bf16* __restrict__ x, const bf16* __restrict__ w,
                                         const bf16* __restrict__ b, bf16* __restrict__ y, int rows, int seg,
                                         long long sx, long long sy, float eps) {
@@ -70,7 +70,7 @@ __device__ __forceinline__ void ws_norm(const bf16* __restrict__ x, const bf16* 
     auto store = [&](int j) {  // the CTA's j-th row, once its y is written
       const int s = j % NBUF;
       mbar_wait(&ydone[s], (j / NBUF) & 1);
-      bulk_store<true>(y + (cid + static_cast<long long>(j) * clusters) * sy + rank * seg, xs + s * seg, bytes,
+      bulk_store<HT>(y + (cid + static_cast<long long>(j) * clusters) * sy + rank * seg, xs + s * seg, bytes,
                        pol_stream);
     };
     // The CTA's rows j = p, p + P, ... (P = 1, or NBUF: one producer a buffer, so that one
@@ -83,7 +83,7 @@ __device__ __forceinline__ void ws_norm(const bf16* __restrict__ x, const bf16* 
         bulk_wait_read();
       }
       mbar_expect(&full[s], bytes);
-      bulk_load<true>(xs + s * seg, x + (cid + static_cast<long long>(it) * clusters) * sx + rank * seg, bytes,
+      bulk_load<HT>(xs + s * seg, x + (cid + static_cast<long long>(it) * clusters) * sx + rank * seg, bytes,
                       &full[s], pol_stream);
     }
     for (int j = n > NBUF ? n - NBUF : 0; j < n; ++j)
@@ -139,6 +139,15 @@ __device__ __forceinline__ void ws_norm(const bf16* __restrict__ x, const bf16* 
     ws_norm<CW, V, NB, RMS, WS, EA, PB, LK, XW, PR, CP>(x, w, b, y, rows, seg, sx, sy, eps);        \
   }
 
+// The same without the L2 hints on x and y (HT 0; session 24): name suffix _h0.
+#define WS_NORM_H0(KIND, RMS, CW, V, NB, WS, EA, PB, LK, XW, PR, CP)                                \
+  extern "C" __global__ void __launch_bounds__(32 * (CW + PR))                                      \
+      ws_##KIND##_w##CW##_v##V##_b##NB##_s##WS##_e##EA##_p##PB##_l##LK##_x##XW##_q##PR##_h0(        \
+          const bf16* x, const bf16* w, const bf16* b, bf16* y, int rows, int seg, long long sx,    \
+          long long sy, float eps) {                                                                \
+    ws_norm<CW, V, NB, RMS, WS, EA, PB, LK, XW, PR, CP, false>(x, w, b, y, rows, seg, sx, sy, eps); \
+  }
+
 #define WS_BOTH(CW, V, NB, WS, EA, PB, LK, XW, PR)              \
   WS_NORM(rms, true, CW, V, NB, WS, EA, PB, LK, XW, PR, 0)    \
   WS_NORM(layer, false, CW, V, NB, WS, EA, PB, LK, XW, PR, 0)
@@ -159,3 +168,11 @@ WS_BOTH(16, 4, 4, 1, 0, 4, 1, 1, 4)
 WS_NORM(copy, true, 8, 8, 5, 0, 0, 8, 0, 0, 1, 1)
 WS_NORM(copy, true, 8, 8, 5, 0, 0, 8, 0, 0, 5, 1)
 WS_NORM(copy, true, 8, 8, 3, 0, 0, 8, 0, 0, 3, 1)
+// Without the hints: the best forms (rms_norm 5 buffers, layer_norm 4 with one producer a
+// buffer) and their copies.
+WS_NORM_H0(rms, true, 8, 8, 5, 1, 0, 8, 1, 1, 1, 0)
+WS_NORM_H0(rms, true, 8, 8, 5, 1, 0, 8, 1, 1, 5, 0)
+WS_NORM_H0(rms, true, 8, 8, 4, 1, 0, 8, 1, 1, 4, 0)
+WS_NORM_H0(layer, false, 8, 8, 4, 1, 0, 8, 1, 1, 4, 0)
+WS_NORM_H0(copy, true, 8, 8, 5, 0, 0, 8, 0, 0, 1, 1)
+WS_NORM_H0(copy, true, 8, 8, 5, 0, 0, 8, 0, 0, 5, 1)

@@ -222,6 +222,8 @@ _BULK = [  # (rows, width, config class, its fields, clusters cap, padded row st
     (11, 131072, "ws", dict(ranks=8, nbuf=4, prod=4), 3, False),
     (3, 131072, "ws", dict(ranks=8, nbuf=4, prod=4), 1, False),  # a producer with no rows
     (9, 131072, "ws", dict(ranks=8, cw=16, nbuf=4, prod=4), 3, False),
+    (9, 262144, "ws", dict(ranks=16, nbuf=4, prod=4, hint=False), 2, True),  # without the L2 hints
+    (11, 131072, "ws", dict(ranks=8, nbuf=4, prod=4, hint=False), 3, False),
 ]
 
 
@@ -271,3 +273,67 @@ def test_bulk_norm_rejects():
         bulk_norm(x, w, w, 1e-5, x, BulkConfig(8, 256, 2, 1, True))
     with pytest.raises(ValueError, match="x must be a CUDA bfloat16"):
         bulk_norm(x, w, None, 1e-5, x)
+
+
+_GRID = [  # (rows, width, GridConfig fields, padded row stride)
+    (1, 262144, {}, False),
+    (7, 262144, {}, True),
+    (37, 131072, dict(cw=4), False),
+    (3, 8008, {}, True),  # 126 CTAs of 64 columns, the last with 8
+    (300, 4096, dict(batch=2), False),  # the ring's parities flip a dozen times
+    (70, 262144, dict(d=40, lag=16, batch=8), True),  # a last batch of 6 rows
+    (65, 262144, dict(vpt=2, d=24, ctas=64), False),
+    (37, 262144, dict(poll=4, batch=1, hint=True), False),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+@pytest.mark.parametrize("rows, width, fields, padded", _GRID)
+def test_grid_norm(gen, kind, rows, width, fields, padded):
+    """benchmarks/grid_norm.py (CUDA C++, every SM on every row, statistics through L2 as
+    tagged words): within the rule for uneven last slices, more rows than the ring holds and
+    padded rows; eagerly twice and replayed twice from a CUDA graph on new x (each launch's
+    tag differs, so no launch takes an earlier one's partials)."""
+    _hopper()
+    from grid_norm import GridConfig, grid_norm
+
+    from bulk_norm import build
+    try:
+        build(2)
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    cfg = GridConfig(**fields)
+    x, _, w, b = _inputs(gen, "cuda", rows, width + 64 * padded, kind, False)
+    x, w = x[:, :width], w[:width]
+    b = None if b is None else b[:width]
+    y = poison_(torch.empty_like(x))
+    for _ in range(2):
+        grid_norm(x, w, b, 1e-5, y, cfg)
+        torch.cuda.synchronize()
+        _check(x, None, w, b, y, None, 1e-5)
+        poison_(y)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        grid_norm(x, w, b, 1e-5, y, cfg)
+    for _ in range(2):
+        x.copy_((torch.randn(x.shape, device="cuda", generator=gen) * 2 + 0.5).to(x.dtype))
+        poison_(y)
+        graph.replay()
+        torch.cuda.synchronize()
+        _check(x, None, w, b, y, None, 1e-5)
+
+
+def test_grid_norm_rejects():
+    """The launcher's checks before any GPU work: a width off the 16-byte grid, a diagnostic
+    asked of LayerNorm, and a tensor off the GPU raise ValueError."""
+    from grid_norm import GridConfig, grid_norm
+
+    x = torch.empty(2, 4096, dtype=torch.bfloat16)
+    w = torch.empty(4096, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="multiples of 8"):
+        grid_norm(x[:, :1001], w[:1001], None, 1e-5, x[:, :1001])
+    with pytest.raises(ValueError, match="RMSNorm diagnostic"):
+        grid_norm(x, w, w, 1e-5, x, GridConfig(kind="copy"))
+    with pytest.raises(ValueError, match="x must be a 16-byte aligned CUDA bfloat16"):
+        grid_norm(x, w, None, 1e-5, x)
