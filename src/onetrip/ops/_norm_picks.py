@@ -154,17 +154,29 @@ LOOP_PICKS = {
 #   128K / 256K 84.6-84.7 / 79.8 -> 89.6-89.7 / 84.5-84.8%, add_layer_norm 128K 90.6-91.1 ->
 #   91.1-91.4; the other "loop" cells within 0.3 either way, so they keep the unfolded form
 #   (and the H200's, unmeasured, whose 64K pick lost 6 points folded in the fourteenth session).
+# - No L2 eviction hints (``hints`` off: no evict_last on pass 1, no evict_first on pass 2
+#   or y) on the shelf picks, whose segment is read once into shared memory, and on the
+#   stashed 128K clusters, whose h (8K columns a program) is re-read while still in L2
+#   (twenty-fourth session; the hints came from the H200's non-cluster loop, and cost a
+#   CUDA C++ copy of the same rows 3 points on the H100). Flipped on every H100 cluster pick
+#   (tune_ops.py --focus --picks --flip hints --flip drop_y, three interleaved rounds), then
+#   two interleaved ops-bench rounds (results/ops-...-20261126-session24-hints-ab-*.json):
+#   layer_norm 128K 87.9-88.1 -> 89.7-89.8%, 256K 81.4 -> 84.9-85.0, 64 x 256K 68.7-68.8 ->
+#   71.4-71.6; add_rms_norm 128K 93.6-93.7 -> 95.5-95.8; add_layer_norm 128K 91.1-91.3 ->
+#   93.4-93.5. Kept where pass 2 re-reads from L2 (rms_norm's held chunk: hints off lost 1.4
+#   -3 points at 128K-256K; the stashed 256K picks: 11 points).
 _CLUSTER = dict(hints=True, vec=True, const_n=True, cluster=True)
+_CLUSTER_NH = dict(_CLUSTER, hints=False)
 PICKS_GPU = {
     "H100": {
         ("loop", False, False, 65536): _loop(4096, 16, split=4, drop_y=True, **_CLUSTER),
         ("loop", False, True, 32768): _loop(16384, 32, stash=True, vec=True, const_n=True),
         ("loop", True, False, 131072): _loop(4096, 16, split=8, hold=1, drop_y=True, **_CLUSTER),
         ("loop", True, False, 262144): _loop(4096, 16, split=16, hold=1, drop_y=True, **_CLUSTER),
-        ("loop", False, False, 131072): _loop(4096, 8, split=8, drop_y=True, shelf=True, fold=True, **_CLUSTER),
-        ("loop", False, False, 262144): _loop(4096, 8, split=16, drop_y=True, shelf=True, fold=True, **_CLUSTER),
-        ("loop", True, True, 131072): _loop(4096, 8, stash=True, split=16, **_CLUSTER),
-        ("loop", False, True, 131072): _loop(4096, 8, stash=True, split=16, fold=True, **_CLUSTER),
+        ("loop", False, False, 131072): _loop(4096, 8, split=8, shelf=True, fold=True, **_CLUSTER_NH),
+        ("loop", False, False, 262144): _loop(4096, 8, split=16, shelf=True, fold=True, **_CLUSTER_NH),
+        ("loop", True, True, 131072): _loop(4096, 8, stash=True, split=16, **_CLUSTER_NH),
+        ("loop", False, True, 131072): _loop(4096, 8, stash=True, split=16, fold=True, **_CLUSTER_NH),
         ("loop", False, True, 262144): _loop(16384, 32, stash=True, split=2, drop_y=True, **_CLUSTER),
         ("rows", False, False, 4096): NormConfig("rows", 1, 4096, 8, const_n=True),
         ("rows", True, False, 1024): NormConfig("rows", 2, 1024, 8, const_n=True),
