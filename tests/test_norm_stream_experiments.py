@@ -204,6 +204,44 @@ def test_pair(gen, r, split, block_n):
     _check(x, None, w, None, y, None, 1e-5)
 
 
+def _built(source):
+    """Skips unless bulk_norm.SOURCES[source] builds (nvcc on the GPU machine)."""
+    from bulk_norm import build
+
+    try:
+        build(source)
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+
+
+def _sliced(gen, rows, width, kind, padded):
+    """(x, w, b, y) on the GPU: x's rows ``width`` wide out of rows 64 wider when ``padded``;
+    y poisoned."""
+    x, _, w, b = _inputs(gen, "cuda", rows, width + 64 * padded, kind, False)
+    x, w = x[:, :width], w[:width]
+    b = None if b is None else b[:width]
+    return x, w, b, poison_(torch.empty_like(x))
+
+
+def _eager_then_graph(call, x, w, b, y, gen, n):
+    """``call()`` (writing y from x) n times eagerly, then captured in a CUDA graph and
+    replayed n times, each on new x: y within the rule after every one."""
+    for _ in range(n):
+        call()
+        torch.cuda.synchronize()
+        _check(x, None, w, b, y, None, 1e-5)
+        poison_(y)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    for _ in range(n):
+        x.copy_((torch.randn(x.shape, device="cuda", generator=gen) * 2 + 0.5).to(x.dtype))
+        poison_(y)
+        graph.replay()
+        torch.cuda.synchronize()
+        _check(x, None, w, b, y, None, 1e-5)
+
+
 _BULK = [  # (rows, width, config class, its fields, clusters cap, padded row stride)
     (6, 262144, "bulk", dict(ranks=16, early=0, xch=0), None, False),
     (6, 262144, "bulk", dict(ranks=16, early=0, wsmem=True), None, True),
@@ -235,28 +273,12 @@ def test_bulk_norm(gen, kind, rows, width, cls, fields, clusters, padded):
     warp-specialized bulk_norm_ws.cu): within the rule, for plain and persistent grids, more
     or fewer rows than buffers, padded rows; eagerly and replayed from a CUDA graph on new x."""
     _hopper()
-    from bulk_norm import BulkConfig, WsConfig, build, bulk_norm
+    from bulk_norm import BulkConfig, WsConfig, bulk_norm
 
-    try:
-        build(0)
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
+    _built(0)
     cfg = (BulkConfig if cls == "bulk" else WsConfig)(**fields)
-    x, _, w, b = _inputs(gen, "cuda", rows, width + 64 * padded, kind, False)
-    x, w = x[:, :width], w[:width]
-    b = None if b is None else b[:width]
-    y = poison_(torch.empty_like(x))
-    bulk_norm(x, w, b, 1e-5, y, cfg, clusters)
-    torch.cuda.synchronize()
-    _check(x, None, w, b, y, None, 1e-5)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        bulk_norm(x, w, b, 1e-5, y, cfg, clusters)
-    x.copy_((torch.randn(x.shape, device="cuda", generator=gen) * 2 + 0.5).to(x.dtype))
-    poison_(y)
-    graph.replay()
-    torch.cuda.synchronize()
-    _check(x, None, w, b, y, None, 1e-5)
+    x, w, b, y = _sliced(gen, rows, width, kind, padded)
+    _eager_then_graph(lambda: bulk_norm(x, w, b, 1e-5, y, cfg, clusters), x, w, b, y, gen, 1)
 
 
 def test_bulk_norm_rejects():
@@ -298,30 +320,10 @@ def test_grid_norm(gen, kind, rows, width, fields, padded):
     _hopper()
     from grid_norm import GridConfig, grid_norm
 
-    from bulk_norm import build
-    try:
-        build(2)
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
+    _built(2)
     cfg = GridConfig(**fields)
-    x, _, w, b = _inputs(gen, "cuda", rows, width + 64 * padded, kind, False)
-    x, w = x[:, :width], w[:width]
-    b = None if b is None else b[:width]
-    y = poison_(torch.empty_like(x))
-    for _ in range(2):
-        grid_norm(x, w, b, 1e-5, y, cfg)
-        torch.cuda.synchronize()
-        _check(x, None, w, b, y, None, 1e-5)
-        poison_(y)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        grid_norm(x, w, b, 1e-5, y, cfg)
-    for _ in range(2):
-        x.copy_((torch.randn(x.shape, device="cuda", generator=gen) * 2 + 0.5).to(x.dtype))
-        poison_(y)
-        graph.replay()
-        torch.cuda.synchronize()
-        _check(x, None, w, b, y, None, 1e-5)
+    x, w, b, y = _sliced(gen, rows, width, kind, padded)
+    _eager_then_graph(lambda: grid_norm(x, w, b, 1e-5, y, cfg), x, w, b, y, gen, 2)
 
 
 def test_grid_norm_rejects():
