@@ -216,6 +216,20 @@ def _clusters_fit(fn: ctypes.c_void_p, name: str, cfg, smem: int) -> int | None:
     return _fits[key]
 
 
+def _check_wb(w: torch.Tensor, b: torch.Tensor | None, n: int) -> None:
+    """The weight (and bias) of an n-wide row: shape (n,) each (bulk_norm's, grid_norm's)."""
+    if w.shape != (n,) or (b is not None and b.shape != (n,)):
+        raise ValueError(f"w and b must have shape ({n},), got {tuple(w.shape)} and "
+                         f"{None if b is None else tuple(b.shape)}")
+
+
+def _launch(fn: ctypes.c_void_p, launch, args: list) -> None:
+    """``fn`` launched by ``cuLaunchKernelEx`` with ``launch`` (a cluster_room.LaunchConfig on
+    torch's current stream) and ``args`` (ctypes values in the kernel's parameter order)."""
+    params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
+    _check(_driver().cuLaunchKernelEx(ctypes.byref(launch), fn, params, None), "cuLaunchKernelEx")
+
+
 def bulk_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, eps: float, y: torch.Tensor,
               cfg: BulkConfig | WsConfig = BulkConfig(), clusters: int | None = None) -> torch.Tensor:
     """y = RMSNorm(x) * w (``b`` None; Llama convention) or LayerNorm(x) * w + b of (M, N)
@@ -229,9 +243,7 @@ def bulk_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, eps: flo
                          f"{cfg.unit} columns (8 a 16-byte vector, by the threads and chunks of {cfg})")
     if x.stride(0) % 8 or y.stride(0) % 8 or y.shape != x.shape:
         raise ValueError(f"y {tuple(y.shape)} must match x {tuple(x.shape)}; row strides a multiple of 8")
-    if w.shape != (N,) or (b is not None and b.shape != (N,)):
-        raise ValueError(f"w and b must have shape ({N},), got {tuple(w.shape)} and "
-                         f"{None if b is None else tuple(b.shape)}")
+    _check_wb(w, b, N)
     smem = cfg.smem(seg, rms)
     if smem > MAX_SMEM:
         raise ValueError(f"{cfg} needs {smem} bytes of shared memory a CTA for width {N}; at most {MAX_SMEM}")
@@ -252,8 +264,7 @@ def bulk_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, eps: flo
     args = [ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(w.data_ptr()),
             ctypes.c_void_p(0 if rms else b.data_ptr()), ctypes.c_void_p(y.data_ptr()), ctypes.c_int(M),
             ctypes.c_int(seg), ctypes.c_longlong(x.stride(0)), ctypes.c_longlong(y.stride(0)), ctypes.c_float(eps)]
-    params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
-    _check(_driver().cuLaunchKernelEx(ctypes.byref(launch), fn, params, None), "cuLaunchKernelEx")
+    _launch(fn, launch, args)
     return y
 
 

@@ -24,7 +24,7 @@
 #include "bulk_ptx.cuh"
 
 template <int CW, int VPT, int NBUF, bool RMS, bool WSMEM, int EARLY, int PB, int LOOK, int XW, int PROD,
-          int CP, bool HT = true>
+          int CP, bool HT>
 __device__ __forceinline__ void ws_norm(const bf16* __restrict__ x, const bf16* __restrict__ w,
                                         const bf16* __restrict__ b, bf16* __restrict__ y, int rows, int seg,
                                         long long sx, long long sy, float eps) {
@@ -129,24 +129,19 @@ __device__ __forceinline__ void ws_norm(const bf16* __restrict__ x, const bf16* 
 }
 
 // extern "C" entry points:
-// ws_{rms|layer|copy}_w{CW}_v{VPT}_b{NBUF}_s{WSMEM}_e{EARLY}_p{PB}_l{LOOK}_x{XW}_q{PROD};
-// CW + PROD warps.
-#define WS_NORM(KIND, RMS, CW, V, NB, WS, EA, PB, LK, XW, PR, CP)                                   \
+// ws_{rms|layer|copy}_w{CW}_v{VPT}_b{NBUF}_s{WSMEM}_e{EARLY}_p{PB}_l{LOOK}_x{XW}_q{PROD}{SUF};
+// CW + PROD warps. HT: the L2 hints on x and y; without them (session 24) the name ends _h0.
+#define WS_ENTRY(KIND, RMS, CW, V, NB, WS, EA, PB, LK, XW, PR, CP, HT, SUF)                         \
   extern "C" __global__ void __launch_bounds__(32 * (CW + PR))                                      \
-      ws_##KIND##_w##CW##_v##V##_b##NB##_s##WS##_e##EA##_p##PB##_l##LK##_x##XW##_q##PR(            \
+      ws_##KIND##_w##CW##_v##V##_b##NB##_s##WS##_e##EA##_p##PB##_l##LK##_x##XW##_q##PR##SUF(        \
           const bf16* x, const bf16* w, const bf16* b, bf16* y, int rows, int seg, long long sx,    \
           long long sy, float eps) {                                                                \
-    ws_norm<CW, V, NB, RMS, WS, EA, PB, LK, XW, PR, CP>(x, w, b, y, rows, seg, sx, sy, eps);        \
+    ws_norm<CW, V, NB, RMS, WS, EA, PB, LK, XW, PR, CP, HT>(x, w, b, y, rows, seg, sx, sy, eps);    \
   }
-
-// The same without the L2 hints on x and y (HT 0; session 24): name suffix _h0.
-#define WS_NORM_H0(KIND, RMS, CW, V, NB, WS, EA, PB, LK, XW, PR, CP)                                \
-  extern "C" __global__ void __launch_bounds__(32 * (CW + PR))                                      \
-      ws_##KIND##_w##CW##_v##V##_b##NB##_s##WS##_e##EA##_p##PB##_l##LK##_x##XW##_q##PR##_h0(        \
-          const bf16* x, const bf16* w, const bf16* b, bf16* y, int rows, int seg, long long sx,    \
-          long long sy, float eps) {                                                                \
-    ws_norm<CW, V, NB, RMS, WS, EA, PB, LK, XW, PR, CP, false>(x, w, b, y, rows, seg, sx, sy, eps); \
-  }
+#define WS_NORM(KIND, RMS, CW, V, NB, WS, EA, PB, LK, XW, PR, CP) \
+  WS_ENTRY(KIND, RMS, CW, V, NB, WS, EA, PB, LK, XW, PR, CP, true, )
+#define WS_NORM_H0(KIND, RMS, CW, V, NB, WS, EA, PB, LK, XW, PR, CP) \
+  WS_ENTRY(KIND, RMS, CW, V, NB, WS, EA, PB, LK, XW, PR, CP, false, _h0)
 
 #define WS_BOTH(CW, V, NB, WS, EA, PB, LK, XW, PR)              \
   WS_NORM(rms, true, CW, V, NB, WS, EA, PB, LK, XW, PR, 0)    \

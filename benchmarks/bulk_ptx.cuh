@@ -35,6 +35,17 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   } while (!done);
 }
 
+// Whether phase ``parity`` of bar has completed, without waiting.
+__device__ __forceinline__ bool mbar_test(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+      : "=r"(done)
+      : "r"(smem_addr(bar)), "r"(parity)
+      : "memory");
+  return done;
+}
+
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
@@ -223,26 +234,32 @@ __device__ __forceinline__ float2 combine_warps(const float2* red, int e, float 
   return make_float2(mean, rsqrtf(m2 / (cnt * e) + eps));
 }
 
-// Pass 2 over the thread's vectors k0..k0+PB-1, in place in shared memory:
-// RMSNorm y = bf16(bf16(x * rstd) * w); LayerNorm y = bf16((x - mean) * rstd * w + b).
+// y of one 16-byte vector from (mean, rstd) = mr: RMSNorm y = bf16(bf16(x * rstd) * w)
+// (Llama); LayerNorm y = bf16((x - mean) * rstd * w + b) (``*bv`` not read for RMSNorm).
+template <bool RMS>
+__device__ __forceinline__ uint4 norm_vec(const uint4& xv, const uint4& wv, const uint4* bv, float2 mr) {
+  float f[8], g[8], h[8];
+  unpack8(xv, f);
+  unpack8(wv, g);
+  if (RMS) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) f[i] = __bfloat162float(__float2bfloat16_rn(f[i] * mr.y)) * g[i];
+  } else {
+    unpack8(*bv, h);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) f[i] = (f[i] - mr.x) * mr.y * g[i] + h[i];
+  }
+  return pack8(f);
+}
+
+// Pass 2 over the thread's vectors k0..k0+PB-1, in place in shared memory (``norm_vec``).
 template <bool RMS, int NT, int PB>
 __device__ __forceinline__ void normalize(uint4* xv, const uint4* wr, const uint4* br, int tid, float2 mr,
                                           int k0) {
 #pragma unroll
   for (int k = k0; k < k0 + PB; ++k) {
     const int v = tid + k * NT;
-    float f[8], g[8], h[8];
-    unpack8(xv[v], f);
-    unpack8(wr[k], g);
-    if (RMS) {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) f[i] = __bfloat162float(__float2bfloat16_rn(f[i] * mr.y)) * g[i];
-    } else {
-      unpack8(br[k], h);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) f[i] = (f[i] - mr.x) * mr.y * g[i] + h[i];
-    }
-    xv[v] = pack8(f);
+    xv[v] = norm_vec<RMS>(xv[v], wr[k], br + k, mr);
   }
 }
 

@@ -27,16 +27,6 @@
 
 #include "bulk_ptx.cuh"
 
-__device__ __forceinline__ bool mbar_test(uint64_t* bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-      : "=r"(done)
-      : "r"(smem_addr(bar)), "r"(parity)
-      : "memory");
-  return done;
-}
-
 __device__ __forceinline__ void st_relaxed(uint64_t* p, uint64_t v) {
   asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
@@ -305,20 +295,7 @@ __device__ __forceinline__ void grid_norm(const bf16* __restrict__ x, const bf16
           const int vi = tid + q * CT;
           if (vi >= nv) continue;
           uint4 out = xv[vi];
-          if (MODE != 1) {
-            float f[8], g[8], h[8];
-            unpack8(out, f);
-            unpack8(wr[q], g);
-            if (RMS) {
-#pragma unroll
-              for (int e = 0; e < 8; ++e) f[e] = __bfloat162float(__float2bfloat16_rn(f[e] * mr[k].y)) * g[e];
-            } else {
-              unpack8(br[q], h);
-#pragma unroll
-              for (int e = 0; e < 8; ++e) f[e] = (f[e] - mr[k].x) * mr[k].y * g[e] + h[e];
-            }
-            out = pack8(f);
-          }
+          if (MODE != 1) out = norm_vec<RMS>(out, wr[q], br + q, mr[k]);
           st_stream<H>(yv + vi, out, pol_stream);
         }
       }

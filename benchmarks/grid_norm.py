@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bulk_norm import MAX_SMEM, _check, _driver, _function  # noqa: E402
+from bulk_norm import MAX_SMEM, _check_wb, _function, _launch  # noqa: E402
 from cluster_room import LaunchConfig, blocks_per_sm  # noqa: E402
 
 SOURCE = 2  # bulk_norm.SOURCES[2]: grid_norm.cu
@@ -84,6 +84,18 @@ def _workspace(dev: torch.device, words: int) -> tuple[torch.Tensor, torch.Tenso
     return _work[key]
 
 
+_fits: dict[tuple[str, int, int], int] = {}  # (name, dynamic shared bytes, device): CTAs resident at once
+
+
+def _resident(fn, name: str, cfg: GridConfig, smem: int, dev: torch.device) -> int:
+    """CTAs of the kernel the GPU holds at once (the occupancy query once per kernel and size)."""
+    key = (name, smem, dev.index or 0)
+    if key not in _fits:
+        _fits[key] = blocks_per_sm(SimpleNamespace(function=fn.value), cfg.cw + 2, smem) * \
+            torch.cuda.get_device_properties(dev).multi_processor_count
+    return _fits[key]
+
+
 def grid_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, eps: float, y: torch.Tensor,
               cfg: GridConfig = GridConfig()) -> torch.Tensor:
     """y = RMSNorm(x) * w (``b`` None; Llama convention) or LayerNorm(x) * w + b of (M, N)
@@ -97,9 +109,7 @@ def grid_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, eps: flo
     if N % 8 or x.stride(0) % 8 or y.stride(0) % 8:
         raise ValueError(f"width {N} and the row strides ({x.stride(0)}, {y.stride(0)}) must be multiples of 8 "
                          "(16-byte bulk copies)")
-    if w.shape != (N,) or (b is not None and b.shape != (N,)):
-        raise ValueError(f"w and b must have shape ({N},), got {tuple(w.shape)} and "
-                         f"{None if b is None else tuple(b.shape)}")
+    _check_wb(w, b, N)
     for label, t in [("x", x), ("w", w), ("y", y)] + ([] if rms else [("b", b)]):
         if t.dtype != torch.bfloat16 or not t.is_cuda or t.stride(-1) != 1 or t.data_ptr() % 16:
             raise ValueError(f"{label} must be a 16-byte aligned CUDA bfloat16 tensor with unit column stride, got "
@@ -112,8 +122,7 @@ def grid_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, eps: flo
         raise ValueError(f"{cfg} needs {smem} bytes of ring a CTA at width {N}; at most {MAX_SMEM}")
     name = cfg.name(rms)
     fn = _function(name, smem, SOURCE)
-    fits = blocks_per_sm(SimpleNamespace(function=fn.value), cfg.cw + 2, smem) * \
-        torch.cuda.get_device_properties(x.device).multi_processor_count
+    fits = _resident(fn, name, cfg, smem, x.device)
     if g > fits:
         raise ValueError(f"{cfg} at width {N} needs {g} resident CTAs; this GPU holds {fits}")
     if M == 0:
@@ -125,8 +134,7 @@ def grid_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, eps: flo
             ctypes.c_void_p(0 if rms else b.data_ptr()), ctypes.c_void_p(y.data_ptr()),
             ctypes.c_void_p(part.data_ptr()), ctypes.c_void_p(ctl.data_ptr()), ctypes.c_int(M), ctypes.c_int(N),
             ctypes.c_int(s), ctypes.c_longlong(x.stride(0)), ctypes.c_longlong(y.stride(0)), ctypes.c_float(eps)]
-    params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
-    _check(_driver().cuLaunchKernelEx(ctypes.byref(launch), fn, params, None), "cuLaunchKernelEx")
+    _launch(fn, launch, args)
     return y
 
 
