@@ -203,7 +203,7 @@ def _even(const_n: int, split: int, block_n: int) -> bool:
 def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: int = 8192,
                 hints: bool = False, stash: bool = False, vec: bool = False, unroll: int = 1,
                 const_n: int = 0, split: int = 1, block_m: int = 1, hold: int = 0, drop_y: bool = False,
-                cluster: bool = False, shelf: bool = False, fold: bool = False) -> str:
+                cluster: bool = False, shelf: bool = False, fold: bool = False, pf: int = 0) -> str:
     """The split-row norm kernel at ``phase`` (norm._COOP, _STATS, _APPLY, _LOOP); ``split``
     programs a row of ``const_n`` (or 65536) columns in mode "loop", waiting on each other;
     ``block_m`` rows a program; ``hold`` chunks held in registers between the passes."""
@@ -213,7 +213,7 @@ def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: i
                  HINTS=hints, STASH=stash and residual, VEC=vec, UNROLL=unroll, CONST_N=const_n, SPLIT=split,
                  SEG_N=(const_n // split if const_n else 0), LOOP_PART=0, HOLD=hold, DROP_Y=drop_y, CLUSTER=cluster,
                  LATE_WB=False, SHELF=shelf, FOLD=fold,  # every constexpr: ASTSource binds no defaults
-                 EVEN=_even(const_n, split, block_n))
+                 EVEN=_even(const_n, split, block_n), PF=pf, PF_LANES=32 * warps)
     sig, attrs = {}, {}
     for i, n in enumerate(fn.arg_names):
         if n in const:

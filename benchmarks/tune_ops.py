@@ -247,6 +247,8 @@ def main():
                     "two builds, e.g. a patch from benchmarks/experiments applied in between)")
     ap.add_argument("--flip", action="append", default=[], help="with --focus --picks: also time the pick with "
                     "this boolean NormConfig field negated (repeatable, e.g. drop_y)")
+    ap.add_argument("--vary", action="append", default=[], metavar="FIELD=V1,V2", help="with --focus --picks: "
+                    "also time the pick with this NormConfig field at each value (repeatable, e.g. pf=8,16)")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="with --focus: set a "
                     "NormConfig field on every candidate but the pick (repeatable, e.g. drop_y=True)")
     ap.add_argument("--rotate", type=int, default=1, help="calls a timed replay runs back to back, each on the "
@@ -324,11 +326,13 @@ def main():
                                               args.held, args.cluster, args.shelf))
             else:
                 cands = list(norm_candidates(width))
-            if args.set:  # e.g. drop_y=True on every variant of the sweep
-                fields = {k: eval(v) for k, v in (a.split("=", 1) for a in args.set)}
-                cands = [cands[0]] + [dataclasses.replace(c, **fields) for c in cands[1:]]
             if args.picks:  # the pick against itself with a flag flipped
                 cands += [dataclasses.replace(cands[0], **{f: not getattr(cands[0], f)}) for f in args.flip]
+                for f, vals in (a.split("=", 1) for a in args.vary):
+                    cands += [dataclasses.replace(cands[0], **{f: eval(v)}) for v in vals.split(",")]
+            if args.set:  # e.g. drop_y=True on every candidate but the pick (flipped and varied ones too)
+                fields = {k: eval(v) for k, v in (a.split("=", 1) for a in args.set)}
+                cands = [cands[0]] + [dataclasses.replace(c, **fields) for c in cands[1:]]
             if args.config:  # today's pick against the given configs
                 cands = [cands[0]] + [eval(c, {"NormConfig": norm.NormConfig}) for c in args.config]
             cands = [c for c in cands if modes is None or c.mode in modes]

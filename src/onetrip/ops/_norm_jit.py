@@ -7,6 +7,7 @@ import triton.language as tl
 
 from ._cluster import share3, smem_load
 from ._jit import cast_out
+from ._l2_ahead import l2_ahead
 from ._shelf import shelf_base, shelf_copy, shelf_load, shelf_sums, shelf_wait
 
 
@@ -285,6 +286,16 @@ def _shelf_pass1(x_ptr, row, col0, stride_xm, c, base, SEG: tl.constexpr, BLOCK_
 
 
 @triton.jit
+def _ahead(x_ptr, r_ptr, row, M, col0, stride_xm, stride_rm, HAS_RESIDUAL: tl.constexpr, EVEN: tl.constexpr,
+           BLOCK_M: tl.constexpr, SEG: tl.constexpr, LANES: tl.constexpr):
+    """Ask the L2 for the segment of x (and r) of row ``row`` (``_l2_ahead``)."""
+    tl.static_assert(EVEN and BLOCK_M == 1, "read-ahead takes dense rows of whole segments, a row a program")
+    l2_ahead(x_ptr, row, M, col0, stride_xm, SEG, LANES)
+    if HAS_RESIDUAL:
+        l2_ahead(r_ptr, row, M, col0, stride_rm, SEG, LANES)
+
+
+@triton.jit
 def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row, seg, M, N, SEG,
               stride_xm, stride_rm, stride_ym, stride_hm, eps,
               IS_RMS: tl.constexpr, GEMMA: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
@@ -292,7 +303,7 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
               STASH: tl.constexpr, VEC: tl.constexpr, UNROLL: tl.constexpr, SPLIT: tl.constexpr,
               BLOCK_S: tl.constexpr, LOOP_PART: tl.constexpr, EVEN: tl.constexpr, HOLD: tl.constexpr = 0,
               DROP_Y: tl.constexpr = False, CLUSTER: tl.constexpr = False, SHELF: tl.constexpr = False,
-              FOLD: tl.constexpr = False):
+              FOLD: tl.constexpr = False, PF: tl.constexpr = 0, PF_LANES: tl.constexpr = 32):
     """Mode "loop": a program per BLOCK_M rows (per segment of SEG columns of a row with
     SPLIT > 1), two passes over its chunks of BLOCK_N. Pass 1 sums the statistics; pass 2
     reads each chunk again, which a row of <= 512 KB finds in L2 (two programs an SM hold
@@ -391,6 +402,8 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
             else:
                 s1 = v1
                 s2 = v2
+    if PF > 0:  # pass 1's reads are in: the HBM reads ahead while the sums travel and y is written
+        _ahead(x_ptr, r_ptr, row + PF, M, col0, stride_xm, stride_rm, HAS_RESIDUAL, EVEN, BLOCK_M, SEG, PF_LANES)
     if SPLIT > 1 and CLUSTER:  # the row's programs are one cluster: sums through shared memory
         c, s1, s2 = _split_combine(share3(c, s1, s2, SPLIT), row, N, SEG, SPLIT, BLOCK_S, IS_RMS, True)
     elif SPLIT > 1:

@@ -33,7 +33,8 @@ How rows are covered (``NormConfig.mode``):
     (Hopper) those programs are one thread-block cluster and the sums go through
     distributed shared memory, not global atomics (``_cluster.py``); with ``shelf`` (no
     residual) a program copies its segment into shared memory and both passes read it
-    there (``_shelf.py``). Chosen where
+    there (``_shelf.py``); with ``pf`` (Hopper) each program, its own reads done, asks
+    the L2 for its segment of a later row (``_l2_ahead.py``). Chosen where
     ``LOOP_PICKS`` has the width (8K RMSNorm and from 16K wide without a residual, 32K-256K
     with one) and there is a row for every SM (``norm_config``).
 """
@@ -67,6 +68,7 @@ from ._common import (
 )
 from ._cluster import cluster_arrive, cluster_ok, launch_clusters
 from ._norm_jit import _chunk_stats, _load_h, _load_wb, _loop_row, _mean_rstd, _store_y, _wait_row
+from ._l2_ahead import ahead_ok
 from ._norm_picks import LOOP_PICKS, PICKS_GPU, ROWS_PICKS, NormConfig
 from ._shelf import shelf_fits
 
@@ -99,6 +101,8 @@ def _norm_kernel(
     SHELF: tl.constexpr = False,  # "loop": pass 2 takes the chunks from shared memory (_shelf.py)
     FOLD: tl.constexpr = False,  # "loop" LayerNorm, 16-bit y: the affine as FMAs (_store_y)
     EVEN: tl.constexpr = False,  # "loop": dense rows of CONST_N cut into SPLIT segments of whole chunks (no masks)
+    PF: tl.constexpr = 0,       # "loop", EVEN: after pass 1, the segment of the row PF rows on asked of the L2
+    PF_LANES: tl.constexpr = 32,  # with PF: the program's threads (a lane each, so no request is issued twice)
 ):
     # CONST_N > 0 ("loop", "rows"): the width (and so the dense rows' strides) as constants,
     # so the trip count, masks and row addresses are known to the compiler (each choice below
@@ -120,7 +124,7 @@ def _norm_kernel(
         _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, t // SPLIT, t % SPLIT, M, n, seg_cols,
                   sx, sr, sy, sh, eps, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, HINTS,
                   STASH, VEC, UNROLL, SPLIT, BLOCK_S, LOOP_PART,
-                  EVEN, HOLD, DROP_Y, CLUSTER, SHELF, FOLD)
+                  EVEN, HOLD, DROP_Y, CLUSTER, SHELF, FOLD, PF, PF_LANES)
         return
     # -- which chunk of columns (and, split, which row) this program owns -------------------
     if PHASE == 1:
@@ -303,6 +307,10 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
              and not is_interpreting() and (split == 1 or wait) and even
              and x.data_ptr() % 16 == 0 and y.data_ptr() % 16 == 0
              and shelf_fits(seg, cfg.block_n, cfg.num_warps, x.element_size()))
+    # cfg.pf on a compiled Hopper kernel over dense, evenly cut rows whose segments start on
+    # 16 bytes and are whole 4 KB requests (_l2_ahead.ahead_ok); elsewhere no request.
+    pf = cfg.pf if cfg.mode == "loop" and cfg.block_m == 1 and even and ahead_ok(
+        seg * x.element_size(), x, residual) else 0
 
     def launch(phase, part_of_loop, part, sync, clusters):
         args = (x, residual if residual is not None else x, weight if weight is not None else x,
@@ -320,7 +328,7 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
             # (two launches: pass 2 cannot hold pass 1's registers; the shelf holds the whole segment)
             HOLD=cfg.hold if part_of_loop == 0 and not shelf else 0,
             DROP_Y=cfg.drop_y, CLUSTER=clusters, LATE_WB=cfg.late_wb, SHELF=shelf,
-            FOLD=cfg.fold, EVEN=even,
+            FOLD=cfg.fold, EVEN=even, PF=pf if part_of_loop == 0 else 0, PF_LANES=32 * cfg.num_warps,
             num_warps=cfg.num_warps,
         )
         if clusters:  # None when this Triton's launcher cannot be given a cluster size

@@ -1,0 +1,54 @@
+"""Read-ahead into the L2 for the "loop" norm (``NormConfig.pf``): once its own pass-1
+reads are in, a program asks the L2 for its segment of the row ``pf`` rows on, so that the
+program which takes that row later finds it there.
+
+Why: a wide row's program holds its SM slot from its first load to its last store, but
+keeps HBM reads in flight only during pass 1; while it waits on its sums' exchange and
+writes y, its SM asks HBM for less than its share. A bulk prefetch
+(``cp.async.bulk.prefetch.L2``, served by the TMA unit, Hopper) holds no register, shared
+memory or slot, so the reads it starts go on through that wait.
+
+Where it pays (H100, benchmarks/NOTES.md, twenty-fifth session): layer_norm's 256K shelf
+pick, whose x goes to shared memory, so the L2 has room: +1.2 to +4.4 points of copy at
+64-512 rows. Where the L2 is full already it loses: the picks that re-read their row from
+L2 (rms_norm; the residual picks, whose stashed h fills it), and any pick when the request
+is made at the program's start (it then competes with the program's own first pass).
+
+A program issues one 4 KB request a lane, from as many lanes as its segment has 4 KB
+pieces (a 16384-column bf16 segment: 8), none past the last row. The requests are hints
+and change no result; under the interpreter (no inline PTX) and off Hopper the launcher
+passes pf = 0.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import hopper_or_newer, is_interpreting
+
+REQUEST = tl.constexpr(4096)  # bytes a request asks for (the asm's size)
+AHEAD_ASM = tl.constexpr("{\n.reg .pred %sp;\nsetp.lt.s32 %sp, $2, $3;\n"
+                         "@%sp cp.async.bulk.prefetch.L2.global [$1], 4096;\nmov.u32 $0, 0;\n}")
+
+
+@triton.jit
+def l2_ahead(ptr, row, M, col0, stride_m, SEG: tl.constexpr, LANES: tl.constexpr):
+    """Ask the L2 for row ``row``'s SEG elements from column ``col0`` (rows ``stride_m``
+    elements apart; the start 16-byte aligned, SEG's bytes a multiple of 4 KB); nothing
+    when ``row`` >= M. One request a lane of the first SEG bytes / 4 KB lanes."""
+    ELEMS: tl.constexpr = REQUEST * 8 // ptr.dtype.element_ty.primitive_bitwidth  # elements a request
+    lane = tl.arange(0, LANES)  # (LANES,): one element a thread, so no request is issued twice
+    count = tl.where(row < M, SEG // ELEMS, 0)
+    p = ptr + row.to(tl.int64) * stride_m + col0 + tl.minimum(lane, SEG // ELEMS - 1) * ELEMS
+    tl.inline_asm_elementwise(AHEAD_ASM, "=r,l,r,r", [p, lane, count], dtype=tl.int32, is_pure=False, pack=1)
+
+
+def ahead_ok(seg_bytes: int, x: torch.Tensor, *others) -> bool:
+    """``l2_ahead`` may run on ``x``'s rows (and ``others``', None skipped): a compiled kernel
+    (not the interpreter) on a Hopper-or-newer GPU, segments of whole 4 KB requests, every
+    tensor 16-byte aligned (dense rows of such segments then start on 16 bytes too)."""
+    if is_interpreting() or seg_bytes % REQUEST.value or not hopper_or_newer(x):
+        return False
+    return all(t is None or t.data_ptr() % 16 == 0 for t in (x, *others))

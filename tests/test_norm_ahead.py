@@ -1,0 +1,73 @@
+"""The norm kernel's read-ahead into the L2 (``NormConfig.pf``, ``ops/_l2_ahead.py``): each
+"loop" program first asks the L2 for its segment of the row ``pf`` rows on. A hint: the
+results must be the same as without it, rows past the end included."""
+
+import pytest
+import torch
+
+from onetrip.ops import norm as norm_mod
+from onetrip.ops._l2_ahead import ahead_ok
+from onetrip.ops.norm import NormConfig
+from onetrip.testing import poison_
+
+from conftest import ON_GPU
+from test_norm import KINDS, _check, _params
+
+HOPPER = ON_GPU and torch.cuda.get_device_capability()[0] >= 9
+
+
+def _run(x, r, w, b, kind, cfg, taken):
+    """Launch ``cfg`` on poisoned outputs; check whether the requests were compiled in, and the result."""
+    y = poison_(torch.empty_like(x))
+    h = poison_(torch.empty_like(x)) if r is not None else None
+    kernel = norm_mod._launch(x, r, w, b, y, h, 1e-6, kind != "layer", kind == "gemma", cfg)
+    if kernel is not None:
+        assert ("cp.async.bulk.prefetch.L2" in kernel.asm["ptx"]) == taken
+    _check(kind, x, r, w, b, 1e-6, y, h)
+    return y, h
+
+
+def test_ahead_falls_back(device, gen):
+    """Where no request can be made (the interpreter or the CPU, a segment not of whole 4 KB
+    requests, a tensor off 16 bytes), the config runs as without it, and right."""
+    x = torch.randn(9, 8192, generator=gen, device=device).to(torch.bfloat16)
+    r = torch.randn(9, 8192, generator=gen, device=device).to(torch.bfloat16)
+    w, b = _params("layer", 8192, torch.bfloat16, device, gen)
+    cfg = NormConfig("loop", 1, 1024, 4, vec=True, const_n=True, split=4, pf=2)
+    _run(x, r, w, b, "layer", cfg, taken=HOPPER)  # 2048-column segments: 4 KB of bf16
+    assert not ahead_ok(3000, x)  # not whole requests
+    odd = torch.empty(9 * 8192 + 1, dtype=torch.bfloat16, device=device)[1:].view(9, 8192)
+    assert not ahead_ok(4096, x, odd)  # 2 bytes off 16
+    _run(x, None, w, b, "layer", NormConfig("loop", 1, 512, 4, vec=True, const_n=True, split=8, pf=2), taken=False)
+
+
+@pytest.mark.skipif(not HOPPER, reason="the bulk L2 prefetch is Hopper's inline PTX")
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("cfg", [
+    NormConfig("loop", 1, 4096, 16, hints=True, vec=True, const_n=True, split=4, drop_y=True, pf=1),  # waiting
+    NormConfig("loop", 1, 4096, 16, hints=True, vec=True, const_n=True, split=4, hold=1, cluster=True, pf=3),
+    NormConfig("loop", 1, 4096, 8, vec=True, const_n=True, split=4, stash=True, shelf=True, fold=True,
+               cluster=True, pf=32)], ids=["split", "cluster-hold", "cluster-shelf-stash"])
+def test_ahead_gpu(gen, kind, residual, cfg):
+    """Rows of 64K in 4 segments of 32 KB (8 requests a program), 9 rows so that the last
+    rows ask for rows past the end (nothing is issued for them), pf of 1-32 rows; eagerly
+    and replayed from a CUDA graph with new inputs, level with the same config without it."""
+    device = torch.device("cuda")
+    width = 65536
+    x = torch.randn(9, width, generator=gen, device=device).to(torch.bfloat16)
+    r = torch.randn(9, width, generator=gen, device=device).to(torch.bfloat16) if residual else None
+    w, b = _params(kind, width, torch.bfloat16, device, gen)
+    y, h = _run(x, r, w, b, kind, cfg, taken=True)
+    y0, h0 = _run(x, r, w, b, kind, NormConfig(**{**cfg.__dict__, "pf": 0}), taken=False)
+    assert torch.equal(y, y0) and (h is None or torch.equal(h, h0))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        norm_mod._launch(x, r, w, b, y, h, 1e-6, kind != "layer", kind == "gemma", cfg)
+    x.copy_(torch.randn(9, width, generator=gen, device=device))
+    poison_(y)
+    if h is not None:
+        poison_(h)
+    graph.replay()
+    torch.cuda.synchronize()
+    _check(kind, x, r, w, b, 1e-6, y, h)
