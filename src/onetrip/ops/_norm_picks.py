@@ -32,6 +32,8 @@ class NormConfig:
     shelf: bool = False  # "loop", no residual: the segment copied into shared memory, both passes read it there
     fold: bool = False  # "loop" LayerNorm, 16-bit y: the affine as FMAs, y = (h - mean) * (rstd * w) + b
     pf: int = 0  # "loop", dense rows (Hopper): after pass 1 a program asks the L2 for its segment of the row pf rows on
+    pf_rows: int = 0  # with pf: only where there are at least this many rows (fewer: no read-ahead)
+    carveout: int = -1  # % of the SM's L1 / shared memory asked as shared memory (-1: the driver's choice)
 
 
 def _loop(block_n: int, warps: int, **flags) -> NormConfig:
@@ -175,8 +177,12 @@ LOOP_PICKS = {
 #   69.2-69.3 -> 71.9-72.2. Not taken where it lost: asked at the program's start (everywhere
 #   but 128K by < 1 point), the picks that re-read their row from L2 (rms_norm: 40 registers
 #   with it, and under a 32-register cap still -1.5 on 64 rows; the residual picks, whose
-#   stashed h fills the L2: -2 to -20), layer_norm 128K (+1.6 at 512 rows, -0.6 / -0.9 at 256
-#   / 132 rows).
+#   stashed h fills the L2: -2 to -20).
+#   layer_norm's 128K shelf pick takes pf 32 from 384 rows (``pf_rows``): tune_ops, pick ->
+#   pf 32, 132 / 256 / 384 / 512 / 768 / 1024 rows: 75.5 -> 74.6, 84.8 -> 84.2, 88.7 -> 89.9,
+#   91.0 -> 92.4, 92.6 -> 94.8, 93.8 -> 96.1 (the gain grows with the rows behind the ~80 in
+#   flight); ops bench, two interleaved rounds, 512 x 128K 88.3-88.4 -> 90.9-91.0%
+#   (results/ops-...-20261126-session25-ahead128-ab-*.json).
 _CLUSTER = dict(hints=True, vec=True, const_n=True, cluster=True)
 _CLUSTER_NH = dict(_CLUSTER, hints=False)
 PICKS_GPU = {
@@ -185,7 +191,8 @@ PICKS_GPU = {
         ("loop", False, True, 32768): _loop(16384, 32, stash=True, vec=True, const_n=True),
         ("loop", True, False, 131072): _loop(4096, 16, split=8, hold=1, drop_y=True, **_CLUSTER),
         ("loop", True, False, 262144): _loop(4096, 16, split=16, hold=1, drop_y=True, **_CLUSTER),
-        ("loop", False, False, 131072): _loop(4096, 8, split=8, shelf=True, fold=True, **_CLUSTER_NH),
+        ("loop", False, False, 131072): _loop(4096, 8, split=8, shelf=True, fold=True, pf=32, pf_rows=384,
+                                              **_CLUSTER_NH),
         ("loop", False, False, 262144): _loop(4096, 8, split=16, shelf=True, fold=True, pf=12, **_CLUSTER_NH),
         ("loop", True, True, 131072): _loop(4096, 8, stash=True, split=16, **_CLUSTER_NH),
         ("loop", False, True, 131072): _loop(4096, 8, stash=True, split=16, fold=True, **_CLUSTER_NH),
