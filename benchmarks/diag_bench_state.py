@@ -1,10 +1,11 @@
-"""Reproduce the process-history effect on layer_norm's wide shelf kernels (NOTES.md,
-twenty-fifth session): time the 256 x 256K pick fresh, then after torch.compile has
-compiled and timed the bench's layer_norm reference at 1K, 2K, ... wide (the kernel's
-module loaded again before each probe). On an H100 it read 85.5-85.9% of copy until the
-16K shape, then 74% for good; eager or Liger-Kernel before it left it at 85.5.
+"""Reproduce the process-history effect on layer_norm's wide shelf kernel with read-ahead
+(NOTES.md, twenty-fifth session): time the 256 x 256K pick with ``pf`` rows of read-ahead
+fresh, then after torch.compile has compiled and timed the bench's layer_norm reference at
+1K, 2K, ... wide (the kernel's module loaded again before each probe). On an H100 it read
+85.5-85.9% of copy until the 16K shape, then 74% for good; eager or Liger-Kernel before it
+left it at 85.5, and the same kernel without read-ahead (--pf 0) reads as in tune_ops.
 
-    PYTHONPATH=src python benchmarks/diag_bench_state.py [--carveouts -1,0,72,100]
+    PYTHONPATH=src python benchmarks/diag_bench_state.py [--pf 12] [--carveouts=-1,0,72,100]
 
 --carveouts: in the end state, also time the kernel with each preferred shared-memory
 carveout (% of 228 KB; -1 the driver's choice; `_common.prefer_carveout`).
@@ -13,6 +14,7 @@ carveout (% of 228 KB; -1 the driver's choice; `_common.prefer_carveout`).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import torch
 
@@ -27,7 +29,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--widths", default="1024,2048,4096,8192,16384", help="torch.compile's shapes, in order")
     ap.add_argument("--carveouts", default="", help="comma-separated carveouts to time at the end")
+    ap.add_argument("--pf", type=int, default=12, help="rows of read-ahead given to the shelf picks (0: none)")
     args = ap.parse_args()
+    pick = norm.norm_config
+
+    def with_pf(*a, **k):  # the shelf picks with read-ahead (no pick has it: _norm_picks.py)
+        cfg = pick(*a, **k)
+        return dataclasses.replace(cfg, pf=args.pf) if cfg.shelf else cfg
+
+    norm.norm_config = with_pf
     dev = torch.device("cuda")
     copy = harness.copy_bandwidth_gbs(dev)
     flush = harness.new_flush_buffer(dev)

@@ -28,15 +28,13 @@ def _run(x, r, w, b, kind, cfg, taken):
 
 
 def test_ahead_falls_back(device, gen):
-    """Where no request can be made (the interpreter or the CPU, fewer rows than ``pf_rows``,
-    a segment not of whole 4 KB requests, a tensor off 16 bytes), the config runs as
-    without it, and right."""
+    """Where no request can be made (the interpreter or the CPU, a segment not of whole 4 KB
+    requests, a tensor off 16 bytes), the config runs as without it, and right."""
     x = torch.randn(9, 8192, generator=gen, device=device).to(torch.bfloat16)
     r = torch.randn(9, 8192, generator=gen, device=device).to(torch.bfloat16)
     w, b = _params("layer", 8192, torch.bfloat16, device, gen)
     cfg = NormConfig("loop", 1, 1024, 4, vec=True, const_n=True, split=4, pf=2)
     _run(x, r, w, b, "layer", cfg, taken=HOPPER)  # 2048-column segments: 4 KB of bf16
-    _run(x, r, w, b, "layer", NormConfig(**{**cfg.__dict__, "pf_rows": 10}), taken=False)  # 9 rows
     assert not ahead_ok(3000, x)  # not whole requests
     odd = torch.empty(9 * 8192 + 1, dtype=torch.bfloat16, device=device)[1:].view(9, 8192)
     assert not ahead_ok(4096, x, odd)  # 2 bytes off 16

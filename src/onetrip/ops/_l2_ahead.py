@@ -8,11 +8,13 @@ writes y, its SM asks HBM for less than its share. A bulk prefetch
 (``cp.async.bulk.prefetch.L2``, served by the TMA unit, Hopper) holds no register, shared
 memory or slot, so the reads it starts go on through that wait.
 
-Where it pays (H100, benchmarks/NOTES.md, twenty-fifth session): layer_norm's 256K shelf
-pick, whose x goes to shared memory, so the L2 has room: +1.2 to +4.4 points of copy at
-64-512 rows. Where the L2 is full already it loses: the picks that re-read their row from
-L2 (rms_norm; the residual picks, whose stashed h fills it), and any pick when the request
-is made at the program's start (it then competes with the program's own first pass).
+Measured (H100, benchmarks/NOTES.md, twenty-fifth session), it is in no pick. On
+layer_norm's shelf picks, whose x goes to shared memory so the L2 has room, it gained 1-4
+points of copy timed alone in a process, and lost 3-10 in the ops bench, where
+torch.compile's kernels run first (why is not known). Where the L2 is full already it
+loses outright: the picks that re-read their row from L2 (rms_norm; the residual picks,
+whose stashed h fills it), and any pick when the request is made at the program's start
+(it then competes with the program's own first pass).
 
 A program issues one 4 KB request a lane, from as many lanes as its segment has 4 KB
 pieces (a 16384-column bf16 segment: 8), none past the last row. The requests are hints

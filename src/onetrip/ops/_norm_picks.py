@@ -32,7 +32,6 @@ class NormConfig:
     shelf: bool = False  # "loop", no residual: the segment copied into shared memory, both passes read it there
     fold: bool = False  # "loop" LayerNorm, 16-bit y: the affine as FMAs, y = (h - mean) * (rstd * w) + b
     pf: int = 0  # "loop", dense rows (Hopper): after pass 1 a program asks the L2 for its segment of the row pf rows on
-    pf_rows: int = 0  # with pf: only where there are at least this many rows (fewer: no read-ahead)
     carveout: int = -1  # % of the SM's L1 / shared memory asked as shared memory (-1: the driver's choice)
 
 
@@ -168,21 +167,14 @@ LOOP_PICKS = {
 #   71.4-71.6; add_rms_norm 128K 93.6-93.7 -> 95.5-95.8; add_layer_norm 128K 91.1-91.3 ->
 #   93.4-93.5. Kept where pass 2 re-reads from L2 (rms_norm's held chunk: hints off lost 1.4
 #   -3 points at 128K-256K; the stashed 256K picks: 11 points).
-# - Read-ahead into the L2 (``pf``, twenty-fifth session, ``_l2_ahead.py``) on layer_norm's
-#   256K shelf pick: after pass 1 each program asks the L2 for its segment of the row 12 rows
-#   on. tune_ops (three interleaved rounds): 256 x 256K 86.0 -> 87.9%, 64 x 256K 70.6 ->
-#   72.3, 128 x 256K 79.5 -> 80.7, 512 x 256K 89.7 -> 91.2 (pf 20-24 fell off: 83.6 / 81.4
-#   at 256 rows). Two interleaved ops-bench rounds on a machine where the shelf ran slow
-#   (results/ops-...-20261126-session25-ahead-ab-*.json): 81.0-81.1 -> 85.3-85.5%, 64 rows
-#   69.2-69.3 -> 71.9-72.2. Not taken where it lost: asked at the program's start (everywhere
-#   but 128K by < 1 point), the picks that re-read their row from L2 (rms_norm: 40 registers
-#   with it, and under a 32-register cap still -1.5 on 64 rows; the residual picks, whose
-#   stashed h fills the L2: -2 to -20).
-#   layer_norm's 128K shelf pick takes pf 32 from 384 rows (``pf_rows``): tune_ops, pick ->
-#   pf 32, 132 / 256 / 384 / 512 / 768 / 1024 rows: 75.5 -> 74.6, 84.8 -> 84.2, 88.7 -> 89.9,
-#   91.0 -> 92.4, 92.6 -> 94.8, 93.8 -> 96.1 (the gain grows with the rows behind the ~80 in
-#   flight); ops bench, two interleaved rounds, 512 x 128K 88.3-88.4 -> 90.9-91.0%
-#   (results/ops-...-20261126-session25-ahead128-ab-*.json).
+# - Read-ahead into the L2 (``pf``, ``_l2_ahead.py``; twenty-fifth session) is in no pick.
+#   On layer_norm's shelf picks it won alone in a process (tune_ops, bench_shape: 256K
+#   86.0 -> 87.9%, 64 x 256K 70.6 -> 72.3, 128K from 384 rows +1.2 to +2.3) and lost in the
+#   ops bench, where torch.compile runs first: two interleaved rounds on one H100,
+#   512 x 128K 89.7 -> 80.4-80.6%, 256 x 256K 84.8-84.9 -> 74.2, 64 x 256K 71.2-71.4 ->
+#   68.7-68.8 (results/ops-...-20261126-session25-pf-state-*.json; NOTES.md says what was
+#   ruled out as the cause). Elsewhere it lost outright (the picks that re-read their row
+#   from L2, whose prefetched rows then crowd it).
 _CLUSTER = dict(hints=True, vec=True, const_n=True, cluster=True)
 _CLUSTER_NH = dict(_CLUSTER, hints=False)
 PICKS_GPU = {
@@ -191,9 +183,8 @@ PICKS_GPU = {
         ("loop", False, True, 32768): _loop(16384, 32, stash=True, vec=True, const_n=True),
         ("loop", True, False, 131072): _loop(4096, 16, split=8, hold=1, drop_y=True, **_CLUSTER),
         ("loop", True, False, 262144): _loop(4096, 16, split=16, hold=1, drop_y=True, **_CLUSTER),
-        ("loop", False, False, 131072): _loop(4096, 8, split=8, shelf=True, fold=True, pf=32, pf_rows=384,
-                                              **_CLUSTER_NH),
-        ("loop", False, False, 262144): _loop(4096, 8, split=16, shelf=True, fold=True, pf=12, **_CLUSTER_NH),
+        ("loop", False, False, 131072): _loop(4096, 8, split=8, shelf=True, fold=True, **_CLUSTER_NH),
+        ("loop", False, False, 262144): _loop(4096, 8, split=16, shelf=True, fold=True, **_CLUSTER_NH),
         ("loop", True, True, 131072): _loop(4096, 8, stash=True, split=16, **_CLUSTER_NH),
         ("loop", False, True, 131072): _loop(4096, 8, stash=True, split=16, fold=True, **_CLUSTER_NH),
         ("loop", False, True, 262144): _loop(16384, 32, stash=True, split=2, drop_y=True, **_CLUSTER),
