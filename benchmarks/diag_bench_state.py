@@ -55,7 +55,8 @@ def main() -> None:
     with torch.inference_mode():
         bench_ops._raise_recompile_limit()
         compiled = torch.compile(case.ref(), dynamic=False)
-        print(f"{harness.device_info(dev).get('gpu')}: copy {copy:.0f} GB/s; 256 x 256K fresh {probe():.1f}%", flush=True)
+        gpu = harness.device_info(dev).get("gpu")
+        print(f"{gpu}: copy {copy:.0f} GB/s; 256 x 256K fresh {probe():.1f}%", flush=True)
         for w in (int(v) for v in args.widths.split(",")):
             pct = timed("torch.compile", RowShape(2**26 // w, w), compiled)
             print(f"torch.compile {w:6d} wide {pct:5.1f}% -> onetrip 256 x 256K {probe():.1f}%", flush=True)

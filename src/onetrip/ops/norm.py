@@ -61,15 +61,15 @@ from ._common import (
     gpu_name,
     gpu_table_entry,
     is_interpreting,
-    prefer_carveout,
     output,
+    prefer_carveout,
     rows_out,
     sm_count,
     use_triton,
 )
 from ._cluster import cluster_arrive, cluster_ok, launch_clusters
-from ._norm_jit import _chunk_stats, _load_h, _load_wb, _loop_row, _mean_rstd, _store_y, _wait_row
 from ._l2_ahead import ahead_ok
+from ._norm_jit import _chunk_stats, _load_h, _load_wb, _loop_row, _mean_rstd, _store_y, _wait_row
 from ._norm_picks import LOOP_PICKS, PICKS_GPU, ROWS_PICKS, NormConfig
 from ._shelf import shelf_fits
 
@@ -329,7 +329,7 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
             # (two launches: pass 2 cannot hold pass 1's registers; the shelf holds the whole segment)
             HOLD=cfg.hold if part_of_loop == 0 and not shelf else 0,
             DROP_Y=cfg.drop_y, CLUSTER=clusters, LATE_WB=cfg.late_wb, SHELF=shelf,
-            FOLD=cfg.fold, EVEN=even, PF=pf if part_of_loop == 0 else 0, PF_LANES=32 * cfg.num_warps,
+            FOLD=cfg.fold, EVEN=even, PF=pf if part_of_loop == 0 else 0, PF_LANES=32 * cfg.num_warps if pf else 32,
             num_warps=cfg.num_warps,
         )
         if clusters:  # None when this Triton's launcher cannot be given a cluster size
