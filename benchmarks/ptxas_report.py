@@ -213,7 +213,7 @@ def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: i
                  HINTS=hints, STASH=stash and residual, VEC=vec, UNROLL=unroll, CONST_N=const_n, SPLIT=split,
                  SEG_N=(const_n // split if const_n else 0), LOOP_PART=0, HOLD=hold, DROP_Y=drop_y, CLUSTER=cluster,
                  LATE_WB=False, SHELF=shelf, FOLD=fold,  # every constexpr: ASTSource binds no defaults
-                 EVEN=_even(const_n, split, block_n), PF=pf, PF_LANES=32 * warps)
+                 EVEN=_even(const_n, split, block_n), PF=pf, PF_LANES=32 * warps if pf else 32)  # as _launch
     sig, attrs = {}, {}
     for i, n in enumerate(fn.arg_names):
         if n in const:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from onetrip.ops import norm as norm_mod
-from onetrip.ops._common import prefer_carveout
+from onetrip.ops._common import _CARVEOUT_ATTRIBUTE, _libcuda, prefer_carveout
 from onetrip.ops.norm import NormConfig
 from onetrip.testing import poison_
 
@@ -34,11 +34,12 @@ def test_carveout_gpu(gen):
     device = torch.device("cuda")
     x = torch.randn(7, 8192, generator=gen, device=device).to(torch.bfloat16)
     w, b = _params("layer", 8192, torch.bfloat16, device, gen)
-    lib = ctypes.CDLL("libcuda.so.1")
+    lib = _libcuda()
 
     def attr(kernel):
         v = ctypes.c_int(-7)
-        assert lib.cuFuncGetAttribute(ctypes.byref(v), ctypes.c_int(9), ctypes.c_void_p(kernel.function)) == 0
+        assert lib.cuFuncGetAttribute(ctypes.byref(v), ctypes.c_int(_CARVEOUT_ATTRIBUTE),
+                                      ctypes.c_void_p(kernel.function)) == 0
         return v.value
 
     outs = []

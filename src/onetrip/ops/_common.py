@@ -9,6 +9,7 @@ leading layout is expressed by a row stride, or copied once when it cannot be.""
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import math
 import os
@@ -152,8 +153,6 @@ def call_op(op, *args):
 @functools.lru_cache(maxsize=1)
 def _libcuda():
     """The CUDA driver library, or None where it cannot be loaded."""
-    import ctypes  # noqa: PLC0415 - only on a GPU
-
     try:
         return ctypes.CDLL("libcuda.so.1")
     except OSError:
@@ -180,8 +179,6 @@ def prefer_carveout(kernel, percent: int) -> None:
     fn, lib = getattr(kernel, "function", None), _libcuda()
     if fn is None or lib is None:
         return
-    import ctypes  # noqa: PLC0415
-
     if lib.cuFuncSetAttribute(ctypes.c_void_p(fn), ctypes.c_int(_CARVEOUT_ATTRIBUTE), ctypes.c_int(percent)) == 0:
         kernel._onetrip_carveout = percent
 
