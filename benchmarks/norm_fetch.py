@@ -128,16 +128,16 @@ def _fetch_kernel(x_ptr, w_ptr, b_ptr, y_ptr, eps, N: tl.constexpr, SEG: tl.cons
         c = tl.load(xrow).to(tl.float32)
     xq = xrow.to(tl.pointer_type(tl.int64), bitcast=True)
     for k in tl.static_range(NCH):
-        shelf_fetch(base + 8 * (k * QB + qo), xq + k * QB + qo)
+        shelf_fetch(base + 8 * (k * QB + qo), xq + k * QB + qo, 8)
     _asm_scalar(pid, COMMIT)
     if WB:
         wq = (w_ptr + lo).to(tl.pointer_type(tl.int64), bitcast=True)
         for k in tl.static_range(NCH):
-            shelf_fetch(base + 2 * SEG + 8 * (k * QB + qo), wq + k * QB + qo)
+            shelf_fetch(base + 2 * SEG + 8 * (k * QB + qo), wq + k * QB + qo, 8)
         if not IS_RMS:
             bq = (b_ptr + lo).to(tl.pointer_type(tl.int64), bitcast=True)
             for k in tl.static_range(NCH):
-                shelf_fetch(base + 4 * SEG + 8 * (k * QB + qo), bq + k * QB + qo)
+                shelf_fetch(base + 4 * SEG + 8 * (k * QB + qo), bq + k * QB + qo, 8)
     _asm_scalar(pid, COMMIT)
     after = _asm_scalar(pid, WAIT1).to(tl.float32, bitcast=True)  # x in, every thread's copies visible
     a1, a2 = _seg_sums(base, qo, c, after, x_ptr, NCH, QB)

@@ -50,8 +50,8 @@ def _res_kernel(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, eps, SH_OFF, N: tl.con
     rq = (r_ptr + off).to(tl.pointer_type(tl.int64), bitcast=True)
     hq = (h_ptr + off).to(tl.pointer_type(tl.int64), bitcast=True)
     for k in tl.static_range(NCH):  # x at base, r at base + 2 SEG
-        shelf_fetch(base + 8 * (k * QB + qo), xq + k * QB + qo)
-        shelf_fetch(base + 2 * SEG + 8 * (k * QB + qo), rq + k * QB + qo)
+        shelf_fetch(base + 8 * (k * QB + qo), xq + k * QB + qo, 8)
+        shelf_fetch(base + 2 * SEG + 8 * (k * QB + qo), rq + k * QB + qo, 8)
     _asm_scalar(pid, COMMIT)
     _asm_scalar(pid, COMMIT)
     after = _asm_scalar(pid, WAIT1).to(tl.float32, bitcast=True)

@@ -66,7 +66,7 @@ def _fetch_seg(src_ptr, dst, qo, NCH: tl.constexpr, QB: tl.constexpr):
     shared address ``dst``."""
     q = src_ptr.to(tl.pointer_type(tl.int64), bitcast=True)
     for k in tl.static_range(NCH):
-        shelf_fetch(dst + 8 * (k * QB + qo), q + k * QB + qo)
+        shelf_fetch(dst + 8 * (k * QB + qo), q + k * QB + qo, 8)
 
 
 @triton.jit

@@ -12,14 +12,15 @@ timed as the ops bench times): layer_norm 256 x 256K 80.6 -> 84.9% of copy, 512 
 
 Triton (3.6) exposes no shared-memory allocation, so, as ``_cluster.py`` does for its
 exchange buffer, a static ``.shared`` array is declared in inline PTX (``shelf_base``) and:
-  * ``shelf_fetch``: 16-byte ``cp.async.ca`` copies (8 bf16 / fp16 each; the addresses
-    computed as int64 pairs), one asm per copy (pack=1), so the copy is right whatever
-    elements Triton gives a thread; every copy of the segment is issued before any is waited
-    on (SASS: LDGSTS back to back). On an H100 (tune_ops, rotate 4, two processes of two
-    rounds each; NOTES.md, twenty-sixth session), layer_norm's shelf picks read 86.1 -> 86.8-
-    87.0% of copy at 256 x 256K and 71.0 -> 73.3 at 64 x 256K with 16-byte copies instead of
-    8-byte ones, level at 512 x 128K (90.4-90.6); the same copies past the L1 (``.cg``) lost
-    1.1 points at 128K.
+  * ``shelf_fetch``: ``cp.async.ca`` copies of 16 bytes (8 bf16 / fp16; ``shelf_copy``'s)
+    or 8 (benchmarks/' experiments), one asm per copy (pack=1), so the copy is right
+    whatever elements Triton gives a thread; every copy of the segment is issued before any
+    is waited on (SASS: LDGSTS back to back). 16 bytes against 8 on an H100 (tune_ops,
+    rotate 4, nine processes; NOTES.md, twenty-sixth session): layer_norm's shelf picks
+    +0.7-0.9 points of copy at 256 x 256K, +2.2 at 64 x 256K, level at 512 x 128K. (The
+    ops bench cannot tell them apart: a process-wide slow state it has not explained moves
+    these cells by 1-5 points either way.) Past the L1 (``.cg``) the copies lost 1.1 points
+    at 128K; one bulk copy a program (TMA, an mbarrier behind the shelf) lost 0.7-1.4.
     A first version stored each chunk from registers after its load, and in-order issue
     then held the next load behind each store (LDG STS LDG STS): one chunk in flight, 88 ->
     66% at 256K. (With an ``L2::cache_hint`` policy the copy raised an illegal instruction
@@ -55,7 +56,8 @@ def _load_asm() -> str:
 
 
 BASE_ASM = tl.constexpr("{\n.shared .align 16 .b8 oshelf[" + str(SHELF_BYTES) + "];\nmov.u32 $0, oshelf;\n}")
-FETCH_ASM = tl.constexpr("cp.async.ca.shared.global [$1], [$2], 16;\nmov.u32 $0, 0;")
+FETCH8_ASM = tl.constexpr("cp.async.ca.shared.global [$1], [$2], 8;\nmov.u32 $0, 0;")
+FETCH16_ASM = tl.constexpr("cp.async.ca.shared.global [$1], [$2], 16;\nmov.u32 $0, 0;")
 WAIT_ASM = tl.constexpr("cp.async.wait_all;\nbar.sync 0;\nmov.b32 $0, 0;")
 LOAD_ASM = tl.constexpr(_load_asm())
 LOAD_CONSTRAINTS = tl.constexpr("=r,=r,=r,=r," + ",".join(["r"] * 8 + ["f"] * 8))  # values; addresses; ``after``
@@ -68,11 +70,12 @@ def shelf_base(pid):
 
 
 @triton.jit
-def shelf_fetch(addr, pair_ptrs):
-    """Start copying the 16 bytes at each global ``pair_ptrs`` (16-byte aligned) to the
-    shared ``addr`` (int32, 16-byte aligned)."""
-    tl.inline_asm_elementwise(FETCH_ASM, "=r,r,l", [addr, pair_ptrs.to(tl.int64, bitcast=True)], dtype=tl.int32,
-                              is_pure=False, pack=1)
+def shelf_fetch(addr, quad_ptrs, BYTES: tl.constexpr):
+    """Start copying BYTES (8 or 16) from each global int64 ``quad_ptrs`` to the shared
+    ``addr`` (int32); both BYTES-aligned. (benchmarks/'s shelf experiments copy 8.)"""
+    tl.static_assert(BYTES == 8 or BYTES == 16, "cp.async copies 8 or 16 bytes here")
+    tl.inline_asm_elementwise(FETCH8_ASM if BYTES == 8 else FETCH16_ASM, "=r,r,l",
+                              [addr, quad_ptrs.to(tl.int64, bitcast=True)], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -118,7 +121,7 @@ def shelf_copy(dst, src_ptr, SEG: tl.constexpr, BLOCK_N: tl.constexpr):
     octs = tl.arange(0, BLOCK_N // 8)[None, :]  # (1, BLOCK_N / 8): 8 elements (16 bytes) each
     q_ptr = src_ptr.to(tl.pointer_type(tl.int64), bitcast=True)
     for i in tl.range(0, SEG, BLOCK_N):
-        shelf_fetch(dst + 2 * i + 16 * octs, q_ptr + i // 4 + 2 * octs)
+        shelf_fetch(dst + 2 * i + 16 * octs, q_ptr + i // 4 + 2 * octs, 16)
 
 
 @triton.jit
