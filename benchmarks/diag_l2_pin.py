@@ -8,9 +8,10 @@ reduction's row with ``evict_last`` in its first pass; if such lines keep their 
 after the kernel, normal traffic (the bench's flush included) cannot evict them, and later
 kernels see a smaller L2. The read-ahead kernel needs L2 room for the rows it asked for.
 
-States, in order; in each: the effective L2 (GB/s of re-reading an L2-sized buffer with
-ordinary loads, several sizes) and the probes (onetrip's layer_norm picks, timed as the
-ops bench times them):
+States, in order; in each: the probes (onetrip's layer_norm picks, timed as the ops bench
+times them) and an "effective L2" column (GB/s of re-reading 8-40 MiB with torch.amax). That
+column measures nothing: a 1-D amax reads too slowly to tell the L2 from HBM (1.1-2.9 TB/s
+at every size on an H100); it is kept so that the script reproduces its result file.
 
     fresh -> pinned by a Triton kernel reading a buffer with evict_last -> after the
     bench's flush (256 MiB of ordinary reads) -> after cuCtxResetPersistingL2Cache ->

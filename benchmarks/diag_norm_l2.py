@@ -37,7 +37,7 @@ def main(argv: list[str]) -> int:
         x = torch.randn(rows, width, device=dev, dtype=torch.bfloat16)
         r = torch.randn_like(x) if res else None
         w = torch.randn(width, device=dev, dtype=torch.bfloat16)
-        bias = torch.randn(width, device=dev, dtype=torch.bfloat16)  # its own tensor: w as the bias halves their traffic
+        bias = torch.randn(width, device=dev, dtype=torch.bfloat16)  # not w: that would halve their L2 traffic
         y, h = torch.empty_like(x), (torch.empty_like(x) if res else None)
         if fam == "copy":
             for _ in range(3):

@@ -72,7 +72,7 @@ def shelf_base(pid):
 @triton.jit
 def shelf_fetch(addr, quad_ptrs, BYTES: tl.constexpr):
     """Start copying BYTES (8 or 16) from each global int64 ``quad_ptrs`` to the shared
-    ``addr`` (int32); both BYTES-aligned. (benchmarks/'s shelf experiments copy 8.)"""
+    ``addr`` (int32); both BYTES-aligned. (The library copies 16; benchmarks/' experiments 8.)"""
     tl.static_assert(BYTES == 8 or BYTES == 16, "cp.async copies 8 or 16 bytes here")
     tl.inline_asm_elementwise(FETCH8_ASM if BYTES == 8 else FETCH16_ASM, "=r,r,l",
                               [addr, quad_ptrs.to(tl.int64, bitcast=True)], dtype=tl.int32, is_pure=False, pack=1)
