@@ -25,19 +25,33 @@ from onetrip.ops import norm
 from onetrip.ops._common import prefer_carveout
 
 
+def bench_one(case, provider: str, shape, copy: float, flush: torch.Tensor, compiled=None) -> float:
+    """% of copy of one provider of ``case`` at ``shape`` (bf16), timed as the ops bench times
+    it (``bench_shape`` with its provider list cut to this one); 0.0 if it failed."""
+    bench_ops.providers_for = lambda c: [provider]
+    return bench_ops.bench_shape(case, shape, torch.bfloat16, compiled, copy, flush)[0]["pct_of_copy"] or 0.0
+
+
+def shelf_pf(rows_ahead) -> None:
+    """Give the library's shelf picks ``rows_ahead()`` rows of read-ahead (``NormConfig.pf``;
+    no pick has it: _norm_picks.py) from here on in this process; 0 leaves them as they are."""
+    pick = norm.norm_config
+
+    def with_pf(*a, **k):
+        cfg = pick(*a, **k)
+        pf = rows_ahead()
+        return dataclasses.replace(cfg, pf=pf) if cfg.shelf and pf else cfg
+
+    norm.norm_config = with_pf
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--widths", default="1024,2048,4096,8192,16384", help="torch.compile's shapes, in order")
     ap.add_argument("--carveouts", default="", help="comma-separated carveouts to time at the end")
     ap.add_argument("--pf", type=int, default=12, help="rows of read-ahead given to the shelf picks (0: none)")
     args = ap.parse_args()
-    pick = norm.norm_config
-
-    def with_pf(*a, **k):  # the shelf picks with read-ahead (no pick has it: _norm_picks.py)
-        cfg = pick(*a, **k)
-        return dataclasses.replace(cfg, pf=args.pf) if cfg.shelf else cfg
-
-    norm.norm_config = with_pf
+    shelf_pf(lambda: args.pf)
     dev = torch.device("cuda")
     copy = harness.copy_bandwidth_gbs(dev)
     flush = harness.new_flush_buffer(dev)
@@ -45,8 +59,7 @@ def main() -> None:
     big = RowShape(256, 262144)
 
     def timed(provider, shape, compiled=None):
-        bench_ops.providers_for = lambda c: [provider]
-        return bench_ops.bench_shape(case, shape, torch.bfloat16, compiled, copy, flush)[0]["pct_of_copy"] or 0.0
+        return bench_one(case, provider, shape, copy, flush, compiled)
 
     def probe():
         norm._norm_kernel.device_caches.clear()  # the next launch loads the module again

@@ -35,6 +35,8 @@ from onetrip.bench import harness
 from onetrip.bench import ops as bench_ops
 from onetrip.bench.cases import RowShape
 
+from diag_bench_state import bench_one
+
 SMI_QUERY = "clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active"
 
 
@@ -90,8 +92,7 @@ def main() -> None:
         probes[shape.label] = (shape, (lambda t=inputs: case.fused(*t)), case.bytes_moved(shape, torch.bfloat16))
 
     def timed(provider, shape, compiled=None):
-        bench_ops.providers_for = lambda c: [provider]
-        return bench_ops.bench_shape(case, shape, torch.bfloat16, compiled, copy, flush)[0]["pct_of_copy"] or 0.0
+        return bench_one(case, provider, shape, copy, flush, compiled)
 
     log = {"device": harness.device_info(dev), "copy_gbs": copy,
            "compile_threads": os.environ.get("TORCHINDUCTOR_COMPILE_THREADS"), "states": []}

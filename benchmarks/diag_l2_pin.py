@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import dataclasses
 import json
 from pathlib import Path
 
@@ -37,6 +36,8 @@ from onetrip.bench import ops as bench_ops
 from onetrip.bench.cases import RowShape
 from onetrip.ops import norm
 from onetrip.ops._common import _libcuda
+
+from diag_bench_state import bench_one, shelf_pf
 
 _PERSISTING_LIMIT = 0x06  # CU_LIMIT_PERSISTING_L2_CACHE_SIZE
 _MAX_PERSISTING = 108  # CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE
@@ -105,14 +106,8 @@ def main() -> None:
     dev = torch.device("cuda")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    pick = norm.norm_config
     state = {"pf": 0}
-
-    def with_pf(*a, **k):  # the shelf picks with read-ahead when asked (no pick has it)
-        cfg = pick(*a, **k)
-        return dataclasses.replace(cfg, pf=state["pf"]) if cfg.shelf and state["pf"] else cfg
-
-    norm.norm_config = with_pf
+    shelf_pf(lambda: state["pf"])
     copy = harness.copy_bandwidth_gbs(dev)
     flush = harness.new_flush_buffer(dev)
     case = next(iter(bench_ops.select(["layer_norm"])))
@@ -120,8 +115,7 @@ def main() -> None:
               "512x128K": (RowShape(512, 131072), 0)}
 
     def timed(provider, shape, compiled=None):
-        bench_ops.providers_for = lambda c: [provider]
-        return bench_ops.bench_shape(case, shape, torch.bfloat16, compiled, copy, flush)[0]["pct_of_copy"] or 0.0
+        return bench_one(case, provider, shape, copy, flush, compiled)
 
     log = {"device": harness.device_info(dev), "copy_gbs": copy, "limits": limits(dev), "states": []}
 

@@ -1,6 +1,8 @@
 """The norm kernel's read-ahead into the L2 (``NormConfig.pf``, ``ops/_l2_ahead.py``): each
-"loop" program first asks the L2 for its segment of the row ``pf`` rows on. A hint: the
+"loop" program, its pass-1 reads in, asks the L2 for its segment of the row ``pf`` rows on. A hint: the
 results must be the same as without it, rows past the end included."""
+
+import dataclasses
 
 import pytest
 import torch
@@ -59,7 +61,7 @@ def test_ahead_gpu(gen, kind, residual, cfg):
     r = torch.randn(9, width, generator=gen, device=device).to(torch.bfloat16) if residual else None
     w, b = _params(kind, width, torch.bfloat16, device, gen)
     y, h = _run(x, r, w, b, kind, cfg, taken=True)
-    y0, h0 = _run(x, r, w, b, kind, NormConfig(**{**cfg.__dict__, "pf": 0}), taken=False)
+    y0, h0 = _run(x, r, w, b, kind, dataclasses.replace(cfg, pf=0), taken=False)
     assert torch.equal(y, y0) and (h is None or torch.equal(h, h0))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
