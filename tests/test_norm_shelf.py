@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from onetrip.ops import norm as norm_mod
+from onetrip.ops._norm_picks import PICKS_GPU
 from onetrip.ops._shelf import SHELF_BYTES, shelf_fits
 from onetrip.ops.norm import NormConfig
 from onetrip.testing import poison_, strided_like
@@ -84,3 +85,32 @@ def test_shelf_gpu(gen, kind, dtype, width, chunk, warps, split, cluster):
     w1, b1 = _params(kind, width - 8, dtype, device, gen)
     _run(torch.randn(5, width - 8, generator=gen, device=device).to(dtype), None, w1, b1, kind, cfg, False)
     _run(x.float(), None, w.float(), b.float() if b is not None else None, kind, cfg, False)
+
+
+def test_maxnreg_runs_anywhere(device, gen):
+    """``NormConfig.maxnreg`` is a compile option; the interpreter drops it and runs the
+    config as without it, and right."""
+    x = strided_like((3, 1000), torch.bfloat16, device, generator=gen)
+    w, b = _params("layer", 1000, torch.bfloat16, device, gen)
+    y = poison_(torch.empty_like(x))
+    norm_mod._launch(x, None, w, b, y, None, 1e-6, False, False,
+                     NormConfig("loop", 1, 256, 4, vec=True, split=2, maxnreg=32))
+    _check("layer", x, None, w, b, 1e-6, y, None)
+
+
+@pytest.mark.skipif(not HOPPER, reason="the H100's shelf picks: clusters, Hopper")
+@pytest.mark.parametrize("width", [131072, 262144])
+def test_shelf_picks_register_cap(gen, width):
+    """The H100 shelf picks carry ``maxnreg=48`` and the compile takes it: the PTX asks for
+    48, ptxas gives <= 48 with no spills, and y is right. Without the cap CUDA 13's ptxas
+    (torch's, which Inductor hands Triton through TRITON_PTXAS_PATH) squeezed them to 44
+    registers and split pass 2's weight and bias loads (NOTES.md, twenty-seventh session)."""
+    cfg = PICKS_GPU["H100"][("loop", False, False, width)]
+    assert cfg.shelf and cfg.maxnreg == 48
+    x = torch.randn((4, width), device="cuda", generator=gen).to(torch.bfloat16)
+    w, b = _params("layer", width, torch.bfloat16, x.device, gen)
+    y = poison_(torch.empty_like(x))
+    kernel = norm_mod._launch(x, None, w, b, y, None, 1e-6, False, False, cfg)
+    _check("layer", x, None, w, b, 1e-6, y, None)
+    assert ".maxnreg 48" in kernel.asm["ptx"]
+    assert kernel.n_regs <= 48 and kernel.n_spills == 0

@@ -33,6 +33,7 @@ class NormConfig:
     fold: bool = False  # "loop" LayerNorm, 16-bit y: the affine as FMAs, y = (h - mean) * (rstd * w) + b
     pf: int = 0  # "loop", dense rows (Hopper): after pass 1 a program asks the L2 for its segment of the row pf rows on
     carveout: int = -1  # % of the SM's L1 / shared memory asked as shared memory (-1: the driver's choice)
+    maxnreg: int = 0  # ptxas's register cap (.maxnreg; 0: none), which also fixes how CUDA 13's ptxas schedules
 
 
 def _loop(block_n: int, warps: int, **flags) -> NormConfig:
@@ -167,6 +168,15 @@ LOOP_PICKS = {
 #   71.4-71.6; add_rms_norm 128K 93.6-93.7 -> 95.5-95.8; add_layer_norm 128K 91.1-91.3 ->
 #   93.4-93.5. Kept where pass 2 re-reads from L2 (rms_norm's held chunk: hints off lost 1.4
 #   -3 points at 128K-256K; the stashed 256K picks: 11 points).
+# - ``maxnreg=48`` on the two shelf picks (twenty-seventh session): Triton builds with the ptxas
+#   TRITON_PTXAS_PATH names, which Inductor sets to torch's own (CUDA 13.0 in torch 2.11+cu130)
+#   once it has compiled a kernel in the process. That ptxas squeezed these kernels to 44
+#   registers and issued pass 2's four weight and bias loads two at a time (SASS: two loads,
+#   their FMAs, two more), where Triton's 12.8 issues all four at once with 48: 256 x 256K
+#   85.7 -> 81.9%, 64 x 256K 71.4 -> 68.1, 512 x 128K 89.7 -> 89.3 (tune_ops, empty caches).
+#   The cap (.maxnreg 48, still five CTAs an SM) gives 13.0 the 12.8 schedule: 85.8 / 71.9 /
+#   89.7, and 12.8's build is unchanged (results/tune-ops-maxnreg-h100-20261126-session27/,
+#   logs/tune-ops-maxnreg-*.log). This was the ops bench's process-to-process "slow state".
 # - Read-ahead into the L2 (``pf``, ``_l2_ahead.py``; twenty-fifth session) is in no pick.
 #   On layer_norm's shelf picks it won alone in a process (tune_ops, bench_shape: 256K
 #   86.0 -> 87.9%, 64 x 256K 70.6 -> 72.3, 128K from 384 rows +1.2 to +2.3) and lost in the
@@ -183,8 +193,8 @@ PICKS_GPU = {
         ("loop", False, True, 32768): _loop(16384, 32, stash=True, vec=True, const_n=True),
         ("loop", True, False, 131072): _loop(4096, 16, split=8, hold=1, drop_y=True, **_CLUSTER),
         ("loop", True, False, 262144): _loop(4096, 16, split=16, hold=1, drop_y=True, **_CLUSTER),
-        ("loop", False, False, 131072): _loop(4096, 8, split=8, shelf=True, fold=True, **_CLUSTER_NH),
-        ("loop", False, False, 262144): _loop(4096, 8, split=16, shelf=True, fold=True, **_CLUSTER_NH),
+        ("loop", False, False, 131072): _loop(4096, 8, split=8, shelf=True, fold=True, maxnreg=48, **_CLUSTER_NH),
+        ("loop", False, False, 262144): _loop(4096, 8, split=16, shelf=True, fold=True, maxnreg=48, **_CLUSTER_NH),
         ("loop", True, True, 131072): _loop(4096, 8, stash=True, split=16, **_CLUSTER_NH),
         ("loop", False, True, 131072): _loop(4096, 8, stash=True, split=16, fold=True, **_CLUSTER_NH),
         ("loop", False, True, 262144): _loop(16384, 32, stash=True, split=2, drop_y=True, **_CLUSTER),
