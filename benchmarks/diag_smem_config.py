@@ -42,6 +42,30 @@ from onetrip.ops._common import prefer_carveout
 SHAPES = [RowShape(256, 262144), RowShape(512, 131072), RowShape(64, 262144)]
 
 
+def picks(dev: torch.device, families: str):
+    """(family, its bench case, is_rms, shape, the pick's compiled kernel) for each family and
+    shape of SHAPES; the kernel is launched once here so that a carveout can be asked of it."""
+    for fam in families.split(","):
+        case = next(iter(bench_ops.select([fam])))
+        is_rms = fam == "rms_norm"
+        for shape in SHAPES:
+            x = torch.randn(shape.rows, shape.width, device=dev, dtype=torch.bfloat16)
+            w = torch.ones(shape.width, device=dev, dtype=torch.bfloat16)
+            kernel = norm._launch(x, None, w, None if is_rms else w, torch.empty_like(x), None, 1e-6, is_rms, False)
+            del x, w
+            yield fam, case, is_rms, shape, kernel
+            prefer_carveout(kernel, -1)
+
+
+def write(out: str, name: str, dev: torch.device, copy: float, rows: list) -> None:
+    path = Path(out)
+    path.mkdir(parents=True, exist_ok=True)
+    path = path / name
+    path.write_text(json.dumps(dict(meta=dict(harness.device_info(dev), copy_gbs=copy), results=rows), indent=1,
+                               default=str))
+    print(f"wrote {path}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".", help="folder for the JSON")
@@ -72,33 +96,19 @@ def main() -> None:
     gpu = harness.device_info(dev).get("gpu")
     print(f"{gpu}: copy {copy:.0f} GB/s", flush=True)
     with torch.inference_mode():
-        for fam in args.families.split(","):
-            case = next(iter(bench_ops.select([fam])))
-            is_rms = fam == "rms_norm"
-            for shape in SHAPES:
-                x = torch.randn(shape.rows, shape.width, device=dev, dtype=torch.bfloat16)
-                w = torch.ones(shape.width, device=dev, dtype=torch.bfloat16)
-                kernel = norm._launch(x, None, w, None if is_rms else w, torch.empty_like(x), None, 1e-6, is_rms, False)
-                best = 72 if norm.norm_config(shape.rows, shape.width, dev, is_rms=is_rms, has_residual=False).shelf \
-                    else 0
-                del x, w
-                for rnd in range(args.rounds):
-                    for kind in ("gemm", "l1"):
-                        for pref in (-1, best):
-                            prefer_carveout(kernel, pref)
-                            primer(kind)
-                            pct = bench_one(case, "onetrip", shape, copy, flush)
-                            rows.append(dict(family=fam, rows=shape.rows, width=shape.width, primer=kind,
-                                             carveout=pref, round=rnd, pct_copy=pct))
-                            print(f"{fam:10s} {shape.rows:4d} x {shape.width // 1024}K after {kind:4s} "
-                                  f"carveout {pref:3d}: {pct:5.1f}%", flush=True)
-                prefer_carveout(kernel, -1)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    meta = dict(harness.device_info(dev), copy_gbs=copy)
-    path = out / "diag-smem-config.json"
-    path.write_text(json.dumps(dict(meta=meta, results=rows), indent=1))
-    print(f"wrote {path}")
+        for fam, case, is_rms, shape, kernel in picks(dev, args.families):
+            best = 72 if norm.norm_config(shape.rows, shape.width, dev, is_rms=is_rms, has_residual=False).shelf else 0
+            for rnd in range(args.rounds):
+                for kind in ("gemm", "l1"):
+                    for pref in (-1, best):
+                        prefer_carveout(kernel, pref)
+                        primer(kind)
+                        pct = bench_one(case, "onetrip", shape, copy, flush)
+                        rows.append(dict(family=fam, rows=shape.rows, width=shape.width, primer=kind, carveout=pref,
+                                         round=rnd, pct_copy=pct))
+                        print(f"{fam:10s} {shape.rows:4d} x {shape.width // 1024}K after {kind:4s} "
+                              f"carveout {pref:3d}: {pct:5.1f}%", flush=True)
+    write(args.out, "diag-smem-config.json", dev, copy, rows)
 
 
 def after_bench(args) -> None:
@@ -114,27 +124,13 @@ def after_bench(args) -> None:
     for r in rows:
         print(f"bench: {r['op']} {r['rows']} x {r['width'] // 1024}K {r.get('pct_of_copy') or 0:.1f}%", flush=True)
     with torch.inference_mode():
-        for fam in args.families.split(","):
-            case = next(iter(bench_ops.select([fam])))
-            is_rms = fam == "rms_norm"
-            for shape in SHAPES:
-                x = torch.randn(shape.rows, shape.width, device=dev, dtype=torch.bfloat16)
-                w = torch.ones(shape.width, device=dev, dtype=torch.bfloat16)
-                kernel = norm._launch(x, None, w, None if is_rms else w, torch.empty_like(x), None, 1e-6, is_rms, False)
-                del x, w
-                for pref in (int(c) for c in args.carveouts.split(",")):
-                    prefer_carveout(kernel, pref)
-                    pct = bench_one(case, "onetrip", shape, copy, flush)
-                    rows.append(dict(family=fam, rows=shape.rows, width=shape.width, carveout=pref, pct_copy=pct))
-                    print(f"{fam:10s} {shape.rows:4d} x {shape.width // 1024}K carveout {pref:3d}: {pct:5.1f}%",
-                          flush=True)
-                prefer_carveout(kernel, -1)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "diag-smem-config-after-bench.json"
-    path.write_text(json.dumps(dict(meta=dict(harness.device_info(dev), copy_gbs=copy), results=rows), indent=1,
-                               default=str))
-    print(f"wrote {path}")
+        for fam, case, _, shape, kernel in picks(dev, args.families):
+            for pref in (int(c) for c in args.carveouts.split(",")):
+                prefer_carveout(kernel, pref)
+                pct = bench_one(case, "onetrip", shape, copy, flush)
+                rows.append(dict(family=fam, rows=shape.rows, width=shape.width, carveout=pref, pct_copy=pct))
+                print(f"{fam:10s} {shape.rows:4d} x {shape.width // 1024}K carveout {pref:3d}: {pct:5.1f}%", flush=True)
+    write(args.out, "diag-smem-config-after-bench.json", dev, copy, rows)
 
 
 if __name__ == "__main__":

@@ -89,13 +89,15 @@ def test_shelf_gpu(gen, kind, dtype, width, chunk, warps, split, cluster):
 
 def test_maxnreg_runs_anywhere(device, gen):
     """``NormConfig.maxnreg`` is a compile option; the interpreter drops it and runs the
-    config as without it, and right."""
+    config as without it, and right. A cap ptxas cannot take is refused when the config is made."""
     x = strided_like((3, 1000), torch.bfloat16, device, generator=gen)
     w, b = _params("layer", 1000, torch.bfloat16, device, gen)
     y = poison_(torch.empty_like(x))
     norm_mod._launch(x, None, w, b, y, None, 1e-6, False, False,
                      NormConfig("loop", 1, 256, 4, vec=True, split=2, maxnreg=32))
     _check("layer", x, None, w, b, 1e-6, y, None)
+    with pytest.raises(ValueError, match="maxnreg=8 must be 0"):
+        NormConfig("loop", 1, 256, 4, maxnreg=8)
 
 
 @pytest.mark.skipif(not HOPPER, reason="the H100's shelf picks: clusters, Hopper")

@@ -35,6 +35,10 @@ class NormConfig:
     carveout: int = -1  # % of the SM's L1 / shared memory asked as shared memory (-1: the driver's choice)
     maxnreg: int = 0  # ptxas's register cap (.maxnreg; 0: none), which also fixes how CUDA 13's ptxas schedules
 
+    def __post_init__(self):
+        if self.maxnreg and not 16 <= self.maxnreg <= 255:  # else ptxas fails deep inside Triton's compile
+            raise ValueError(f"NormConfig maxnreg={self.maxnreg} must be 0 (no cap) or 16-255 registers")
+
 
 def _loop(block_n: int, warps: int, **flags) -> NormConfig:
     return NormConfig("loop", 1, block_n, warps, **flags)
@@ -170,10 +174,11 @@ LOOP_PICKS = {
 #   -3 points at 128K-256K; the stashed 256K picks: 11 points).
 # - ``maxnreg=48`` on the two shelf picks (twenty-seventh session): Triton builds with the ptxas
 #   TRITON_PTXAS_PATH names, which Inductor sets to torch's own (CUDA 13.0 in torch 2.11+cu130)
-#   once it has compiled a kernel in the process. That ptxas squeezed these kernels to 44
-#   registers and issued pass 2's four weight and bias loads two at a time (SASS: two loads,
-#   their FMAs, two more), where Triton's 12.8 issues all four at once with 48: 256 x 256K
-#   85.7 -> 81.9%, 64 x 256K 71.4 -> 68.1, 512 x 128K 89.7 -> 89.3 (tune_ops, empty caches).
+#   when it compiles a Triton kernel in the process (its compile workers set it in theirs).
+#   That ptxas squeezed these kernels to 44 registers and issued pass 2's four weight and
+#   bias loads two at a time (SASS: two loads, their FMAs, two more), where Triton's 12.8
+#   issues all four at once with 48: 256 x 256K 85.7 -> 81.9%, 64 x 256K 71.4 -> 68.1,
+#   512 x 128K 89.7 -> 89.3 (tune_ops, empty caches).
 #   The cap (.maxnreg 48, still five CTAs an SM) gives 13.0 the 12.8 schedule: 85.8 / 71.9 /
 #   89.7, and 12.8's build is unchanged (results/tune-ops-maxnreg-h100-20261126-session27/,
 #   logs/tune-ops-maxnreg-*.log). This was the ops bench's process-to-process "slow state".
