@@ -86,7 +86,7 @@ def main() -> None:
                                        n_calls, flush)
             del srcs, dsts
             for k in ("onetrip", "neg"):
-                row[k]["bench_pct"] = round(100 * nbytes / (row[k]["bench_us"] * 1e3) / copy, 1)
+                row[k]["bench_pct"] = round(100 * harness.gbs(nbytes, row[k]["bench_us"] / 1e3) / copy, 1)
             log["cases"].append(row)
             print(json.dumps(row), flush=True)
     out = Path(args.out)

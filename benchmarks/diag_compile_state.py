@@ -54,7 +54,7 @@ def kernel_pct(fn, nbytes: int, flush: torch.Tensor, copy: float, n: int = 20) -
                   if e.device_type == DeviceType.CUDA and "norm_kernel" in e.name)
     if not durs:
         return 0.0
-    return round(100 * nbytes / (durs[len(durs) // 2] * 1e3) / copy, 1)
+    return round(100 * harness.gbs(nbytes, durs[len(durs) // 2] / 1e3) / copy, 1)
 
 
 def smi_during(fn, calls: int) -> str:

@@ -76,7 +76,7 @@ def effective_l2(dev: torch.device, sizes_mib=(8, 16, 24, 32, 40)) -> dict:
         graph.replay()
         end.record()
         torch.cuda.synchronize()
-        res[mib] = round(20 * buf.numel() * 4 / (start.elapsed_time(end) * 1e6), 0)
+        res[mib] = round(harness.gbs(20 * buf.numel() * 4, start.elapsed_time(end)), 0)
         del graph, buf
     return res
 

@@ -59,7 +59,7 @@ def main() -> None:
                 x, y = sets[i % 2]
                 norm._launch(x, None, w, b, y, None, 1e-5, False, False, cfg)
         t = harness.per_call(harness.time_ms(replay, flush=flush), 4)
-        return round(100 * nbytes / (t.median_ms * 1e6) / copy, 1)
+        return round(100 * harness.gbs(nbytes, t.median_ms) / copy, 1)
 
     log = {"device": harness.device_info(dev), "copy_gbs": copy, "config": repr(cfg), "rows": m, "width": n,
            "y_after_x": [], "base": []}

@@ -1,6 +1,6 @@
 """The norm kernel's read-ahead into the L2 (``NormConfig.pf``, ``ops/_l2_ahead.py``): each
-"loop" program, its pass-1 reads in, asks the L2 for its segment of the row ``pf`` rows on. A hint: the
-results must be the same as without it, rows past the end included."""
+"loop" program, its pass-1 reads in, asks the L2 for its segment of the row ``pf`` rows on.
+A hint: the results must be the same as without it, rows past the end included."""
 
 import dataclasses
 

@@ -18,8 +18,9 @@ exchange buffer, a static ``.shared`` array is declared in inline PTX (``shelf_b
     is waited on (SASS: LDGSTS back to back). 16 bytes against 8 on an H100 (tune_ops,
     rotate 4, nine processes; NOTES.md, twenty-sixth session): layer_norm's shelf picks
     +0.7-0.9 points of copy at 256 x 256K, +2.2 at 64 x 256K, level at 512 x 128K. (The
-    ops bench cannot tell them apart: a process-wide slow state it has not explained moves
-    these cells by 1-5 points either way.) Past the L1 (``.cg``) the copies lost 1.1 points
+    ops bench could not tell them apart then: its "slow state", which the twenty-seventh
+    session traced to torch's ptxas building the kernel, moved these cells by 1-5 points;
+    the picks' ``maxnreg`` now removes it.) Past the L1 (``.cg``) the copies lost 1.1 points
     at 128K; one bulk copy a program (TMA, an mbarrier behind the shelf) lost 0.7-1.4.
     A first version stored each chunk from registers after its load, and in-order issue
     then held the next load behind each store (LDG STS LDG STS): one chunk in flight, 88 ->
