@@ -73,3 +73,24 @@ def test_ahead_gpu(gen, kind, residual, cfg):
     graph.replay()
     torch.cuda.synchronize()
     _check(kind, x, r, w, b, 1e-6, y, h)
+
+
+@pytest.mark.skipif(not HOPPER, reason="the bulk L2 prefetch is Hopper's inline PTX")
+def test_ahead_from_rows(gen):
+    """``pf_rows``: the read-ahead is compiled in from that many rows on and left out below
+    them (a rule by the shape, so a captured graph keeps the launch it was captured with);
+    the result is the same either way."""
+    device = torch.device("cuda")
+    cfg = NormConfig("loop", 1, 4096, 8, vec=True, const_n=True, split=4, shelf=True, fold=True, cluster=True,
+                     pf=4, pf_rows=9)
+    w, b = _params("layer", 65536, torch.bfloat16, device, gen)
+    for rows in (8, 9, 17):
+        x = torch.randn(rows, 65536, generator=gen, device=device).to(torch.bfloat16)
+        _run(x, None, w, b, "layer", cfg, taken=rows >= 9)
+
+
+@pytest.mark.parametrize("field, value", [("pf", -1), ("pf_rows", -3)])
+def test_ahead_fields_checked(field, value):
+    """A negative read-ahead or row threshold is refused when the config is made, naming the field."""
+    with pytest.raises(ValueError, match=field):
+        NormConfig("loop", 1, 4096, 8, **{field: value})

@@ -32,12 +32,16 @@ class NormConfig:
     shelf: bool = False  # "loop", no residual: the segment copied into shared memory, both passes read it there
     fold: bool = False  # "loop" LayerNorm, 16-bit y: the affine as FMAs, y = (h - mean) * (rstd * w) + b
     pf: int = 0  # "loop", dense rows (Hopper): after pass 1 a program asks the L2 for its segment of the row pf rows on
+    pf_rows: int = 0  # with pf: only where there are at least this many rows (fewer: no read-ahead)
     carveout: int = -1  # % of the SM's L1 / shared memory asked as shared memory (-1: the driver's choice)
     maxnreg: int = 0  # ptxas's register cap (.maxnreg; 0: none), which also fixes how CUDA 13's ptxas schedules
 
     def __post_init__(self):
         if self.maxnreg and not 16 <= self.maxnreg <= 255:  # else ptxas fails deep inside Triton's compile
             raise ValueError(f"NormConfig maxnreg={self.maxnreg} must be 0 (no cap) or 16-255 registers")
+        for name in ("pf", "pf_rows"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"NormConfig {name}={getattr(self, name)} must be >= 0 (0: no read-ahead / no threshold)")
 
 
 def _loop(block_n: int, warps: int, **flags) -> NormConfig:

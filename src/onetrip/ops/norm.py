@@ -308,9 +308,10 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
              and not is_interpreting() and (split == 1 or wait) and even
              and x.data_ptr() % 16 == 0 and y.data_ptr() % 16 == 0
              and shelf_fits(seg, cfg.block_n, cfg.num_warps, x.element_size()))
-    # cfg.pf on a compiled Hopper kernel over dense, evenly cut rows whose segments start on
-    # 16 bytes and are whole 4 KB requests (_l2_ahead.ahead_ok); elsewhere no request.
-    pf = cfg.pf if cfg.pf and cfg.mode == "loop" and cfg.block_m == 1 and even and ahead_ok(
+    # cfg.pf on a compiled Hopper kernel over dense, evenly cut rows (at least cfg.pf_rows of
+    # them: the shape, fixed at capture, not a value) whose segments start on 16 bytes and are
+    # whole 4 KB requests (_l2_ahead.ahead_ok); elsewhere no request.
+    pf = cfg.pf if cfg.pf and cfg.mode == "loop" and cfg.block_m == 1 and even and M >= cfg.pf_rows and ahead_ok(
         seg * x.element_size(), x, residual) else 0
 
     def launch(phase, part_of_loop, part, sync, clusters):
