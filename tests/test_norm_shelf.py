@@ -1,6 +1,7 @@
 """The norm kernel's shared-memory shelf (``NormConfig.shelf``, ``ops/_shelf.py``): a "loop"
 program's segment copied into shared memory, both passes reading it there."""
 
+import dataclasses
 import pytest
 import torch
 
@@ -107,12 +108,15 @@ def test_shelf_picks_register_cap(gen, width):
     48, ptxas gives <= 48 with no spills, and y is right. Without the cap CUDA 13's ptxas
     (torch's, which Inductor hands Triton through TRITON_PTXAS_PATH) squeezed them to 44
     registers and split pass 2's weight and bias loads (NOTES.md, twenty-seventh session)."""
-    cfg = PICKS_GPU["H100"][("loop", False, False, width)]
-    assert cfg.shelf and cfg.maxnreg == 48
+    pick = PICKS_GPU["H100"][("loop", False, False, width)]
+    assert pick.shelf and pick.maxnreg == 48
     x = torch.randn((4, width), device="cuda", generator=gen).to(torch.bfloat16)
     w, b = _params("layer", width, torch.bfloat16, x.device, gen)
-    y = poison_(torch.empty_like(x))
-    kernel = norm_mod._launch(x, None, w, b, y, None, 1e-6, False, False, cfg)
-    _check("layer", x, None, w, b, 1e-6, y, None)
-    assert ".maxnreg 48" in kernel.asm["ptx"]
-    assert kernel.n_regs <= 48 and kernel.n_spills == 0
+    # a pick that reads ahead from pf_rows rows: its kernel with the requests too (4 rows here)
+    for cfg in (pick, dataclasses.replace(pick, pf_rows=0)) if pick.pf else (pick,):
+        y = poison_(torch.empty_like(x))
+        kernel = norm_mod._launch(x, None, w, b, y, None, 1e-6, False, False, cfg)
+        _check("layer", x, None, w, b, 1e-6, y, None)
+        assert ".maxnreg 48" in kernel.asm["ptx"]
+        assert ("cp.async.bulk.prefetch.L2" in kernel.asm["ptx"]) == (cfg.pf_rows <= 4 and cfg.pf > 0)
+        assert kernel.n_regs <= 48 and kernel.n_spills == 0

@@ -8,13 +8,14 @@ writes y, its SM asks HBM for less than its share. A bulk prefetch
 (``cp.async.bulk.prefetch.L2``, served by the TMA unit, Hopper) holds no register, shared
 memory or slot, so the reads it starts go on through that wait.
 
-Measured (H100, benchmarks/NOTES.md, twenty-fifth session), it is in no pick. On
-layer_norm's shelf picks, whose x goes to shared memory so the L2 has room, it gained 1-4
-points of copy timed alone in a process, and lost 3-10 in the ops bench, where
-torch.compile's kernels run first (why is not known). Where the L2 is full already it
-loses outright: the picks that re-read their row from L2 (rms_norm; the residual picks,
-whose stashed h fills it), and any pick when the request is made at the program's start
-(it then competes with the program's own first pass).
+Measured (H100, benchmarks/NOTES.md, twenty-fifth and twenty-eighth sessions): layer_norm's
+128K shelf pick takes it from 384 rows (ops bench, 512 x 128K: 89.7 -> 91.0% of copy); the
+gain grows with the rows behind those in flight and is a loss below ~300. It lost at 256K
+in the ops bench (-1 to -2 points, though tune_ops read +2), and outright where the L2 is
+full already: the picks that re-read their row from L2 (rms_norm; the residual picks, whose
+stashed h fills it), and any pick when the request is made at the program's start (it then
+competes with the program's own first pass). (The twenty-fifth session's ops-bench losses
+of 9-11 points were torch's ptxas building the kernel; ``maxnreg`` on the pick fixes it.)
 
 A program issues one 4 KB request a lane, from as many lanes as its segment has 4 KB
 pieces (a 16384-column bf16 segment: 8), none past the last row. The requests are hints

@@ -186,14 +186,19 @@ LOOP_PICKS = {
 #   The cap (.maxnreg 48, still five CTAs an SM) gives 13.0 the 12.8 schedule: 85.8 / 71.9 /
 #   89.7, and 12.8's build is unchanged (results/tune-ops-maxnreg-h100-20261126-session27/,
 #   logs/tune-ops-maxnreg-*.log). This was the ops bench's process-to-process "slow state".
-# - Read-ahead into the L2 (``pf``, ``_l2_ahead.py``; twenty-fifth session) is in no pick.
-#   On layer_norm's shelf picks it won alone in a process (tune_ops, bench_shape: 256K
-#   86.0 -> 87.9%, 64 x 256K 70.6 -> 72.3, 128K from 384 rows +1.2 to +2.3) and lost in the
-#   ops bench, where torch.compile runs first: two interleaved rounds on one H100,
-#   512 x 128K 89.7 -> 80.4-80.6%, 256 x 256K 84.8-84.9 -> 74.2, 64 x 256K 71.2-71.4 ->
-#   68.7-68.8 (results/ops-...-20261126-session25-pf-state-*.json; NOTES.md says what was
-#   ruled out as the cause). Elsewhere it lost outright (the picks that re-read their row
-#   from L2, whose prefetched rows then crowd it).
+# - Read-ahead into the L2 (``pf``, ``_l2_ahead.py``): layer_norm's 128K shelf pick asks for
+#   its segment of the row 32 rows on, from 384 rows (``pf_rows``). Twenty-fifth session
+#   (tune_ops, pick -> pf 32 at 132 / 256 / 384 / 512 / 768 / 1024 rows: 75.5 -> 74.6, 84.8 ->
+#   84.2, 88.7 -> 89.9, 91.0 -> 92.4, 92.6 -> 94.8, 93.8 -> 96.1: the gain grows with the rows
+#   behind the ~80 in flight). It was dropped then because the ops bench read it 9-11 points
+#   slow after torch.compile had run; that was torch's ptxas (above), and with ``maxnreg=48``
+#   ptxas 13.0 gives the pf kernel 12.8's SASS (offline, every opcode alike). Twenty-eighth
+#   session, two interleaved ops-bench rounds (results/ops-layer-pf-ab-h100-20261126-session28.json):
+#   512 x 128K 89.7 / 89.6 -> 91.0 / 90.9%, and 90.9 with every kernel built by torch's ptxas.
+#   Not at 256K: pf 12 there (tune_ops +1.9 / +1.7 at 256 / 64 rows) lost in the same bench,
+#   85.8-85.9 -> 84.7-84.8, 64 x 256K 72.5-72.7 -> 70.7-70.9. Elsewhere it lost outright in
+#   tune_ops: the picks that re-read their row from L2 (rms_norm; the residual picks, whose
+#   stashed h fills the L2), and any pick when the request is made at the program's start.
 _CLUSTER = dict(hints=True, vec=True, const_n=True, cluster=True)
 _CLUSTER_NH = dict(_CLUSTER, hints=False)
 PICKS_GPU = {
@@ -202,7 +207,8 @@ PICKS_GPU = {
         ("loop", False, True, 32768): _loop(16384, 32, stash=True, vec=True, const_n=True),
         ("loop", True, False, 131072): _loop(4096, 16, split=8, hold=1, drop_y=True, **_CLUSTER),
         ("loop", True, False, 262144): _loop(4096, 16, split=16, hold=1, drop_y=True, **_CLUSTER),
-        ("loop", False, False, 131072): _loop(4096, 8, split=8, shelf=True, fold=True, maxnreg=48, **_CLUSTER_NH),
+        ("loop", False, False, 131072): _loop(4096, 8, split=8, shelf=True, fold=True, maxnreg=48, pf=32,
+                                              pf_rows=384, **_CLUSTER_NH),
         ("loop", False, False, 262144): _loop(4096, 8, split=16, shelf=True, fold=True, maxnreg=48, **_CLUSTER_NH),
         ("loop", True, True, 131072): _loop(4096, 8, stash=True, split=16, **_CLUSTER_NH),
         ("loop", False, True, 131072): _loop(4096, 8, stash=True, split=16, fold=True, **_CLUSTER_NH),
