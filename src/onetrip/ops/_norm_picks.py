@@ -134,6 +134,11 @@ LOOP_PICKS = {
 #   (twelve runs, 00:21-00:50 UTC) layer_norm 1K went 0.999 -> 1.004-1.010x torch.compile;
 #   rms_norm and add_rms_norm stayed level with it (0.997-1.001x; all three at 98-99% of
 #   copy, 99.4-99.8% of a copy of the same bytes), so the sweep's gain there is not seen.
+#   add_rms_norm 1K then takes one row a program at 8 warps (twenty-eighth session, the ops
+#   bench judging five rows configs, two interleaved rounds, results/ops-add-rms-1k-ab-h100-
+#   20261126-session28.json): two rows at 8 warps 0.998 / 1.000x torch.compile (2991 / 2997
+#   GB/s against 2998), one row at 8 warps 1.002 / 1.005x (3004 / 3013); one at 4 warps
+#   1.000 / 1.000, two at 4 and four at 8 0.998-0.999.
 # - "rows" with the width and row strides as constants (``const_n``, as torch.compile's
 #   kernels have them; two interleaved ops-bench rounds of every rows config with and
 #   without it, results/ops-...-20261126-const-ab-*.json): rms_norm 1K 98.0 / 98.2 ->
@@ -215,7 +220,7 @@ PICKS_GPU = {
         ("loop", False, True, 262144): _loop(16384, 32, stash=True, split=2, drop_y=True, **_CLUSTER),
         ("rows", False, False, 4096): NormConfig("rows", 1, 4096, 8, const_n=True),
         ("rows", True, False, 1024): NormConfig("rows", 2, 1024, 8, const_n=True),
-        ("rows", True, True, 1024): NormConfig("rows", 2, 1024, 8, const_n=True),
+        ("rows", True, True, 1024): NormConfig("rows", 1, 1024, 8, const_n=True),
         ("rows", False, False, 1024): NormConfig("rows", 1, 1024, 4, late_wb=True),
         ("rows", True, False, 2048): NormConfig("rows", 1, 2048, 8, const_n=True),
     },
