@@ -30,6 +30,8 @@ from ._common import (
     check_same_device,
     check_shape,
     check_tensor,
+    gpu_name,
+    gpu_table_entry,
     output,
     rows_out,
     tile_config,
@@ -63,7 +65,14 @@ def _glu_kernel(
     tl.store(y_ptr + rows64[:, None] * stride_ym + cols[None, :], cast_out(a * u, y_ptr.dtype.element_ty), mask=mask)
 
 
-GLU_WARPS = 8
+# A program's tile, (elements, warps), by GPU model (a part of the device's name); 8
+# elements a thread, one 16-byte load of each input. The H200's (2048, 8) from the thirteenth
+# session (below). H100, the ops bench judging five tiles (twenty-eighth session, NOTES.md;
+# two interleaved rounds each): against torch.compile at the nine 2**26-element shapes,
+# (2048, 8) read 0.998-1.000x for silu_mul, (4096, 16) 1.000-1.002x, and gelu_mul 1.001-1.005x
+# with it (0.999-1.002x before); 4 warps lost 0.5%.
+GLU_TILE = (2048, 8)
+GLU_TILE_GPU = {"H100": {"tile": (4096, 16)}}
 
 
 def _launch(gate: torch.Tensor, up: torch.Tensor, y: torch.Tensor, activation: str,
@@ -76,10 +85,13 @@ def _launch(gate: torch.Tensor, up: torch.Tensor, y: torch.Tensor, activation: s
     M, N = gate.shape
     if M == 0 or N == 0:
         return None
-    # 8 warps (8 elements a thread) where bias_gelu keeps 4: on an H200, in the bench's
-    # back-to-back timing, +0.3-0.6% of copy at 2**26 elements and +0.8% at 4096 x 4096
-    # (silu_mul; tune_ops.py --rotate, thirteenth session).
-    cfg = config or tile_config(M, N, num_warps=GLU_WARPS)
+    # 8 elements a thread where bias_gelu keeps 16: on an H200, in the bench's back-to-back
+    # timing, +0.3-0.6% of copy at 2**26 elements and +0.8% at 4096 x 4096 (silu_mul;
+    # tune_ops.py --rotate, thirteenth session); tiles per GPU model in GLU_TILE_GPU.
+    if config is None:
+        tile, warps = gpu_table_entry(GLU_TILE_GPU, gpu_name(gate.device), "tile") or GLU_TILE
+        config = tile_config(M, N, tile=tile, num_warps=warps)
+    cfg = config
     grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
     return _glu_kernel[grid](
         gate, up, y,
