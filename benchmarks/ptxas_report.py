@@ -55,12 +55,15 @@ VARIANTS = {  # (constexprs, num_warps): the engine's configs at batch 1 (_gemv_
 }
 
 
-def _compile_marked(fn, sig: dict, const: dict, attrs: dict, warps: int, stages=None):
+def _compile_marked(fn, sig: dict, const: dict, attrs: dict, warps: int, stages=None, maxnreg: int = 0):
     """Compile ``fn`` for sm_90a with the signature, constexprs (by name) and divisibility
-    marks (by argument index) that a launch would give it."""
+    marks (by argument index) that a launch would give it; ``maxnreg``: ptxas's register cap
+    (0: none), as a launch option gives it."""
     src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
                     attrs=attrs)
     options = {"num_warps": warps} if stages is None else {"num_warps": warps, "num_stages": stages}
+    if maxnreg:
+        options["maxnreg"] = maxnreg
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
@@ -203,7 +206,7 @@ def _even(const_n: int, split: int, block_n: int) -> bool:
 def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: int = 8192,
                 hints: bool = False, stash: bool = False, vec: bool = False, unroll: int = 1,
                 const_n: int = 0, split: int = 1, block_m: int = 1, hold: int = 0, drop_y: bool = False,
-                cluster: bool = False, shelf: bool = False, fold: bool = False, pf: int = 0) -> str:
+                cluster: bool = False, shelf: bool = False, fold: bool = False, pf: int = 0, maxnreg: int = 0) -> str:
     """The split-row norm kernel at ``phase`` (norm._COOP, _STATS, _APPLY, _LOOP); ``split``
     programs a row of ``const_n`` (or 65536) columns in mode "loop", waiting on each other;
     ``block_m`` rows a program; ``hold`` chunks held in registers between the passes."""
@@ -224,7 +227,7 @@ def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: i
             sig[n] = "fp32" if n == "eps" else "i32"
         if n.endswith("_ptr") or (sig[n] == "i32" and NORM_INTS[n] % 16 == 0):
             attrs[(i,)] = [["tt.divisibility", 16]]
-    k = _compile_marked(fn, sig, const, attrs, warps, None)
+    k = _compile_marked(fn, sig, const, attrs, warps, None, maxnreg)
     regs, spill, line = _ptxas(k.asm["ptx"])
     smem = re.search(r"(\d+) bytes smem", line)
     return f"{regs:>3s} registers, {spill}" + (f", {smem.group(1)} bytes static shared" if shelf and smem else "")
@@ -248,11 +251,11 @@ def norm_main() -> None:
             f"{' unroll ' + str(c.unroll) if c.unroll > 1 else ''}{' const' if c.const_n else ''}" \
             f"{' split ' + str(c.split) if c.split > 1 else ''}{' hold ' + str(c.hold) if c.hold else ''}" \
             f"{' drop_y' if c.drop_y else ''}{' cluster' if c.cluster else ''}{' shelf' if c.shelf else ''}" \
-            f"{' fold' if c.fold else ''}"
+            f"{' fold' if c.fold else ''}{f' pf {c.pf}' if c.pf else ''}{f' maxnreg {c.maxnreg}' if c.maxnreg else ''}"
         shelf = c.shelf and not residual  # as the launcher takes it (the shelf holds nothing)
         regs = norm_report(4, is_rms, residual, c.num_warps, c.block_n, c.hints, c.stash, c.vec, c.unroll,
                            width if c.const_n else 0, c.split, c.block_m, 0 if shelf else c.hold, c.drop_y,
-                           c.cluster, shelf, c.fold)
+                           c.cluster, shelf, c.fold, c.pf, c.maxnreg)  # pf as from c.pf_rows rows
         print(f"norm {label:60s} {c.num_warps:2d} warps: {regs}")
     for is_rms, residual in kinds:  # "loop" split: 4 programs a 256K row, 16 warps, chunks of 8192
         for const_n in (0, 262144):

@@ -65,12 +65,13 @@ def _glu_kernel(
     tl.store(y_ptr + rows64[:, None] * stride_ym + cols[None, :], cast_out(a * u, y_ptr.dtype.element_ty), mask=mask)
 
 
-# A program's tile, (elements, warps), by GPU model (a part of the device's name); 8
-# elements a thread, one 16-byte load of each input. The H200's (2048, 8) from the thirteenth
-# session (below). H100, the ops bench judging five tiles (twenty-eighth session, NOTES.md;
-# two interleaved rounds each): against torch.compile at the nine 2**26-element shapes,
-# (2048, 8) read 0.998-1.000x for silu_mul, (4096, 16) 1.000-1.002x, and gelu_mul 1.001-1.005x
-# with it (0.999-1.002x before); 4 warps lost 0.5%.
+# A program's tile, (elements, warps): GLU_TILE, the H200's pick of the thirteenth session
+# (below), unless GLU_TILE_GPU has one for the GPU model (a part of the device's name); 8
+# elements a thread either way, one 16-byte load of each input. H100, the ops bench judging
+# five tiles (twenty-eighth session, NOTES.md; two interleaved rounds each): against
+# torch.compile at the nine 2**26-element shapes, (2048, 8) read 0.998-1.000x for silu_mul,
+# (4096, 16) 1.000-1.002x, and gelu_mul 1.001-1.005x with it (0.999-1.002x before); 4 warps
+# lost 0.5%.
 GLU_TILE = (2048, 8)
 GLU_TILE_GPU = {"H100": {"tile": (4096, 16)}}
 
