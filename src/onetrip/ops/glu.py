@@ -52,17 +52,37 @@ def _glu_kernel(
     ACTIVATION: tl.constexpr,  # 0 silu, 1 gelu (tanh), 2 gelu (erf)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    C_N: tl.constexpr = 0,  # > 0: N and the three row strides as compile-time constants, these
+    C_SG: tl.constexpr = 0,  # (as torch.compile's static-shape kernels have them: the tile's
+    C_SU: tl.constexpr = 0,  # index math folds)
+    C_SY: tl.constexpr = 0,
+    EVEN: tl.constexpr = False,  # the tiles cover M x N exactly: no masks
 ):
     # ACTIVATION is constexpr so that each variant compiles to straight-line code holding
     # only its own exp or erf: no per-element branch, one kernel body for all three.
+    if C_N > 0:
+        N = C_N
+        stride_gm = C_SG
+        stride_um = C_SU
+        stride_ym = C_SY
     rows64, cols, mask = row_tile(M, N, BLOCK_M, BLOCK_N)
-    g = tl.load(gate_ptr + rows64[:, None] * stride_gm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(up_ptr + rows64[:, None] * stride_um + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    g_ptrs = gate_ptr + rows64[:, None] * stride_gm + cols[None, :]
+    u_ptrs = up_ptr + rows64[:, None] * stride_um + cols[None, :]
+    y_ptrs = y_ptr + rows64[:, None] * stride_ym + cols[None, :]
+    if EVEN:
+        g = tl.load(g_ptrs).to(tl.float32)
+        u = tl.load(u_ptrs).to(tl.float32)
+    else:
+        g = tl.load(g_ptrs, mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(u_ptrs, mask=mask, other=0.0).to(tl.float32)
     if ACTIVATION == 0:
         a = silu(g)
     else:
         a = gelu(g, ACTIVATION == 1)
-    tl.store(y_ptr + rows64[:, None] * stride_ym + cols[None, :], cast_out(a * u, y_ptr.dtype.element_ty), mask=mask)
+    if EVEN:
+        tl.store(y_ptrs, cast_out(a * u, y_ptr.dtype.element_ty))
+    else:
+        tl.store(y_ptrs, cast_out(a * u, y_ptr.dtype.element_ty), mask=mask)
 
 
 # A program's tile, (elements, warps): GLU_TILE, the H200's pick of the thirteenth session
@@ -74,13 +94,16 @@ def _glu_kernel(
 # lost 0.5%.
 GLU_TILE = (2048, 8)
 GLU_TILE_GPU = {"H100": {"tile": (4096, 16)}}
+GLU_CONST = False  # experiment (run 7): the shape as constants
 
 
 def _launch(gate: torch.Tensor, up: torch.Tensor, y: torch.Tensor, activation: str,
-            config: TileConfig | None = None):
+            config: TileConfig | None = None, const: bool = GLU_CONST):
     """Launch on 2-D views: gate, up, y (M, N), each with unit column stride.
 
     ``up`` may be ``gate`` shifted by N columns (the halves of one (M, 2N) tensor).
+    ``const``: N and the row strides compiled in (a kernel per width and layout), and no
+    masks where the tiles cover the rows exactly.
     Returns the compiled kernel (its ``n_regs``, ``n_spills``), or None when nothing ran.
     """
     M, N = gate.shape
@@ -100,6 +123,9 @@ def _launch(gate: torch.Tensor, up: torch.Tensor, y: torch.Tensor, activation: s
         gate.stride(0), up.stride(0), y.stride(0),
         ACTIVATION=ACTIVATIONS[activation],
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        C_N=N if const else 0, C_SG=gate.stride(0) if const else 0, C_SU=up.stride(0) if const else 0,
+        C_SY=y.stride(0) if const else 0,
+        EVEN=const and M % cfg.block_m == 0 and N % cfg.block_n == 0,
         num_warps=cfg.num_warps,
     )
 
