@@ -3,7 +3,8 @@ import functools
 import pytest
 import torch
 
-from onetrip.ops.glu import _glu_op, gelu_mul, gelu_mul_ref, silu_mul, silu_mul_ref
+from onetrip.ops._common import is_interpreting
+from onetrip.ops.glu import _glu_op, _launch, gelu_mul, gelu_mul_ref, silu_mul, silu_mul_ref
 from onetrip.testing import assert_close, poison_, strided_like, upcast
 
 from conftest import DTYPES, LAYOUTS, WIDE, WIDTHS
@@ -121,3 +122,22 @@ def test_bad_input(device):
         gelu_mul(x, x, out=torch.empty(4, 8, device=device).half())
     with pytest.raises(TypeError, match="out must be a torch.Tensor or None, got ndarray"):
         silu_mul(x, out=x.numpy(force=True))
+
+
+@pytest.mark.parametrize("rows, width", [(1, 1), (17, 111), (4, 4096), (6, 2048), (5, 5000)])
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+def test_constant_shape_matches_runtime_shape(device, gen, rows, width, activation):
+    """``_launch(const=True)`` (the width and row strides compiled in, no masks where the
+    tiles cover the rows: the default) gives bitwise the runtime-shape kernel's y, for the
+    halves of one tensor and for two tensors with their own row strides."""
+    if torch.device(device).type == "cpu" and not is_interpreting():
+        pytest.skip("the kernels run through Triton's interpreter on the CPU")
+    gate_up = torch.randn(rows, 2 * width, generator=gen, device=device).to(torch.bfloat16)
+    up_wide = torch.randn(rows, width + 24, generator=gen, device=device).to(torch.bfloat16)[:, 8:8 + width]
+    for gate, up in ((gate_up[:, :width], gate_up[:, width:]), (gate_up[:, :width], up_wide)):
+        ys = []
+        for const in (False, True):
+            y = poison_(torch.empty(rows, width, dtype=torch.bfloat16, device=device))
+            _launch(gate, up, y, activation, const=const)
+            ys.append(y)
+        assert torch.equal(ys[0], ys[1]) and not torch.isnan(ys[1]).any()

@@ -94,7 +94,12 @@ def _glu_kernel(
 # lost 0.5%.
 GLU_TILE = (2048, 8)
 GLU_TILE_GPU = {"H100": {"tile": (4096, 16)}}
-GLU_CONST = False  # experiment (run 7): the shape as constants
+# The width and row strides compiled in, and no masks where the tiles cover the rows (M stays
+# a runtime value; a kernel per width and layout, as the norms' const_n). H100, ops bench,
+# two interleaved rounds (twenty-eighth session, run 7): silu_mul at the 32 MiB anchors
+# 0.994-0.995 -> 0.998x torch.compile, whose static-shape kernel has them as constants too;
+# the sweep shapes 1.000-1.003 -> 1.000-1.002; gelu_mul 1.001-1.009 -> 1.002-1.013.
+GLU_CONST = True
 
 
 def _launch(gate: torch.Tensor, up: torch.Tensor, y: torch.Tensor, activation: str,
