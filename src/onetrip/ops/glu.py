@@ -52,9 +52,11 @@ def _glu_kernel(
     ACTIVATION: tl.constexpr,  # 0 silu, 1 gelu (tanh), 2 gelu (erf)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    C_N: tl.constexpr = 0,  # > 0: N and the three row strides as compile-time constants, these
-    C_SG: tl.constexpr = 0,  # (as torch.compile's static-shape kernels have them: the tile's
-    C_SU: tl.constexpr = 0,  # index math folds)
+    # C_N > 0: N and the three row strides (C_SG, C_SU, C_SY) as compile-time constants, as
+    # torch.compile's static-shape kernels have them, so the tile's index math folds.
+    C_N: tl.constexpr = 0,
+    C_SG: tl.constexpr = 0,
+    C_SU: tl.constexpr = 0,
     C_SY: tl.constexpr = 0,
     EVEN: tl.constexpr = False,  # the tiles cover M x N exactly: no masks
 ):
