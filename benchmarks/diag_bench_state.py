@@ -33,14 +33,15 @@ def bench_one(case, provider: str, shape, copy: float, flush: torch.Tensor, comp
 
 
 def shelf_pf(rows_ahead) -> None:
-    """Give the library's shelf picks ``rows_ahead()`` rows of read-ahead (``NormConfig.pf``;
-    no pick has it: _norm_picks.py) from here on in this process; 0 leaves them as they are."""
+    """Give the library's shelf picks ``rows_ahead()`` rows of read-ahead (``NormConfig.pf``,
+    from any row count) from here on in this process; 0 leaves them as they are (the 128K
+    pick reads 32 ahead from 384 rows, the 256K one none: _norm_picks.py)."""
     pick = norm.norm_config
 
     def with_pf(*a, **k):
         cfg = pick(*a, **k)
         pf = rows_ahead()
-        return dataclasses.replace(cfg, pf=pf) if cfg.shelf and pf else cfg
+        return dataclasses.replace(cfg, pf=pf, pf_rows=0) if cfg.shelf and pf else cfg
 
     norm.norm_config = with_pf
 

@@ -3,7 +3,6 @@ import functools
 import pytest
 import torch
 
-from onetrip.ops._common import is_interpreting
 from onetrip.ops.glu import _glu_op, _launch, gelu_mul, gelu_mul_ref, silu_mul, silu_mul_ref
 from onetrip.testing import assert_close, poison_, strided_like, upcast
 
@@ -130,8 +129,6 @@ def test_constant_shape_matches_runtime_shape(device, gen, rows, width, activati
     """``_launch(const=True)`` (the width and row strides compiled in, no masks where the
     tiles cover the rows: the default) gives bitwise the runtime-shape kernel's y, for the
     halves of one tensor and for two tensors with their own row strides."""
-    if torch.device(device).type == "cpu" and not is_interpreting():
-        pytest.skip("the kernels run through Triton's interpreter on the CPU")
     gate_up = torch.randn(rows, 2 * width, generator=gen, device=device).to(torch.bfloat16)
     up_wide = torch.randn(rows, width + 24, generator=gen, device=device).to(torch.bfloat16)[:, 8:8 + width]
     for gate, up in ((gate_up[:, :width], gate_up[:, width:]), (gate_up[:, :width], up_wide)):

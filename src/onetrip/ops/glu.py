@@ -122,18 +122,17 @@ def _launch(gate: torch.Tensor, up: torch.Tensor, y: torch.Tensor, activation: s
     if config is None:
         tile, warps = gpu_table_entry(GLU_TILE_GPU, gpu_name(gate.device), "tile") or GLU_TILE
         config = tile_config(M, N, tile=tile, num_warps=warps)
-    cfg = config
-    grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
+    grid = (triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n),)
     return _glu_kernel[grid](
         gate, up, y,
         M, N,
         gate.stride(0), up.stride(0), y.stride(0),
         ACTIVATION=ACTIVATIONS[activation],
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         C_N=N if const else 0, C_SG=gate.stride(0) if const else 0, C_SU=up.stride(0) if const else 0,
         C_SY=y.stride(0) if const else 0,
-        EVEN=const and M % cfg.block_m == 0 and N % cfg.block_n == 0,
-        num_warps=cfg.num_warps,
+        EVEN=const and M % config.block_m == 0 and N % config.block_n == 0,
+        num_warps=config.num_warps,
     )
 
 
