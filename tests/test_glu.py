@@ -3,7 +3,9 @@ import functools
 import pytest
 import torch
 
-from onetrip.ops.glu import _glu_op, _launch, gelu_mul, gelu_mul_ref, silu_mul, silu_mul_ref
+from onetrip.ops._common import TileConfig, tile_config
+from onetrip.ops.glu import (GLU_TILE, GLU_TILE_GPU, _glu_op, _launch, gelu_mul, gelu_mul_ref, glu_tile_config,
+                             silu_mul, silu_mul_ref)
 from onetrip.testing import assert_close, poison_, strided_like, upcast
 
 from conftest import DTYPES, LAYOUTS, WIDE, WIDTHS
@@ -138,3 +140,27 @@ def test_constant_shape_matches_runtime_shape(device, gen, rows, width, activati
             _launch(gate, up, y, activation, const=const)
             ys.append(y)
         assert torch.equal(ys[0], ys[1]) and not torch.isnan(ys[1]).any()
+
+
+@pytest.mark.parametrize("rows, width", [(1, 1), (17, 111), (3, 1024), (5, 5000)])
+def test_every_gpu_tile_matches_default(device, gen, rows, width):
+    """Each GPU model's tile (GLU_TILE_GPU; off a GPU only GLU_TILE runs) gives bitwise the
+    default tile's y: an element's arithmetic does not depend on the tile."""
+    gate_up = torch.randn(rows, 2 * width, generator=gen, device=device).to(torch.bfloat16)
+    ys = []
+    for entry in [GLU_TILE] + [e["tile"] for e in GLU_TILE_GPU.values()]:
+        y = poison_(torch.empty(rows, width, dtype=torch.bfloat16, device=device))
+        _launch(gate_up[:, :width], gate_up[:, width:], y, "silu", config=glu_tile_config(rows, width, entry))
+        ys.append(y)
+    assert not torch.isnan(ys[0]).any() and all(torch.equal(ys[0], y) for y in ys[1:])
+
+
+def test_tile_config_keeps_elements_a_thread():
+    """A tile entry's elements a thread hold where few narrow rows shrink the tile (fewer warps)."""
+    assert glu_tile_config(65536, 1024, (1024, 8)) == TileConfig(1, 1024, 8)  # 4 a thread
+    assert glu_tile_config(4096, 4096, (1024, 8)) == TileConfig(1, 1024, 8)  # a tile no wider than its elements
+    assert glu_tile_config(64, 262144, (4096, 16)) == TileConfig(2, 2048, 16)  # rows of at most 2048
+    assert glu_tile_config(4, 17, (1024, 8)) == TileConfig(4, 32, 1)  # 128 elements: one warp
+    assert glu_tile_config(64, 262144, (2048, 8)) == TileConfig(1, 2048, 8)  # 8 a thread
+    with pytest.raises(ValueError, match="per_thread=0 must be >= 1"):
+        tile_config(4, 17, per_thread=0)

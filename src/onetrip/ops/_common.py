@@ -280,15 +280,19 @@ class TileConfig:
     num_warps: int
 
 
-def tile_config(rows: int, width: int, *, tile: int = 2048, max_block_n: int = 2048, num_warps: int = 4) -> TileConfig:
+def tile_config(rows: int, width: int, *, tile: int = 2048, max_block_n: int = 2048, num_warps: int = 4,
+                per_thread: int = 8) -> TileConfig:
     """A tile of about ``tile`` elements: several rows when they are narrow, a slice when wide.
 
     Measured on an H200 (benchmarks/NOTES.md): for bias_gelu and silu_mul at 2**26
     elements from 1K to 256K wide, 2048-element tiles with 4 warps (16 elements per thread,
     two 16-byte loads per input) came within 2.2% of the best of 13 configs at every width
-    (mean 0.6%); no single other rule came closer.
+    (mean 0.6%); no single other rule came closer. ``num_warps`` is capped so that a thread
+    keeps at least ``per_thread`` elements where rows or the width leave a smaller tile.
     """
-    block_n = min(triton.next_power_of_2(max(width, 1)), max_block_n)
+    if per_thread < 1:
+        raise ValueError(f"per_thread={per_thread} must be >= 1 (elements a thread)")
+    block_n = min(triton.next_power_of_2(max(width, 1)), max_block_n, tile)
     block_m = max(1, min(triton.next_power_of_2(max(rows, 1)), tile // block_n))
-    warps = max(1, min(num_warps, (block_m * block_n) // 256))
+    warps = max(1, min(num_warps, (block_m * block_n) // (32 * per_thread)))
     return TileConfig(block_m, block_n, warps)

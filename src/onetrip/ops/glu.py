@@ -88,20 +88,31 @@ def _glu_kernel(
 
 
 # A program's tile, (elements, warps): GLU_TILE, the H200's pick of the thirteenth session
-# (below), unless GLU_TILE_GPU has one for the GPU model (a part of the device's name); 8
-# elements a thread either way, one 16-byte load of each input. H100, the ops bench judging
-# five tiles (twenty-eighth session, NOTES.md; two interleaved rounds each): against
-# torch.compile at the nine 2**26-element shapes, (2048, 8) read 0.998-1.000x for silu_mul,
-# (4096, 16) 1.000-1.002x, and gelu_mul 1.001-1.005x with it (0.999-1.002x before); 4 warps
-# lost 0.5%.
+# (below: 8 elements a thread, one 16-byte load of each input), unless GLU_TILE_GPU has one
+# for the GPU model (a part of the device's name). A smaller tile (few narrow rows) keeps the
+# full tile's elements a thread with fewer warps. H100, the ops bench judging each tile
+# (NOTES.md, twenty-eighth and twenty-ninth sessions, two interleaved rounds each), silu_mul
+# against torch.compile at the nine 2**26-element shapes / the two 32 MiB anchors:
+# (2048, 8) 0.998-1.000x; (4096, 16) 1.000-1.002 / 0.996-0.999x; (1024, 8), 4 elements a
+# thread (one 8-byte load of each input), 1.010-1.013 / 1.006-1.009x, gelu_mul 1.011-1.019x;
+# (512, 4) 1.007-1.009x; (2048, 16), also 4 a thread, 0.996-1.001x; (512, 8), torch.compile's
+# own 2 a thread, 0.886-0.896x. (bias_gelu, whose GELU costs more instructions an element,
+# lost 12-14% at 4 a thread: it keeps 16.)
 GLU_TILE = (2048, 8)
-GLU_TILE_GPU = {"H100": {"tile": (4096, 16)}}
+GLU_TILE_GPU = {"H100": {"tile": (1024, 8)}}
 # The width and row strides compiled in, and no masks where the tiles cover the rows (M stays
 # a runtime value; a kernel per width and layout, as the norms' const_n). H100, ops bench,
 # two interleaved rounds (twenty-eighth session, run 7): silu_mul at the 32 MiB anchors
 # 0.994-0.995 -> 0.998x torch.compile, whose static-shape kernel has them as constants too;
 # the sweep shapes 1.000-1.003 -> 1.000-1.002; gelu_mul 1.001-1.009 -> 1.002-1.013.
 GLU_CONST = True
+
+
+def glu_tile_config(M: int, N: int, tile_warps: tuple[int, int]) -> TileConfig:
+    """The (M, N) problem's tile for a table entry (elements, warps): its elements a thread
+    kept where few narrow rows leave a smaller tile."""
+    tile, warps = tile_warps
+    return tile_config(M, N, tile=tile, num_warps=warps, per_thread=tile // (32 * warps))
 
 
 def _launch(gate: torch.Tensor, up: torch.Tensor, y: torch.Tensor, activation: str,
@@ -116,12 +127,11 @@ def _launch(gate: torch.Tensor, up: torch.Tensor, y: torch.Tensor, activation: s
     M, N = gate.shape
     if M == 0 or N == 0:
         return None
-    # 8 elements a thread where bias_gelu keeps 16: on an H200, in the bench's back-to-back
-    # timing, +0.3-0.6% of copy at 2**26 elements and +0.8% at 4096 x 4096 (silu_mul;
-    # tune_ops.py --rotate, thirteenth session); tiles per GPU model in GLU_TILE_GPU.
+    # 8 elements a thread (4 on the H100) where bias_gelu keeps 16: on an H200, in the bench's
+    # back-to-back timing, +0.3-0.6% of copy at 2**26 elements and +0.8% at 4096 x 4096
+    # (silu_mul; tune_ops.py --rotate, thirteenth session); tiles per GPU model in GLU_TILE_GPU.
     if config is None:
-        tile, warps = gpu_table_entry(GLU_TILE_GPU, gpu_name(gate.device), "tile") or GLU_TILE
-        config = tile_config(M, N, tile=tile, num_warps=warps)
+        config = glu_tile_config(M, N, gpu_table_entry(GLU_TILE_GPU, gpu_name(gate.device), "tile") or GLU_TILE)
     grid = (triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n),)
     return _glu_kernel[grid](
         gate, up, y,
