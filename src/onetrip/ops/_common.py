@@ -287,8 +287,9 @@ def tile_config(rows: int, width: int, *, tile: int = 2048, max_block_n: int = 2
     Measured on an H200 (benchmarks/NOTES.md): for bias_gelu and silu_mul at 2**26
     elements from 1K to 256K wide, 2048-element tiles with 4 warps (16 elements per thread,
     two 16-byte loads per input) came within 2.2% of the best of 13 configs at every width
-    (mean 0.6%); no single other rule came closer. ``num_warps`` is capped so that a thread
-    keeps at least ``per_thread`` elements where rows or the width leave a smaller tile.
+    (mean 0.6%); no single other rule came closer. A tile's rows are at most ``tile`` and
+    ``max_block_n`` wide; ``num_warps`` is capped so that a thread keeps at least
+    ``per_thread`` elements where few or narrow rows leave a smaller tile.
     """
     if per_thread < 1:
         raise ValueError(f"per_thread={per_thread} must be >= 1 (elements a thread)")

@@ -94,7 +94,7 @@ def _glu_kernel(
 # (NOTES.md, twenty-eighth and twenty-ninth sessions, two interleaved rounds each), silu_mul
 # against torch.compile at the nine 2**26-element shapes / the two 32 MiB anchors:
 # (2048, 8) 0.998-1.000x; (4096, 16) 1.000-1.002 / 0.996-0.999x; (1024, 8), 4 elements a
-# thread (one 8-byte load of each input), 1.010-1.013 / 1.006-1.009x, gelu_mul 1.011-1.019x;
+# thread (one 8-byte load of each input), 1.010-1.013 / 1.006-1.010x, gelu_mul 1.011-1.023x;
 # (512, 4) 1.007-1.009x; (2048, 16), also 4 a thread, 0.996-1.001x; (512, 8), torch.compile's
 # own 2 a thread, 0.886-0.896x. (bias_gelu, whose GELU costs more instructions an element,
 # lost 12-14% at 4 a thread: it keeps 16.)
