@@ -54,10 +54,11 @@ def silu(x):
 
 
 @triton.jit
-def row_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def row_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr = False):
     """This program's (BLOCK_M, BLOCK_N) tile of an (M, N) problem on a 1-D grid.
 
-    Returns (rows as int64 (BLOCK_M,), cols (BLOCK_N,), mask (BLOCK_M, BLOCK_N)). Column
+    Returns (rows as int64 (BLOCK_M,), cols (BLOCK_N,), mask (BLOCK_M, BLOCK_N)); EVEN (the
+    tiles cover M x N exactly): the mask is a constant, which the compiler drops. Column
     blocks vary fastest, so programs that run together stream neighbouring bytes of a row:
     with row blocks fastest, a 16K-wide silu_mul ran 3-5% slower on an H200. Rows are
     64-bit because rows * row stride exceeds 2**31 elements for tensors over 4 GiB.
@@ -66,7 +67,10 @@ def row_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     n_col_blocks = tl.cdiv(N, BLOCK_N)
     rows = (pid // n_col_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = (pid % n_col_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (rows < M)[:, None] & (cols < N)[None, :]
+    if EVEN:
+        mask = tl.full((BLOCK_M, BLOCK_N), 1, tl.int1)
+    else:
+        mask = (rows < M)[:, None] & (cols < N)[None, :]
     return rows.to(tl.int64), cols, mask
 
 

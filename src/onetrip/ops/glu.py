@@ -67,24 +67,14 @@ def _glu_kernel(
         stride_gm = C_SG
         stride_um = C_SU
         stride_ym = C_SY
-    rows64, cols, mask = row_tile(M, N, BLOCK_M, BLOCK_N)
-    g_ptrs = gate_ptr + rows64[:, None] * stride_gm + cols[None, :]
-    u_ptrs = up_ptr + rows64[:, None] * stride_um + cols[None, :]
-    y_ptrs = y_ptr + rows64[:, None] * stride_ym + cols[None, :]
-    if EVEN:
-        g = tl.load(g_ptrs).to(tl.float32)
-        u = tl.load(u_ptrs).to(tl.float32)
-    else:
-        g = tl.load(g_ptrs, mask=mask, other=0.0).to(tl.float32)
-        u = tl.load(u_ptrs, mask=mask, other=0.0).to(tl.float32)
+    rows64, cols, mask = row_tile(M, N, BLOCK_M, BLOCK_N, EVEN)
+    g = tl.load(gate_ptr + rows64[:, None] * stride_gm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(up_ptr + rows64[:, None] * stride_um + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if ACTIVATION == 0:
         a = silu(g)
     else:
         a = gelu(g, ACTIVATION == 1)
-    if EVEN:
-        tl.store(y_ptrs, cast_out(a * u, y_ptr.dtype.element_ty))
-    else:
-        tl.store(y_ptrs, cast_out(a * u, y_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_ptr + rows64[:, None] * stride_ym + cols[None, :], cast_out(a * u, y_ptr.dtype.element_ty), mask=mask)
 
 
 # A program's tile, (elements, warps): GLU_TILE, the H200's pick of the thirteenth session
@@ -139,10 +129,9 @@ def _launch(gate: torch.Tensor, up: torch.Tensor, y: torch.Tensor, activation: s
         gate.stride(0), up.stride(0), y.stride(0),
         ACTIVATION=ACTIVATIONS[activation],
         BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        C_N=N if const else 0, C_SG=gate.stride(0) if const else 0, C_SU=up.stride(0) if const else 0,
-        C_SY=y.stride(0) if const else 0,
         EVEN=const and M % config.block_m == 0 and N % config.block_n == 0,
         num_warps=config.num_warps,
+        **(dict(C_N=N, C_SG=gate.stride(0), C_SU=up.stride(0), C_SY=y.stride(0)) if const else {}),
     )
 
 
