@@ -43,7 +43,8 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from onetrip.ops._cluster import MAX_RANKS as SLOTS, cluster_arrive, launch_clusters  # noqa: E402
+from onetrip.ops._cluster import MAX_RANKS as SLOTS, launch_clusters  # noqa: E402
+from cluster_barrier import cluster_arrive  # noqa: E402
 
 
 def xch_asm(c: int, n: int) -> str:

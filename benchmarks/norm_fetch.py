@@ -31,7 +31,8 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from onetrip.ops._cluster import cluster_arrive, launch_clusters, share3  # noqa: E402
+from onetrip.ops._cluster import launch_clusters  # noqa: E402
+from cluster_barrier import cluster_arrive, share3  # noqa: E402
 from onetrip.ops._jit import cast_out  # noqa: E402
 from onetrip.ops._norm_jit import _split_combine, _sums_rstd  # noqa: E402
 from onetrip.ops._shelf import quad_lane, shelf_fetch, shelf_load, shelf_quads  # noqa: E402

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from norm_fetch import COMMIT, WAIT1, _asm_scalar, _cluster_row, _seg_y  # noqa: E402
-from onetrip.ops._cluster import share3  # noqa: E402
+from cluster_barrier import share3  # noqa: E402
 from onetrip.ops._jit import cast_out  # noqa: E402
 from onetrip.ops._norm_jit import _split_combine, _sums_rstd  # noqa: E402
 from onetrip.ops._shelf import quad_lane, shelf_fetch, shelf_load, shelf_quads  # noqa: E402

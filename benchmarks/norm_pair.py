@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from norm_fetch import _cluster_row  # noqa: E402
-from onetrip.ops._cluster import launch_clusters, share3, smem_load  # noqa: E402
+from onetrip.ops._cluster import launch_clusters, smem_load  # noqa: E402
+from cluster_barrier import share3  # noqa: E402
 from onetrip.ops._jit import cast_out  # noqa: E402
 
 

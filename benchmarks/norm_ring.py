@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cluster_room import max_clusters  # noqa: E402
 from norm_fetch import COMMIT, _asm_scalar, _seg_sums, _seg_y  # noqa: E402
 from norm_fetch_res import DYN_BASE, _launch  # noqa: E402
-from onetrip.ops._cluster import cluster_arrive, share3  # noqa: E402
+from cluster_barrier import cluster_arrive, share3  # noqa: E402
 from onetrip.ops._jit import cast_out  # noqa: E402
 from onetrip.ops._norm_jit import _split_combine, _sums_rstd  # noqa: E402
 from onetrip.ops._shelf import quad_lane, shelf_fetch, shelf_load, shelf_quads  # noqa: E402

@@ -245,6 +245,8 @@ def norm_main() -> None:
     loop_picks = [("", key[0], key[1], width, c) for key, picks in norm.LOOP_PICKS.items() for width, c in picks.items()]
     loop_picks += [(f"{gpu} ", is_rms, residual, width, c) for gpu, table in norm.PICKS_GPU.items()
                    for (mode, is_rms, residual, width), c in table.items() if mode == "loop"]
+    loop_picks += [(f"{gpu} <{rows} rows ", is_rms, residual, width, c) for gpu, table in norm.FEW_ROWS_GPU.items()
+                   for (mode, is_rms, residual, width), (rows, c) in table.items()]
     for gpu, is_rms, residual, width, c in loop_picks:  # the loop configs norm_config launches
         label = f"{gpu}{'add_' if residual else ''}{'rms' if is_rms else 'layer'}_norm loop {width // 1024}K: " \
             f"{c.block_n}{' hints' if c.hints else ''}{' stash' if c.stash else ''}{' vec' if c.vec else ''}" \

@@ -267,6 +267,25 @@ def test_gpu_model_picks(monkeypatch):
         assert config("NVIDIA H200", is_rms, residual, width) != pick
 
 
+def test_gpu_few_rows_picks(monkeypatch):
+    """FEW_ROWS_GPU's entries replace a GPU model's pick for the same key under their row
+    count only, and launch as their mode needs (clusters of 2-8 or 16, the row cut into
+    exactly that many)."""
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(norm_mod, "gpu_name", lambda device: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(norm_mod, "sm_count", lambda device: 132)
+    for (mode, is_rms, residual, width), (rows, few) in norm_picks.FEW_ROWS_GPU["H100"].items():
+        assert mode == "loop" == few.mode and width in norm_mod.LOOP_PICKS[(is_rms, residual)]
+        if few.cluster:
+            assert norm_mod._segments(width, few)[0] == few.split and (2 <= few.split <= 8 or few.split == 16)
+        def config(m):
+            return norm_mod.norm_config(m, width, cpu, is_rms=is_rms, has_residual=residual)
+        assert config(64) == config(rows - 1) == few
+        many = norm_picks.PICKS_GPU["H100"].get((mode, is_rms, residual, width)) \
+            or norm_mod.LOOP_PICKS[(is_rms, residual)][width]
+        assert config(rows) == config(4 * rows) == many != few
+
+
 def test_empty(device):
     for shape in [(0, 8), (3, 0)]:
         x = torch.empty(shape, device=device)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from onetrip.ops import norm as norm_mod
-from onetrip.ops._norm_picks import PICKS_GPU
+from onetrip.ops._norm_picks import FEW_ROWS_GPU, PICKS_GPU
 from onetrip.ops._shelf import SHELF_BYTES, shelf_fits
 from onetrip.ops.norm import NormConfig
 from onetrip.testing import poison_, strided_like
@@ -101,22 +101,33 @@ def test_maxnreg_runs_anywhere(device, gen):
         NormConfig("loop", 1, 256, 4, maxnreg=8)
 
 
+def _h100_shelf_picks():
+    """(is_rms, width, config) of every H100 shelf pick, PICKS_GPU's and FEW_ROWS_GPU's."""
+    entries = list(PICKS_GPU["H100"].items()) + [(k, c) for k, (_, c) in FEW_ROWS_GPU["H100"].items()]
+    return [(is_rms, width, c) for (mode, is_rms, res, width), c in entries if c.shelf]
+
+
+def test_shelf_picks_capped():
+    """Every H100 shelf pick carries the register cap (see the GPU test below)."""
+    assert len(_h100_shelf_picks()) == 3
+    assert all(c.maxnreg == 48 for _, _, c in _h100_shelf_picks())
+
+
 @pytest.mark.skipif(not HOPPER, reason="the H100's shelf picks: clusters, Hopper")
-@pytest.mark.parametrize("width", [131072, 262144])
-def test_shelf_picks_register_cap(gen, width):
+@pytest.mark.parametrize("is_rms, width, pick", _h100_shelf_picks())
+def test_shelf_picks_register_cap(gen, is_rms, width, pick):
     """The H100 shelf picks carry ``maxnreg=48`` and the compile takes it: the PTX asks for
     48, ptxas gives <= 48 with no spills, and y is right. Without the cap CUDA 13's ptxas
     (torch's, which Inductor hands Triton through TRITON_PTXAS_PATH) squeezed them to 44
     registers and split pass 2's weight and bias loads (NOTES.md, twenty-seventh session)."""
-    pick = PICKS_GPU["H100"][("loop", False, False, width)]
-    assert pick.shelf and pick.maxnreg == 48
+    kind = "rms" if is_rms else "layer"
     x = torch.randn((4, width), device="cuda", generator=gen).to(torch.bfloat16)
-    w, b = _params("layer", width, torch.bfloat16, x.device, gen)
+    w, b = _params(kind, width, torch.bfloat16, x.device, gen)
     # a pick that reads ahead from pf_rows rows: its kernel with the requests too (4 rows here)
     for cfg in (pick, dataclasses.replace(pick, pf_rows=0)) if pick.pf else (pick,):
         y = poison_(torch.empty_like(x))
-        kernel = norm_mod._launch(x, None, w, b, y, None, 1e-6, False, False, cfg)
-        _check("layer", x, None, w, b, 1e-6, y, None)
+        kernel = norm_mod._launch(x, None, w, b, y, None, 1e-6, is_rms, False, cfg)
+        _check(kind, x, None, w, b, 1e-6, y, None)
         assert ".maxnreg 48" in kernel.asm["ptx"]
         assert ("cp.async.bulk.prefetch.L2" in kernel.asm["ptx"]) == (cfg.pf_rows <= 4 and cfg.pf > 0)
         assert kernel.n_regs <= 48 and kernel.n_spills == 0

@@ -5,7 +5,7 @@ the modes)."""
 import triton
 import triton.language as tl
 
-from ._cluster import share3, smem_load
+from ._cluster import cluster_arrive, share3, smem_load
 from ._jit import cast_out
 from ._l2_ahead import l2_ahead
 from ._shelf import shelf_base, shelf_copy, shelf_load, shelf_sums, shelf_wait
@@ -356,6 +356,8 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
                      "the shelf takes a dense row's segment of whole chunks, no residual, nothing held")
     DROP_STREAMED_Y: tl.constexpr = "evict_first" if HINTS and DROP_Y else ""
     tl.static_assert(SPLIT == 1 or BLOCK_M == 1, "a split row is one row a program")
+    if CLUSTER:
+        xbuf = cluster_arrive(row)  # first thing: share3's wait pairs with this arrival
     rows = row * BLOCK_M + tl.arange(0, BLOCK_M)
     col0 = seg * SEG
     if SHELF:
@@ -405,7 +407,7 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
     if PF > 0:  # pass 1's reads are in: the HBM reads ahead while the sums travel and y is written
         _ahead(x_ptr, r_ptr, row + PF, M, col0, stride_xm, stride_rm, HAS_RESIDUAL, EVEN, BLOCK_M, SEG, PF_LANES)
     if SPLIT > 1 and CLUSTER:  # the row's programs are one cluster: sums through shared memory
-        c, s1, s2 = _split_combine(share3(c, s1, s2, SPLIT), row, N, SEG, SPLIT, BLOCK_S, IS_RMS, True)
+        c, s1, s2 = _split_combine(share3(c, s1, s2, SPLIT, xbuf), row, N, SEG, SPLIT, BLOCK_S, IS_RMS, True)
     elif SPLIT > 1:
         if LOOP_PART != 2:
             part = part_ptr + (row.to(tl.int64) * SPLIT + seg) * 3

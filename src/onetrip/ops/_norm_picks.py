@@ -204,6 +204,9 @@ LOOP_PICKS = {
 #   85.8-85.9 -> 84.7-84.8, 64 x 256K 72.5-72.7 -> 70.7-70.9. Elsewhere it lost outright in
 #   tune_ops: the picks that re-read their row from L2 (rms_norm; the residual picks, whose
 #   stashed h fills the L2), and any pick when the request is made at the program's start.
+# - add_rms_norm 256K as a cluster of 16 (8192 x 16 warps, a chunk held, no hints), from 128 rows
+#   (thirtieth session, after the cluster exchange lost its GPU-scope fence: 88.5 -> 93.3% at
+#   256 rows; FEW_ROWS_GPU below keeps the split through global memory under 128 rows).
 _CLUSTER = dict(hints=True, vec=True, const_n=True, cluster=True)
 _CLUSTER_NH = dict(_CLUSTER, hints=False)
 PICKS_GPU = {
@@ -218,11 +221,31 @@ PICKS_GPU = {
         ("loop", True, True, 131072): _loop(4096, 8, stash=True, split=16, **_CLUSTER_NH),
         ("loop", False, True, 131072): _loop(4096, 8, stash=True, split=16, fold=True, **_CLUSTER_NH),
         ("loop", False, True, 262144): _loop(16384, 32, stash=True, split=2, drop_y=True, **_CLUSTER),
+        ("loop", True, True, 262144): _loop(8192, 16, stash=True, split=16, hold=1, **_CLUSTER_NH),
         ("rows", False, False, 4096): NormConfig("rows", 1, 4096, 8, const_n=True),
         ("rows", True, False, 1024): NormConfig("rows", 2, 1024, 8, const_n=True),
         ("rows", True, True, 1024): NormConfig("rows", 1, 1024, 8, const_n=True),
         ("rows", False, False, 1024): NormConfig("rows", 1, 1024, 4, late_wb=True),
         ("rows", True, False, 2048): NormConfig("rows", 1, 2048, 8, const_n=True),
+    },
+}
+
+
+# Per GPU model: (rows, config) where fewer than ``rows`` rows take ``config`` in place of the
+# entry that PICKS_GPU (or LOOP_PICKS) has for the same key. H100, thirtieth session (the
+# st.async exchange; tune_ops.py --focus --config --rotate 2 --repeat 2, medians of two,
+# results/logs/tune-ops-xasync-rows-h100-20261126-session30.log), % of copy at 256 / 128 / 64 rows:
+# - add_rms_norm 256K: a cluster of 16 (8192 x 16 warps, a chunk held, no L2 hints) 93.3 / 88.8
+#   / 84.4 against the split through global memory 88.5 / 87.9 / 87.4, so from 128 rows the
+#   cluster (PICKS_GPU above) and below that the H200's split (LOOP_PICKS);
+# - rms_norm 256K: the shelf in clusters of 16 (4096 x 8 warps) 92.8 / 87.2 / 86.6 against the
+#   cluster pick's 94.2 / 90.4 / 82.4 (the 128-row pair from another run on another H100,
+#   results/tune-ops-xasync-rms-128rows-h100-20261126-session30.json).
+FEW_ROWS_GPU = {
+    "H100": {
+        ("loop", True, True, 262144): (128, LOOP_PICKS[(True, True)][262144]),
+        ("loop", True, False, 262144): (128, _loop(4096, 8, split=16, shelf=True, drop_y=True, maxnreg=48,
+                                                   **_CLUSTER)),
     },
 }
 

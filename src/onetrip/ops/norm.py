@@ -67,10 +67,10 @@ from ._common import (
     sm_count,
     use_triton,
 )
-from ._cluster import cluster_arrive, cluster_ok, launch_clusters
+from ._cluster import cluster_ok, launch_clusters
 from ._l2_ahead import ahead_ok
 from ._norm_jit import _chunk_stats, _load_h, _load_wb, _loop_row, _mean_rstd, _store_y, _wait_row
-from ._norm_picks import LOOP_PICKS, PICKS_GPU, ROWS_PICKS, NormConfig
+from ._norm_picks import FEW_ROWS_GPU, LOOP_PICKS, PICKS_GPU, ROWS_PICKS, NormConfig
 from ._shelf import shelf_fits
 
 _ROWS, _COOP, _STATS, _APPLY, _LOOP = 0, 1, 2, 3, 4  # the kernel's PHASE
@@ -118,8 +118,6 @@ def _norm_kernel(
             t = tl.atomic_add(sync_ptr, 1)  # ticket in start order, as "coop" (no deadlock)
         else:
             t = tl.program_id(0)  # a cluster's ranks run together: no order to keep
-        if CLUSTER:
-            cluster_arrive(t)
         BLOCK_S: tl.constexpr = 2 if SPLIT <= 2 else (4 if SPLIT <= 4 else (8 if SPLIT <= 8 else 16))
         seg_cols = SEG_N if CONST_N > 0 else seg_n  # the segment as a constant too
         _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, t // SPLIT, t % SPLIT, M, n, seg_cols,
@@ -219,7 +217,7 @@ def norm_config(rows: int, width: int, device: torch.device, *, is_rms: bool = T
     every SM (for a row split over programs, half the SMs' worth of programs); else whole
     rows up to 16K elements (32K for RMSNorm), ``ROWS_PICKS`` where it has the width; else
     chunks of ``chunk`` ("coop", "two_pass"). On a GPU model that ``PICKS_GPU`` names, its
-    own "loop" and "rows" picks come first.
+    own "loop" and "rows" picks come first, and ``FEW_ROWS_GPU``'s under their row counts.
 
     Whole rows: 94-99% of copy up to 16K wide with tiles of two rows up to 4K (LayerNorm to
     16K; one row from 2K to 8K where ROWS_PICKS says) and ~32 elements a thread; add +
@@ -237,6 +235,9 @@ def norm_config(rows: int, width: int, device: torch.device, *, is_rms: bool = T
     key = block_n if has_residual else min(block_n, max(picks))
     gpu = gpu_name(device)
     pick = gpu_table_entry(PICKS_GPU, gpu, ("loop", is_rms, has_residual, key)) or picks.get(key)
+    few = gpu_table_entry(FEW_ROWS_GPU, gpu, ("loop", is_rms, has_residual, key))
+    if few is not None and rows < few[0]:
+        pick = few[1]
     sms = sm_count(device)
     if pick is not None and rows * pick.split >= (sms if pick.split == 1 else sms // 2) \
             and (dense or block_n > 8192):
