@@ -71,7 +71,8 @@ def _share_asm() -> str:
     values), $4 (the cluster size the kernel was built for), $5 (``cluster_arrive``'s buffer).
     Value k of rank r at values[k * 16 + r]. Thread r < ranks sends this CTA's three values
     to rank r by ``st.async``, whose bytes complete rank r's mbarrier; then every thread
-    waits on its own CTA's mbarrier (phase 0): no cluster-wide release fence."""
+    waits on its own CTA's mbarrier (phase 0): no cluster-wide release fence. Once a CTA:
+    a second call would find phase 0 complete and read the first call's values."""
     lines = ["{", ".reg .b32 %qv, %qr, %qt, %qn, %qd, %qm;", ".reg .pred %qp, %qs;",
              "mov.u32 %qn, %cluster_nctarank;", "setp.ne.u32 %qp, %qn, $4;", "@%qp trap;",
              "barrier.cluster.wait.aligned;",  # pairs with cluster_arrive: every sibling's mbarrier is armed
