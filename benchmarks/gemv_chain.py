@@ -157,16 +157,19 @@ def mlp_problem(hidden: int, inter: int, dev, dt=torch.bfloat16) -> dict:
             "cfg1": sm._gemv_config(2 * inter, hidden, "plain"), "cfg2": sm._gemv_config(hidden, inter, "plain")}
 
 
-def chain_setup(presets: bool = False):
+def chain_setup(presets: bool = False, extra=None):
     """The GPU experiments' start (the chains, read_tma, the norm experiments): the command
-    line (--out; --presets with ``presets``), the copy bandwidth, an L2 flush buffer and the
-    results' meta. Returns (args, copy, flush, result) with result = {"meta": ..., "rows": []}."""
+    line (--out; --presets with ``presets``; ``extra(parser)`` adds an experiment's own), the
+    copy bandwidth, an L2 flush buffer and the results' meta. Returns (args, copy, flush,
+    result) with result = {"meta": ..., "rows": []}."""
     from onetrip.bench import harness  # noqa: PLC0415
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("gpu-out"))
     if presets:
         ap.add_argument("--presets", nargs="+", default=list(SHAPES))
+    if extra is not None:
+        extra(ap)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     copy = harness.copy_bandwidth_gbs("cuda")

@@ -10,6 +10,8 @@ back-to-back calls over input sets that pass 256 MiB), with the weight and bias 
 None; bytes counted as if present (so the % compares time alone).
 
     python benchmarks/norm_wb.py --out DIR      # on an H100/H200
+    python benchmarks/norm_wb.py --out DIR --residual --shapes 256x262144 64x262144
+                                                # add_rms_norm, add_layer_norm (thirty-first session)
 """
 
 from __future__ import annotations
@@ -28,6 +30,12 @@ VARIANTS = {"rms": [("weight", True, False), ("none", False, False)],
             "layer": [("weight + bias", True, True), ("weight", True, False), ("none", False, False)]}
 
 
+def _args(ap) -> None:
+    ap.add_argument("--residual", action="store_true", help="add_rms_norm and add_layer_norm (x + r normed, "
+                    "h = x + r written too) instead of rms_norm and layer_norm")
+    ap.add_argument("--shapes", nargs="+", default=[f"{m}x{n}" for m, n in SHAPES], help="ROWSxWIDTH ...")
+
+
 def main() -> int:
     from gemv_chain import chain_setup
     from norm_variants import bench_ms, run_variant
@@ -35,25 +43,32 @@ def main() -> int:
     from onetrip.bench.ops import timing_plan
     from onetrip.ops import norm
 
-    args, copy, flush, res = chain_setup()
+    args, copy, flush, res = chain_setup(extra=_args)
     dev, dt = torch.device("cuda"), torch.bfloat16
     print(f"copy {copy:.0f} GB/s", flush=True)
-    for rows, width in SHAPES:
+    tensors = 4 if args.residual else 2  # x, (r,) y, (h): each read or written once
+    for rows, width in (tuple(int(v) for v in s.split("x")) for s in args.shapes):
         for kind, variants in VARIANTS.items():
-            nbytes = 2 * rows * width * 2 + (1 if kind == "rms" else 2) * width * 2
+            nbytes = tensors * rows * width * 2 + (1 if kind == "rms" else 2) * width * 2
             n_sets, n_calls = timing_plan(nbytes)
-            sets = [(x, torch.empty_like(x)) for x in (torch.randn(rows, width, device=dev).to(dt)
-                                                       for _ in range(n_sets))]
+            sets = [tuple(torch.randn(rows, width, device=dev).to(dt) for _ in range(tensors))
+                    for _ in range(n_sets)]  # (x, y) or (x, r, y, h)
             w = torch.randn(width, device=dev).to(dt)
             b = torch.randn(width, device=dev).to(dt)
             for label, has_w, has_b in variants:
                 wv, bv = (w if has_w else None), (b if has_b else None)
-                if kind == "rms":
+                if args.residual and kind == "rms":
+                    fn = lambda x, r, y, h: norm.add_rms_norm(x, r, wv, 1e-6, out=y, residual_out=h)  # noqa: E731
+                elif args.residual:
+                    fn = lambda x, r, y, h: norm.add_layer_norm(x, r, wv, bv, 1e-5, out=y,  # noqa: E731
+                                                                residual_out=h)
+                elif kind == "rms":
                     fn = lambda x, y: norm.rms_norm(x, wv, 1e-6, out=y)  # noqa: E731
                 else:
                     fn = lambda x, y: norm.layer_norm(x, wv, bv, 1e-5, out=y)  # noqa: E731
-                run_variant(res, {"op": f"{kind}_norm", "rows": rows, "width": width, "variant": label}, fn, sets,
-                            sets[0][1], None, nbytes, copy, lambda calls: bench_ms(calls, flush, n_calls))
+                op = f"{'add_' if args.residual else ''}{kind}_norm"
+                run_variant(res, {"op": op, "rows": rows, "width": width, "variant": label}, fn, sets,
+                            sets[0][-2], None, nbytes, copy, lambda calls: bench_ms(calls, flush, n_calls))
             del sets
             torch.cuda.empty_cache()
     (args.out / "norm-wb.json").write_text(json.dumps(res, indent=1))

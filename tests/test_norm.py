@@ -96,9 +96,11 @@ def test_no_weight_and_fp32_weight(device, gen, kind):
 @pytest.mark.parametrize("mode", ["rows", "rows late", "rows const", "two_pass", "loop", "loop hints", "loop stash",
                                   "loop vec", "loop unroll", "loop const", "loop split", "loop split const",
                                   "loop 2 rows", "loop 4 rows const", "loop hold", "loop hold 2 const",
-                                  "loop hold split", "loop split cluster", "loop fold"]
+                                  "loop hold split", "loop split cluster", "loop fold", "loop wb_pre",
+                                  "loop wb_pre split"]
                          # (on the CPU a cluster config is the split above: one of them shows the fallback)
-                         + (["coop", "loop split const cluster", "loop hold split cluster"] if ON_GPU else []))
+                         + (["coop", "loop split const cluster", "loop hold split cluster", "loop wb_pre cluster"]
+                            if ON_GPU else []))
 def test_modes(device, gen, kind, mode):
     """Every mode on one awkward width: tiles of 2 rows (the last half past the end; "late":
     the weight and bias loaded after the statistics; "const": the width and row strides
@@ -112,7 +114,9 @@ def test_modes(device, gen, kind, mode):
     (h from the stash's rounding, or without it in float32). "cluster": a split row's
     programs one thread-block cluster on a Hopper GPU, their sums exchanged through shared
     memory (elsewhere the config falls back to the split above). "loop fold": LayerNorm's
-    affine as FMAs, held and streamed chunks."""
+    affine as FMAs, held and streamed chunks. "wb_pre": pass 2's first chunks' weight and
+    bias loaded before the exchange of sums (more chunks than are held; the last segment
+    has fewer chunks than that, its extra ones past the row)."""
     rows, width = 11, 1023
     x = strided_like((rows, width), torch.bfloat16, device, generator=gen)
     r = strided_like((rows, width), torch.bfloat16, device, generator=gen) + 2.0
@@ -139,7 +143,12 @@ def test_modes(device, gen, kind, mode):
            "loop split const cluster": NormConfig("loop", 1, 128, 4, hints=True, stash=True, const_n=True, split=8,
                                                   cluster=True),
            "loop hold split cluster": NormConfig("loop", 1, 128, 4, hints=True, stash=True, vec=True, split=3, hold=2,
-                                                 cluster=True)}[mode]
+                                                 cluster=True),
+           "loop wb_pre": NormConfig("loop", 2, 128, 4, hints=True, stash=True, vec=True, hold=1, wb_pre=3),
+           "loop wb_pre split": NormConfig("loop", 1, 128, 4, stash=True, vec=True, split=3, hold=1, wb_pre=3,
+                                           fold=True),
+           "loop wb_pre cluster": NormConfig("loop", 1, 128, 4, stash=True, vec=True, split=3, hold=1, wb_pre=3,
+                                             cluster=True)}[mode]
     for res in (r, None):  # with and without the residual add
         y = poison_(torch.empty_like(x))
         h = poison_(torch.empty_like(x)) if res is not None else None
@@ -284,6 +293,49 @@ def test_gpu_few_rows_picks(monkeypatch):
         many = norm_picks.PICKS_GPU["H100"].get((mode, is_rms, residual, width)) \
             or norm_mod.LOOP_PICKS[(is_rms, residual)][width]
         assert config(rows) == config(4 * rows) == many != few
+
+
+def test_chunks_past_segment(device):
+    """A config whose held (``hold``) or early-weight (``wb_pre``) chunks would reach past
+    a program's segment into the next program's columns is refused, naming both; the
+    range of ``wb_pre`` is checked when the config is made."""
+    x = torch.randn(2, 1024, device=device)
+    w = torch.ones(1024, device=device)
+    for cfg in (NormConfig("loop", 1, 128, 4, split=8, hold=2), NormConfig("loop", 1, 128, 4, split=4, wb_pre=3)):
+        with pytest.raises(ValueError, match=r"hold=\d / wb_pre=\d chunks of 128 do not fit the \d+ columns"):
+            norm_mod._launch(x, None, w, None, torch.empty_like(x), None, 1e-6, True, False, cfg)
+    with pytest.raises(ValueError, match="wb_pre=5 must be 0-4"):
+        NormConfig("loop", 1, 128, 4, wb_pre=5)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="one launch with its programs waiting on each other: a GPU")
+@pytest.mark.parametrize("width", [65536, 131072, 262144])
+@pytest.mark.parametrize("is_rms, residual", [(True, False), (False, False), (True, True), (False, True)])
+def test_wb_pre_same_y(gen, width, is_rms, residual):
+    """Pass 2's weight and bias loaded before the exchange (``wb_pre`` 1, 2, 4; with the
+    shelf also ``wb_early``) changes when they are asked for, not the arithmetic: y and h
+    bitwise equal to the pick's without it, at 7 and 64 rows, with the GPU's own picks."""
+    device = torch.device("cuda")
+    kind = "rms" if is_rms else "layer"
+    for rows in (7, 64):
+        pick = norm_mod.norm_config(rows, width, device, is_rms=is_rms, has_residual=residual)
+        if pick.mode != "loop":  # (a few rows of 64K may take "coop")
+            continue
+        x = torch.randn(rows, width, device=device, generator=gen).to(torch.bfloat16)
+        r = torch.randn_like(x) if residual else None
+        w, b = _params(kind, width, torch.bfloat16, device, gen)
+        outs = []
+        for pre, early in ((0, False), (1, False), (2, False), (2, True), (4, True)):
+            cfg = dataclasses.replace(pick, wb_pre=pre, wb_early=early)
+            split, seg = norm_mod._segments(width, cfg)
+            if split > 1 and (max(pick.hold, pre) - 1) * pick.block_n >= seg:
+                continue
+            y, h = poison_(torch.empty_like(x)), poison_(torch.empty_like(x)) if residual else None
+            norm_mod._launch(x, r, w, b, y, h, 1e-6, is_rms, False, cfg)
+            outs.append((y, h))
+        _check(kind, x, r, w, b, 1e-6, *outs[0])
+        for y, h in outs[1:]:
+            assert torch.equal(y, outs[0][0]) and (h is None or torch.equal(h, outs[0][1]))
 
 
 def test_empty(device):

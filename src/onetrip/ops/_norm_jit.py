@@ -265,24 +265,41 @@ def _held_pass1(x_ptr, r_ptr, h_ptr, rows, M, col0, i, N, c, stride_xm, stride_r
 
 
 @triton.jit
-def _held_pass2(y_ptr, w_ptr, b_ptr, held, rows, M, col0, i, N, c, rstd, mean_lo, stride_ym,
-                IS_RMS: tl.constexpr, GEMMA: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr, DROP: tl.constexpr,
-                FOLD: tl.constexpr = False):
-    """Pass 2 of a held chunk: y from the registers, no load of x (or h)."""
+def _pass2_chunk(x_ptr, r_ptr, y_ptr, h_ptr, w, b, held, base, rows, M, col0, i, N, c, rstd, mean_lo,
+                 stride_xm, stride_rm, stride_ym, stride_hm, IS_RMS: tl.constexpr, GEMMA: tl.constexpr,
+                 HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, EVEN: tl.constexpr, HELD: tl.constexpr, SHELF: tl.constexpr,
+                 STASH: tl.constexpr, DROP: tl.constexpr, DROP_Y: tl.constexpr, FOLD: tl.constexpr):
+    """Pass 2 of the chunk at column col0 + i, given its weight and bias: y from ``held``
+    (HELD: the registers pass 1 kept; y stored with DROP), or from the shelf at ``base``, h
+    as stashed, or x (and r, h stored), y stored with DROP_Y."""
     cols, col_ok = _chunk_cols(col0, i, N, BLOCK_N, EVEN)
-    w, b = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS)
-    _store_y(y_ptr, held.to(tl.float32), c, rstd, w, b, rows, cols, _tile_mask(rows, M, col_ok, BLOCK_M), stride_ym,
-             IS_RMS, GEMMA, HAS_WEIGHT, HAS_BIAS, mean_lo, TWO_PART=not IS_RMS, EVICT=DROP, FOLD=FOLD)
+    mask = _tile_mask(rows, M, col_ok, BLOCK_M)
+    if HELD:
+        _store_y(y_ptr, held.to(tl.float32), c, rstd, w, b, rows, cols, mask, stride_ym, IS_RMS, GEMMA, HAS_WEIGHT,
+                 HAS_BIAS, mean_lo, TWO_PART=not IS_RMS, EVICT=DROP, FOLD=FOLD)
+    else:
+        if SHELF:
+            h = shelf_load(base + 2 * (i + tl.arange(0, BLOCK_N))[None, :], rstd, x_ptr).to(tl.float32)
+        elif STASH:
+            h = _load_h(h_ptr, r_ptr, h_ptr, rows, cols, mask, stride_hm, stride_rm, stride_hm, False, False, DROP)
+        else:
+            h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL, True,
+                        DROP, DROP)
+        _store_y(y_ptr, h, c, rstd, w, b, rows, cols, mask, stride_ym, IS_RMS, GEMMA, HAS_WEIGHT, HAS_BIAS,
+                 mean_lo, TWO_PART=not IS_RMS, EVICT=DROP_Y, FOLD=FOLD)
 
 
 @triton.jit
-def _shelf_pass1(x_ptr, row, col0, stride_xm, c, base, SEG: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Pass 1 with the shelf (``_shelf``): every chunk of the segment's row copied into
-    shared memory at ``base`` (all copies issued, then one wait), the sums of d = x - c
-    and d^2 read back from there. Returns (s1, s2) as ``_row_sums`` does."""
-    shelf_copy(base, x_ptr + row.to(tl.int64) * stride_xm + col0, SEG, BLOCK_N)
-    return shelf_sums(base, c, shelf_wait(row), x_ptr, SEG, BLOCK_N)
+def _pre_wb(w_ptr, b_ptr, col0, N, BLOCK_N: tl.constexpr, EVEN: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+            HAS_BIAS: tl.constexpr, WB_PRE: tl.constexpr):
+    """The (weight, bias) of a segment's first WB_PRE chunks, a tuple for pass 2, asked for
+    before the program waits on anything (``_loop_row``'s WB_PRE)."""
+    wb = ()
+    for k in tl.static_range(WB_PRE):
+        cols, col_ok = _chunk_cols(col0, k * BLOCK_N, N, BLOCK_N, EVEN)
+        wb = wb + (_load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS),)
+    return wb
 
 
 @triton.jit
@@ -303,7 +320,8 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
               STASH: tl.constexpr, VEC: tl.constexpr, UNROLL: tl.constexpr, SPLIT: tl.constexpr,
               BLOCK_S: tl.constexpr, LOOP_PART: tl.constexpr, EVEN: tl.constexpr, HOLD: tl.constexpr = 0,
               DROP_Y: tl.constexpr = False, CLUSTER: tl.constexpr = False, SHELF: tl.constexpr = False,
-              FOLD: tl.constexpr = False, PF: tl.constexpr = 0, PF_LANES: tl.constexpr = 32):
+              FOLD: tl.constexpr = False, PF: tl.constexpr = 0, PF_LANES: tl.constexpr = 32,
+              WB_PRE: tl.constexpr = 0, WB_EARLY: tl.constexpr = False):
     """Mode "loop": a program per BLOCK_M rows (per segment of SEG columns of a row with
     SPLIT > 1), two passes over its chunks of BLOCK_N. Pass 1 sums the statistics; pass 2
     reads each chunk again, which a row of <= 512 KB finds in L2 (two programs an SM hold
@@ -335,8 +353,19 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
     in flight (132-264 programs) pass ~30 MB.
 
     SHELF (one row a program, dense 16-bit rows without a residual, EVEN; ``_shelf``): the
-    segment is copied into shared memory at once (``_shelf_pass1``), the statistics and
-    pass 2 read it there: nothing of the row is read twice, and HOLD does not apply.
+    segment is copied into shared memory at once, the statistics and pass 2 read it there:
+    nothing of the row is read twice, and HOLD does not apply.
+
+    WB_PRE (0-4): the weight (and bias) of pass 2's first WB_PRE chunks are loaded before
+    the exchange of sums (WB_EARLY, with the shelf: right after its copies are issued), so
+    their L2 round trip overlaps the wait for the row's other programs instead of following
+    it. Pass 2 otherwise asks for a chunk's weight only after storing the previous chunk's
+    y (a store may alias it), one L2 round trip a chunk; where the row's programs all reach
+    pass 2 together (64 rows of 256K: one wave and a half) those trips are the kernel's
+    tail. On an H100 (thirty-first session, tune_ops): rms_norm 64 x 256K on the shelf
+    82.6 -> 85.5% (two chunks, early), add_rms_norm 256K 93.7 -> 94.8 (two), rms_norm 256K
+    +0.5-0.7 (one), layer_norm 128K +1.1 (one, early); LayerNorm's 64-row shelf lost 0.4-2.5
+    (its weight and bias take twice the registers under its cap of 48).
 
     LayerNorm sums d = h - c around c = the segment's first h (the shifted-data algorithm):
     with c within a few standard deviations of the mean, sum(d^2) - sum(d)^2 / N does not
@@ -360,11 +389,14 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
         xbuf = cluster_arrive(row)  # first thing: share3's wait pairs with this arrival
     rows = row * BLOCK_M + tl.arange(0, BLOCK_M)
     col0 = seg * SEG
+    base = 0
     if SHELF:
         base = shelf_base(row)  # column col0 + j of the row at base + 2 j
     c = 0.0
     s1 = 0.0
     s2 = 0.0
+    held = ()  # pass 1's HOLD chunks, for pass 2
+    wb = ()  # pass 2's first WB_PRE chunks' (weight, bias), asked for before the exchange
     if LOOP_PART != 2:
         if not IS_RMS:
             # (Taking c from the first chunk instead of this load of its own, with the chunk
@@ -375,8 +407,11 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
                 # Pass 1 may store h over the residual (residual_out=residual) at col0: every
                 # thread's load of c is performed before any thread's store (bar.sync orders them).
                 tl.debug_barrier()
-        if SHELF:
-            s1, s2 = _shelf_pass1(x_ptr, row, col0, stride_xm, c, base, SEG, BLOCK_N)
+        if SHELF:  # every copy issued, then one wait; the sums read back from the shelf
+            shelf_copy(base, x_ptr + row.to(tl.int64) * stride_xm + col0, SEG, BLOCK_N)
+            if WB_EARLY:
+                wb = _pre_wb(w_ptr, b_ptr, col0, N, BLOCK_N, EVEN, HAS_WEIGHT, HAS_BIAS, WB_PRE)
+            s1, s2 = shelf_sums(base, c, shelf_wait(row), x_ptr, SEG, BLOCK_N)
         else:
             if VEC:  # per-lane partial sums, reduced once after the loop
                 v1 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
@@ -384,13 +419,10 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
             else:  # a block-wide sum per chunk
                 v1 = _row_sums(tl.zeros((BLOCK_M, 1), tl.float32), BLOCK_M)
                 v2 = _row_sums(tl.zeros((BLOCK_M, 1), tl.float32), BLOCK_M)
-            if HOLD >= 1:
-                held0, d = _held_pass1(x_ptr, r_ptr, h_ptr, rows, M, col0, 0, N, c, stride_xm, stride_rm, stride_hm,
-                                       HAS_RESIDUAL, STASH, BLOCK_M, BLOCK_N, EVEN, DROP)
-                v1, v2 = _accumulate(v1, v2, d, VEC, BLOCK_M)
-            if HOLD >= 2:
-                held1, d = _held_pass1(x_ptr, r_ptr, h_ptr, rows, M, col0, BLOCK_N, N, c, stride_xm, stride_rm,
-                                       stride_hm, HAS_RESIDUAL, STASH, BLOCK_M, BLOCK_N, EVEN, DROP)
+            for k in tl.static_range(HOLD):
+                hk, d = _held_pass1(x_ptr, r_ptr, h_ptr, rows, M, col0, k * BLOCK_N, N, c, stride_xm, stride_rm,
+                                    stride_hm, HAS_RESIDUAL, STASH, BLOCK_M, BLOCK_N, EVEN, DROP)
+                held = held + (hk,)
                 v1, v2 = _accumulate(v1, v2, d, VEC, BLOCK_M)
             for i in tl.range(HOLD * BLOCK_N, SEG, BLOCK_N, loop_unroll_factor=UNROLL):
                 cols, col_ok = _chunk_cols(col0, i, N, BLOCK_N, EVEN)
@@ -406,6 +438,8 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
                 s2 = v2
     if PF > 0:  # pass 1's reads are in: the HBM reads ahead while the sums travel and y is written
         _ahead(x_ptr, r_ptr, row + PF, M, col0, stride_xm, stride_rm, HAS_RESIDUAL, EVEN, BLOCK_M, SEG, PF_LANES)
+    if LOOP_PART != 1 and not (SHELF and WB_EARLY):  # pass 2's first weights travel while the sums do
+        wb = _pre_wb(w_ptr, b_ptr, col0, N, BLOCK_N, EVEN, HAS_WEIGHT, HAS_BIAS, WB_PRE)
     if SPLIT > 1 and CLUSTER:  # the row's programs are one cluster: sums through shared memory
         c, s1, s2 = _split_combine(share3(c, s1, s2, SPLIT, xbuf), row, N, SEG, SPLIT, BLOCK_S, IS_RMS, True)
     elif SPLIT > 1:
@@ -423,22 +457,20 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
     mean_lo, rstd = _sums_rstd(s1, s2, N, eps, IS_RMS)
     if STASH:
         tl.debug_barrier()  # pass 2 reads h as this program's other threads stored it
-    if HOLD >= 1:
-        _held_pass2(y_ptr, w_ptr, b_ptr, held0, rows, M, col0, 0, N, c, rstd, mean_lo, stride_ym, IS_RMS, GEMMA,
-                    HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, EVEN, DROP, FOLD)
-    if HOLD >= 2:
-        _held_pass2(y_ptr, w_ptr, b_ptr, held1, rows, M, col0, BLOCK_N, N, c, rstd, mean_lo, stride_ym, IS_RMS,
-                    GEMMA, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, EVEN, DROP, FOLD)
-    for i in tl.range(HOLD * BLOCK_N, SEG, BLOCK_N, loop_unroll_factor=UNROLL):
-        cols, col_ok = _chunk_cols(col0, i, N, BLOCK_N, EVEN)
-        mask = _tile_mask(rows, M, col_ok, BLOCK_M)
-        if SHELF:
-            h = shelf_load(base + 2 * (i + tl.arange(0, BLOCK_N))[None, :], rstd, x_ptr).to(tl.float32)
-        elif STASH:
-            h = _load_h(h_ptr, r_ptr, h_ptr, rows, cols, mask, stride_hm, stride_rm, stride_hm, False, False, DROP)
+    PEEL: tl.constexpr = HOLD if HOLD > WB_PRE else WB_PRE
+    for k in tl.static_range(PEEL):  # the held chunks and those whose weight is in already
+        if k < WB_PRE:
+            w, b = wb[k]
         else:
-            h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL, True,
-                        DROP, DROP)
+            cols, col_ok = _chunk_cols(col0, k * BLOCK_N, N, BLOCK_N, EVEN)
+            w, b = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS)
+        _pass2_chunk(x_ptr, r_ptr, y_ptr, h_ptr, w, b, held[k] if k < HOLD else 0.0, base, rows, M, col0,
+                     k * BLOCK_N, N, c, rstd, mean_lo, stride_xm, stride_rm, stride_ym, stride_hm, IS_RMS, GEMMA,
+                     HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, EVEN, k < HOLD, SHELF, STASH, DROP,
+                     DROP_STREAMED_Y, FOLD)
+    for i in tl.range(PEEL * BLOCK_N, SEG, BLOCK_N, loop_unroll_factor=UNROLL):
+        cols, col_ok = _chunk_cols(col0, i, N, BLOCK_N, EVEN)
         w, b = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS)
-        _store_y(y_ptr, h, c, rstd, w, b, rows, cols, mask, stride_ym, IS_RMS, GEMMA, HAS_WEIGHT, HAS_BIAS,
-                 mean_lo, TWO_PART=not IS_RMS, EVICT=DROP_STREAMED_Y, FOLD=FOLD)
+        _pass2_chunk(x_ptr, r_ptr, y_ptr, h_ptr, w, b, 0.0, base, rows, M, col0, i, N, c, rstd, mean_lo,
+                     stride_xm, stride_rm, stride_ym, stride_hm, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS,
+                     BLOCK_M, BLOCK_N, EVEN, False, SHELF, STASH, DROP, DROP_STREAMED_Y, FOLD)

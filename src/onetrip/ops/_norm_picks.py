@@ -33,12 +33,16 @@ class NormConfig:
     fold: bool = False  # "loop" LayerNorm, 16-bit y: the affine as FMAs, y = (h - mean) * (rstd * w) + b
     pf: int = 0  # "loop", dense rows (Hopper): after pass 1 a program asks the L2 for its segment of the row pf rows on
     pf_rows: int = 0  # with pf: only where there are at least this many rows (fewer: no read-ahead)
+    wb_pre: int = 0  # "loop": pass 2's first wb_pre chunks' weight and bias loaded before the exchange of sums (<= 4)
+    wb_early: bool = False  # with wb_pre and the shelf: loaded as soon as the shelf's copies are issued
     carveout: int = -1  # % of the SM's L1 / shared memory asked as shared memory (-1: the driver's choice)
     maxnreg: int = 0  # ptxas's register cap (.maxnreg; 0: none), which also fixes how CUDA 13's ptxas schedules
 
     def __post_init__(self):
         if self.maxnreg and not 16 <= self.maxnreg <= 255:  # else ptxas fails deep inside Triton's compile
             raise ValueError(f"NormConfig maxnreg={self.maxnreg} must be 0 (no cap) or 16-255 registers")
+        if not 0 <= self.wb_pre <= 4:
+            raise ValueError(f"NormConfig wb_pre={self.wb_pre} must be 0-4 chunks")
         for name in ("pf", "pf_rows"):
             if getattr(self, name) < 0:
                 raise ValueError(f"NormConfig {name}={getattr(self, name)} must be >= 0 (0: no read-ahead / no threshold)")
@@ -207,6 +211,15 @@ LOOP_PICKS = {
 # - add_rms_norm 256K as a cluster of 16 (8192 x 16 warps, a chunk held, no hints), from 128 rows
 #   (thirtieth session, after the cluster exchange lost its GPU-scope fence: 88.5 -> 93.3% at
 #   256 rows; FEW_ROWS_GPU below keeps the split through global memory under 128 rows).
+# - Pass 2's first weight (and bias) chunks loaded before the exchange (``wb_pre``; thirty-first
+#   session, tune_ops --picks --vary wb_pre, two runs on two H100s, results/tune-ops-wbpre-*-session31*):
+#   add_rms_norm 256K two chunks 92.5 / 93.7 -> 94.3 / 94.8% (128 rows 89.2 -> 91.4); rms_norm 256K
+#   one chunk 94.2 / 94.3 -> 94.9 / 94.8; layer_norm 128K's shelf one chunk, asked for with the
+#   shelf's copies (``wb_early``), 94.3 -> 95.3. Elsewhere within 0.5 or lower (more registers:
+#   LayerNorm's shelf under its cap of 48 lost 0.4-2.5 on 64 rows, the 32-register clusters 2-4).
+#   Two interleaved ops-bench rounds (results/ops-wbpre-ab-h100-20261127-session31-*.json): rms_norm
+#   256K 94.0 / 93.9 -> 94.6 / 94.5%, 64 x 256K (FEW_ROWS_GPU's shelf) 82.9 -> 85.0 / 85.1; add_rms_norm
+#   256K 92.4 / 91.9 -> 94.0 / 93.7; layer_norm 128K 93.9 / 94.0 -> 95.0 / 94.9.
 _CLUSTER = dict(hints=True, vec=True, const_n=True, cluster=True)
 _CLUSTER_NH = dict(_CLUSTER, hints=False)
 PICKS_GPU = {
@@ -214,14 +227,14 @@ PICKS_GPU = {
         ("loop", False, False, 65536): _loop(4096, 16, split=4, drop_y=True, **_CLUSTER),
         ("loop", False, True, 32768): _loop(16384, 32, stash=True, vec=True, const_n=True),
         ("loop", True, False, 131072): _loop(4096, 16, split=8, hold=1, drop_y=True, **_CLUSTER),
-        ("loop", True, False, 262144): _loop(4096, 16, split=16, hold=1, drop_y=True, **_CLUSTER),
+        ("loop", True, False, 262144): _loop(4096, 16, split=16, hold=1, drop_y=True, wb_pre=1, **_CLUSTER),
         ("loop", False, False, 131072): _loop(4096, 8, split=8, shelf=True, fold=True, maxnreg=48, pf=32,
-                                              pf_rows=384, **_CLUSTER_NH),
+                                              pf_rows=384, wb_pre=1, wb_early=True, **_CLUSTER_NH),
         ("loop", False, False, 262144): _loop(4096, 8, split=16, shelf=True, fold=True, maxnreg=48, **_CLUSTER_NH),
         ("loop", True, True, 131072): _loop(4096, 8, stash=True, split=16, **_CLUSTER_NH),
         ("loop", False, True, 131072): _loop(4096, 8, stash=True, split=16, fold=True, **_CLUSTER_NH),
         ("loop", False, True, 262144): _loop(16384, 32, stash=True, split=2, drop_y=True, **_CLUSTER),
-        ("loop", True, True, 262144): _loop(8192, 16, stash=True, split=16, hold=1, **_CLUSTER_NH),
+        ("loop", True, True, 262144): _loop(8192, 16, stash=True, split=16, hold=1, wb_pre=2, **_CLUSTER_NH),
         ("rows", False, False, 4096): NormConfig("rows", 1, 4096, 8, const_n=True),
         ("rows", True, False, 1024): NormConfig("rows", 2, 1024, 8, const_n=True),
         ("rows", True, True, 1024): NormConfig("rows", 1, 1024, 8, const_n=True),
@@ -241,11 +254,14 @@ PICKS_GPU = {
 # - rms_norm 256K: the shelf in clusters of 16 (4096 x 8 warps) 92.8 / 87.2 / 86.6 against the
 #   cluster pick's 94.2 / 90.4 / 82.4 (the 128-row pair from another run on another H100,
 #   results/tune-ops-xasync-rms-128rows-h100-20261126-session30.json).
+#   With two chunks of its weight asked for as its copies are issued (``wb_pre``, ``wb_early``;
+#   thirty-first session): 82.6 -> 85.5 on 64 rows (all four chunks, before the exchange: 80.5 -> 84.0
+#   on another H100).
 FEW_ROWS_GPU = {
     "H100": {
         ("loop", True, True, 262144): (128, LOOP_PICKS[(True, True)][262144]),
         ("loop", True, False, 262144): (128, _loop(4096, 8, split=16, shelf=True, drop_y=True, maxnreg=48,
-                                                   **_CLUSTER)),
+                                                   wb_pre=2, wb_early=True, **_CLUSTER)),
     },
 }
 

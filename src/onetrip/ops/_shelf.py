@@ -32,7 +32,7 @@ exchange buffer, a static ``.shared`` array is declared in inline PTX (``shelf_b
   * ``shelf_quads``: the statistics' reads, int64 quads, pack=1 (any layout);
     ``quad_lane`` unpacks one 16-bit lane to float32.
   * ``shelf_copy`` and ``shelf_sums``: a whole segment's copies, and its sums of d and
-    d^2 read back (the library's pass 1, ``_norm_jit._shelf_pass1``).
+    d^2 read back (the library's pass 1, in ``_norm_jit._loop_row``).
   * ``shelf_load``: pass 2's reads, pack=8 16-bit elements with one 16-byte ``ld.shared.v4``,
     in the layout of y's coalesced store (Triton gives a pure asm its users' layout): the 8
     must be a thread's contiguous run, which needs 16-byte aligned rows and >= 8 elements

@@ -104,6 +104,8 @@ def _norm_kernel(
     EVEN: tl.constexpr = False,  # "loop": dense rows of CONST_N cut into SPLIT segments of whole chunks (no masks)
     PF: tl.constexpr = 0,       # "loop", EVEN: after pass 1, the segment of the row PF rows on asked of the L2
     PF_LANES: tl.constexpr = 32,  # with PF: the program's threads (a lane each, so no request is issued twice)
+    WB_PRE: tl.constexpr = 0,   # "loop": pass 2's first WB_PRE chunks' weight and bias loaded before the exchange
+    WB_EARLY: tl.constexpr = False,  # with SHELF and WB_PRE: loaded right after the shelf's copies are issued
 ):
     # CONST_N > 0 ("loop", "rows"): the width (and so the dense rows' strides) as constants,
     # so the trip count, masks and row addresses are known to the compiler (each choice below
@@ -123,7 +125,7 @@ def _norm_kernel(
         _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, t // SPLIT, t % SPLIT, M, n, seg_cols,
                   sx, sr, sy, sh, eps, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, HINTS,
                   STASH, VEC, UNROLL, SPLIT, BLOCK_S, LOOP_PART,
-                  EVEN, HOLD, DROP_Y, CLUSTER, SHELF, FOLD, PF, PF_LANES)
+                  EVEN, HOLD, DROP_Y, CLUSTER, SHELF, FOLD, PF, PF_LANES, WB_PRE, WB_EARLY)
         return
     # -- which chunk of columns (and, split, which row) this program owns -------------------
     if PHASE == 1:
@@ -290,6 +292,11 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
     if not 0 <= cfg.hold <= 2:
         raise ValueError(f"config.hold={cfg.hold} must be 0, 1 or 2")
     split, seg = _segments(N, cfg)
+    if cfg.mode == "loop" and split > 1 and (max(cfg.hold, cfg.wb_pre) - 1) * cfg.block_n >= seg:
+        # (a held or peeled chunk past a segment would be the next program's columns; past
+        # the row, as a whole row's or the last segment's may be, it is masked)
+        raise ValueError(f"config.hold={cfg.hold} / wb_pre={cfg.wb_pre} chunks of {cfg.block_n} do not fit "
+                         f"the {seg} columns of a program's segment at width {N}")
     # A split row's programs wait on each other in one launch on a GPU; the interpreter
     # runs programs one at a time, so there the passes are two launches.
     wait = _can_wait(x.device)
@@ -332,6 +339,7 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
             HOLD=cfg.hold if part_of_loop == 0 and not shelf else 0,
             DROP_Y=cfg.drop_y, CLUSTER=clusters, LATE_WB=cfg.late_wb, SHELF=shelf,
             FOLD=cfg.fold, EVEN=even, PF=pf if part_of_loop == 0 else 0, PF_LANES=32 * cfg.num_warps if pf else 32,
+            WB_PRE=cfg.wb_pre if cfg.mode == "loop" and part_of_loop != 1 else 0, WB_EARLY=cfg.wb_early and shelf,
             num_warps=cfg.num_warps, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
         )
         if clusters:  # None when this Triton's launcher cannot be given a cluster size
