@@ -198,8 +198,8 @@ def _even(const_n: int, split: int, block_n: int) -> bool:
     """The launcher's ``even`` for a dense row of ``const_n`` columns (0: a runtime width)."""
     if not const_n:
         return False
-    norm = importlib.import_module("onetrip.ops.norm")
-    parts, seg = norm._segments(const_n, norm.NormConfig("loop", 1, block_n, 4, split=split))
+    picks = importlib.import_module("onetrip.ops._norm_picks")
+    parts, seg = picks.segments(const_n, picks.NormConfig("loop", 1, block_n, 4, split=split))
     return const_n == parts * seg and seg % block_n == 0
 
 

@@ -248,11 +248,11 @@ def test_config_rule():
 def test_segments():
     """A split row's programs: segments of whole chunks, none empty; a cluster never 9-15."""
     loop = NormConfig("loop", 1, 4096, 16, split=16)
-    assert norm_mod._segments(262144, loop) == (16, 16384)
-    assert norm_mod._segments(140000, loop) == (12, 12288)  # the global exchange takes any count
-    assert norm_mod._segments(140000, dataclasses.replace(loop, cluster=True)) == (7, 20480)
-    assert norm_mod._segments(5000, dataclasses.replace(loop, cluster=True)) == (2, 4096)
-    assert norm_mod._segments(5000, dataclasses.replace(loop, split=1)) == (1, 5000)
+    assert norm_picks.segments(262144, loop) == (16, 16384)
+    assert norm_picks.segments(140000, loop) == (12, 12288)  # the global exchange takes any count
+    assert norm_picks.segments(140000, dataclasses.replace(loop, cluster=True)) == (7, 20480)
+    assert norm_picks.segments(5000, dataclasses.replace(loop, cluster=True)) == (2, 4096)
+    assert norm_picks.segments(5000, dataclasses.replace(loop, split=1)) == (1, 5000)
 
 
 def test_gpu_model_picks(monkeypatch):
@@ -269,7 +269,7 @@ def test_gpu_model_picks(monkeypatch):
             assert pick.block_n * pick.split * (pick.hold + 1) <= width
             assert width in norm_mod.LOOP_PICKS[(is_rms, residual)]  # a replacement, never a new width
             if pick.cluster:  # a cluster size that launches (2-8, or 16), the row cut into exactly that many
-                assert norm_mod._segments(width, pick)[0] == pick.split and (2 <= pick.split <= 8 or pick.split == 16)
+                assert norm_picks.segments(width, pick)[0] == pick.split and (2 <= pick.split <= 8 or pick.split == 16)
         else:
             assert pick.block_n == width
         assert config("NVIDIA H100 80GB HBM3", is_rms, residual, width) == pick
@@ -286,7 +286,7 @@ def test_gpu_few_rows_picks(monkeypatch):
     for (mode, is_rms, residual, width), (rows, few) in norm_picks.FEW_ROWS_GPU["H100"].items():
         assert mode == "loop" == few.mode and width in norm_mod.LOOP_PICKS[(is_rms, residual)]
         if few.cluster:
-            assert norm_mod._segments(width, few)[0] == few.split and (2 <= few.split <= 8 or few.split == 16)
+            assert norm_picks.segments(width, few)[0] == few.split and (2 <= few.split <= 8 or few.split == 16)
         def config(m):
             return norm_mod.norm_config(m, width, cpu, is_rms=is_rms, has_residual=residual)
         assert config(64) == config(rows - 1) == few
@@ -327,7 +327,7 @@ def test_wb_pre_same_y(gen, width, is_rms, residual):
         outs = []
         for pre, early in ((0, False), (1, False), (2, False), (2, True), (4, True)):
             cfg = dataclasses.replace(pick, wb_pre=pre, wb_early=early)
-            split, seg = norm_mod._segments(width, cfg)
+            split, seg = norm_picks.segments(width, cfg)
             if split > 1 and (max(pick.hold, pre) - 1) * pick.block_n >= seg:
                 continue
             y, h = poison_(torch.empty_like(x)), poison_(torch.empty_like(x)) if residual else None

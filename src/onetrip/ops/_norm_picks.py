@@ -1,6 +1,7 @@
-"""Launch configs of the residual-add + norm kernel (``norm.py``): ``NormConfig`` and the
-tables of measured picks that ``norm.norm_config`` consults, kept apart from the kernel so
-that each table can carry the sweeps behind it."""
+"""Launch configs of the residual-add + norm kernel (``norm.py``): ``NormConfig``, how a
+config cuts a row into segments (``segments``, checked against the width by
+``launch_segments``), and the tables of measured picks that ``norm.norm_config`` consults,
+kept apart from the kernel so that each table can carry the sweeps behind it."""
 
 from __future__ import annotations
 
@@ -46,6 +47,44 @@ class NormConfig:
         for name in ("pf", "pf_rows"):
             if getattr(self, name) < 0:
                 raise ValueError(f"NormConfig {name}={getattr(self, name)} must be >= 0 (0: no read-ahead / no threshold)")
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def segments(N: int, cfg: NormConfig) -> tuple[int, int]:
+    """(programs, columns) a row is split into by "loop" ``cfg``: segments of whole chunks,
+    none empty, so a row may take fewer programs than ``cfg.split``. A cluster has 2-8 ranks
+    or 16 (``_cluster.cluster_ok``): a count of 9-15 takes 8 wider segments instead (a 140000
+    wide row of 4096-chunks in 16 would be 12)."""
+    if cfg.mode != "loop" or cfg.split == 1:
+        return 1, N
+    for parts in (cfg.split, 8):
+        seg = _cdiv(_cdiv(N, parts), cfg.block_n) * cfg.block_n
+        split = _cdiv(N, seg)
+        if not (cfg.cluster and 8 < split < 16):
+            break
+    return split, seg
+
+
+def launch_segments(N: int, cfg: NormConfig) -> tuple[int, int]:
+    """``segments(N, cfg)``, once ``cfg`` is checked against the width: a "rows" tile must
+    cover it, 1-16 programs a row, 0-2 chunks held, and held or early-weight (``wb_pre``)
+    chunks must start inside a split row's segment (past it they would be the next
+    program's columns; past the row, as a whole row's or the last segment's may be, they
+    are masked). Raises ValueError naming the field."""
+    if cfg.mode == "rows" and N > cfg.block_n:
+        raise ValueError(f"config.block_n={cfg.block_n} must cover the width {N} in mode 'rows'")
+    if not 1 <= cfg.split <= 16:
+        raise ValueError(f"config.split={cfg.split} must be from 1 to 16")
+    if not 0 <= cfg.hold <= 2:
+        raise ValueError(f"config.hold={cfg.hold} must be 0, 1 or 2")
+    split, seg = segments(N, cfg)
+    if cfg.mode == "loop" and split > 1 and (max(cfg.hold, cfg.wb_pre) - 1) * cfg.block_n >= seg:
+        raise ValueError(f"config.hold={cfg.hold} / wb_pre={cfg.wb_pre} chunks of {cfg.block_n} do not fit "
+                         f"the {seg} columns of a program's segment at width {N}")
+    return split, seg
 
 
 def _loop(block_n: int, warps: int, **flags) -> NormConfig:

@@ -70,7 +70,7 @@ from ._common import (
 from ._cluster import cluster_ok, launch_clusters
 from ._l2_ahead import ahead_ok
 from ._norm_jit import _chunk_stats, _load_h, _load_wb, _loop_row, _mean_rstd, _store_y, _wait_row
-from ._norm_picks import FEW_ROWS_GPU, LOOP_PICKS, PICKS_GPU, ROWS_PICKS, NormConfig
+from ._norm_picks import FEW_ROWS_GPU, LOOP_PICKS, PICKS_GPU, ROWS_PICKS, NormConfig, launch_segments
 from ._shelf import shelf_fits
 
 _ROWS, _COOP, _STATS, _APPLY, _LOOP = 0, 1, 2, 3, 4  # the kernel's PHASE
@@ -258,21 +258,6 @@ def norm_config(rows: int, width: int, device: torch.device, *, is_rms: bool = T
     return NormConfig("coop" if coop else "two_pass", 1, chunk, chunk_warps)
 
 
-def _segments(N: int, cfg: NormConfig) -> tuple[int, int]:
-    """(programs, columns) a row is split into by "loop" ``cfg``: segments of whole chunks,
-    none empty, so a row may take fewer programs than ``cfg.split``. A cluster has 2-8 ranks
-    or 16 (``_cluster.cluster_ok``): a count of 9-15 takes 8 wider segments instead (a 140000
-    wide row of 4096-chunks in 16 would be 12)."""
-    if cfg.mode != "loop" or cfg.split == 1:
-        return 1, N
-    for parts in (cfg.split, 8):
-        seg = triton.cdiv(triton.cdiv(N, parts), cfg.block_n) * cfg.block_n
-        split = triton.cdiv(N, seg)
-        if not (cfg.cluster and 8 < split < 16):
-            break
-    return split, seg
-
-
 def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bool,
             config: NormConfig | None = None):
     """Launch on validated 2-D views (unit column stride); ``h`` is None without a residual.
@@ -285,18 +270,7 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
     dense = all(t is None or t.stride(0) == N for t in (x, residual, y, h))
     cfg = config or norm_config(M, N, x.device, is_rms=is_rms, has_residual=residual is not None, dense=dense)
     C = triton.cdiv(N, cfg.block_n)
-    if cfg.mode == "rows" and C != 1:
-        raise ValueError(f"config.block_n={cfg.block_n} must cover the width {N} in mode 'rows'")
-    if not 1 <= cfg.split <= 16:
-        raise ValueError(f"config.split={cfg.split} must be from 1 to 16")
-    if not 0 <= cfg.hold <= 2:
-        raise ValueError(f"config.hold={cfg.hold} must be 0, 1 or 2")
-    split, seg = _segments(N, cfg)
-    if cfg.mode == "loop" and split > 1 and (max(cfg.hold, cfg.wb_pre) - 1) * cfg.block_n >= seg:
-        # (a held or peeled chunk past a segment would be the next program's columns; past
-        # the row, as a whole row's or the last segment's may be, it is masked)
-        raise ValueError(f"config.hold={cfg.hold} / wb_pre={cfg.wb_pre} chunks of {cfg.block_n} do not fit "
-                         f"the {seg} columns of a program's segment at width {N}")
+    split, seg = launch_segments(N, cfg)
     # A split row's programs wait on each other in one launch on a GPU; the interpreter
     # runs programs one at a time, so there the passes are two launches.
     wait = _can_wait(x.device)
