@@ -314,10 +314,11 @@ def test_chunks_past_segment(device):
 def test_wb_pre_same_y(gen, width, is_rms, residual):
     """Pass 2's weight and bias loaded before the exchange (``wb_pre`` 1, 2, 4; with the
     shelf also ``wb_early``) changes when they are asked for, not the arithmetic: y and h
-    bitwise equal to the pick's without it, at 7 and 64 rows, with the GPU's own picks."""
+    bitwise equal to the pick's without it, with the GPU's own picks at 7, 64 and 128 rows
+    (FEW_ROWS_GPU's below 128, PICKS_GPU's from there), the pick itself within the rule."""
     device = torch.device("cuda")
     kind = "rms" if is_rms else "layer"
-    for rows in (7, 64):
+    for rows in (7, 64, 128):
         pick = norm_mod.norm_config(rows, width, device, is_rms=is_rms, has_residual=residual)
         if pick.mode != "loop":  # (a few rows of 64K may take "coop")
             continue

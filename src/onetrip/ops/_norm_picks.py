@@ -259,6 +259,14 @@ LOOP_PICKS = {
 #   Two interleaved ops-bench rounds (results/ops-wbpre-ab-h100-20261127-session31-*.json): rms_norm
 #   256K 94.0 / 93.9 -> 94.6 / 94.5%, 64 x 256K (FEW_ROWS_GPU's shelf) 82.9 -> 85.0 / 85.1; add_rms_norm
 #   256K 92.4 / 91.9 -> 94.0 / 93.7; layer_norm 128K 93.9 / 94.0 -> 95.0 / 94.9.
+# - add_layer_norm 256K as a cluster of 16 (8192 x 16 warps, no L2 hints, fold, two chunks' weight
+#   and bias before the exchange), from 128 rows (thirty-first session, tune_ops --config --rotate 2
+#   --repeat 3, results/tune-ops-alayer-wbpre-h100-20261127-session31.json): 88.3 -> 92.3-92.5% at
+#   256 rows, 88.8 -> 93.6 at 512, 88.3 -> 89.1 at 128; at 64 rows 83.8 against 90.2, so below 128
+#   rows FEW_ROWS_GPU keeps the eighteenth session's pick (a cluster of 2, 16384 x 32 warps). The
+#   same cluster without wb_pre had read 85.7-86.1 (thirtieth session): its two chunks' weight and
+#   bias (59 registers, still two CTAs an SM) are what it lacked. Ops bench, rounds base new new base
+#   (results/ops-alayer-ab-h100-20261127-session31-*.json): 256 x 256K 87.5 / 87.3 -> 92.3 / 91.8%.
 _CLUSTER = dict(hints=True, vec=True, const_n=True, cluster=True)
 _CLUSTER_NH = dict(_CLUSTER, hints=False)
 PICKS_GPU = {
@@ -272,7 +280,7 @@ PICKS_GPU = {
         ("loop", False, False, 262144): _loop(4096, 8, split=16, shelf=True, fold=True, maxnreg=48, **_CLUSTER_NH),
         ("loop", True, True, 131072): _loop(4096, 8, stash=True, split=16, **_CLUSTER_NH),
         ("loop", False, True, 131072): _loop(4096, 8, stash=True, split=16, fold=True, **_CLUSTER_NH),
-        ("loop", False, True, 262144): _loop(16384, 32, stash=True, split=2, drop_y=True, **_CLUSTER),
+        ("loop", False, True, 262144): _loop(8192, 16, stash=True, split=16, fold=True, wb_pre=2, **_CLUSTER_NH),
         ("loop", True, True, 262144): _loop(8192, 16, stash=True, split=16, hold=1, wb_pre=2, **_CLUSTER_NH),
         ("rows", False, False, 4096): NormConfig("rows", 1, 4096, 8, const_n=True),
         ("rows", True, False, 1024): NormConfig("rows", 2, 1024, 8, const_n=True),
@@ -296,9 +304,13 @@ PICKS_GPU = {
 #   With two chunks of its weight asked for as its copies are issued (``wb_pre``, ``wb_early``;
 #   thirty-first session): 82.6 -> 85.5 on 64 rows (all four chunks, before the exchange: 80.5 -> 84.0
 #   on another H100).
+# - add_layer_norm 256K (thirty-first session, tune_ops --config --rotate 2 --repeat 3): the cluster
+#   of 16 with two chunks' weight and bias before the exchange 92.5 / 89.1 / 83.8 against the cluster
+#   of 2's 88.3 / 88.3 / 90.2, so the cluster of 2 under 128 rows.
 FEW_ROWS_GPU = {
     "H100": {
         ("loop", True, True, 262144): (128, LOOP_PICKS[(True, True)][262144]),
+        ("loop", False, True, 262144): (128, _loop(16384, 32, stash=True, split=2, drop_y=True, **_CLUSTER)),
         ("loop", True, False, 262144): (128, _loop(4096, 8, split=16, shelf=True, drop_y=True, maxnreg=48,
                                                    wb_pre=2, wb_early=True, **_CLUSTER)),
     },
