@@ -294,7 +294,8 @@ def _pass2_chunk(x_ptr, r_ptr, y_ptr, h_ptr, w, b, held, base, rows, M, col0, i,
 def _pre_wb(w_ptr, b_ptr, col0, N, BLOCK_N: tl.constexpr, EVEN: tl.constexpr, HAS_WEIGHT: tl.constexpr,
             HAS_BIAS: tl.constexpr, WB_PRE: tl.constexpr):
     """The (weight, bias) of a segment's first WB_PRE chunks, a tuple for pass 2, asked for
-    before the program waits on anything (``_loop_row``'s WB_PRE)."""
+    just before the program waits (on the shelf's copies, or on the exchange of sums), so
+    that their L2 round trip overlaps the wait (``_loop_row``'s WB_PRE)."""
     wb = ()
     for k in tl.static_range(WB_PRE):
         cols, col_ok = _chunk_cols(col0, k * BLOCK_N, N, BLOCK_N, EVEN)
@@ -364,8 +365,10 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
     pass 2 together (64 rows of 256K: one wave and a half) those trips are the kernel's
     tail. On an H100 (thirty-first session, tune_ops): rms_norm 64 x 256K on the shelf
     82.6 -> 85.5% (two chunks, early), add_rms_norm 256K 93.7 -> 94.8 (two), rms_norm 256K
-    +0.5-0.7 (one), layer_norm 128K +1.1 (one, early); LayerNorm's 64-row shelf lost 0.4-2.5
-    (its weight and bias take twice the registers under its cap of 48).
+    +0.5-0.7 (one), layer_norm 128K +1.1 (one, early), and add_layer_norm 256K as a cluster
+    of 16 with nothing held 88.3 -> 92.5 (two: beside a held chunk its weight and bias did
+    not fit); LayerNorm's 64-row shelf lost 0.4-2.5 (its weight and bias take twice the
+    registers under its cap of 48).
 
     LayerNorm sums d = h - c around c = the segment's first h (the shifted-data algorithm):
     with c within a few standard deviations of the mean, sum(d^2) - sum(d)^2 / N does not
