@@ -13,7 +13,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-MAX_RANKS = 16
+from onetrip.ops._cluster import MAX_RANKS
 
 
 def _share_asm() -> str:

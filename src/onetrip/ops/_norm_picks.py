@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import triton
+
 
 @dataclass(frozen=True)
 class NormConfig:
@@ -49,10 +51,6 @@ class NormConfig:
                 raise ValueError(f"NormConfig {name}={getattr(self, name)} must be >= 0 (0: no read-ahead / no threshold)")
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def segments(N: int, cfg: NormConfig) -> tuple[int, int]:
     """(programs, columns) a row is split into by "loop" ``cfg``: segments of whole chunks,
     none empty, so a row may take fewer programs than ``cfg.split``. A cluster has 2-8 ranks
@@ -61,8 +59,8 @@ def segments(N: int, cfg: NormConfig) -> tuple[int, int]:
     if cfg.mode != "loop" or cfg.split == 1:
         return 1, N
     for parts in (cfg.split, 8):
-        seg = _cdiv(_cdiv(N, parts), cfg.block_n) * cfg.block_n
-        split = _cdiv(N, seg)
+        seg = triton.cdiv(triton.cdiv(N, parts), cfg.block_n) * cfg.block_n
+        split = triton.cdiv(N, seg)
         if not (cfg.cluster and 8 < split < 16):
             break
     return split, seg
