@@ -313,7 +313,8 @@ def test_chunks_past_segment(device):
 @pytest.mark.parametrize("is_rms, residual", [(True, False), (False, False), (True, True), (False, True)])
 def test_wb_pre_same_y(gen, width, is_rms, residual):
     """Pass 2's weight and bias loaded before the exchange (``wb_pre`` 1, 2, 4; with the
-    shelf also ``wb_early``) changes when they are asked for, not the arithmetic: y and h
+    shelf also ``wb_early``), or each chunk's loads issued before the previous chunk's
+    stores (``pipe``), changes when they are asked for, not the arithmetic: y and h
     bitwise equal to the pick's without it, with the GPU's own picks at 7, 64 and 128 rows
     (FEW_ROWS_GPU's below 128, PICKS_GPU's from there), the pick itself within the rule."""
     device = torch.device("cuda")
@@ -326,8 +327,11 @@ def test_wb_pre_same_y(gen, width, is_rms, residual):
         r = torch.randn_like(x) if residual else None
         w, b = _params(kind, width, torch.bfloat16, device, gen)
         outs = []
-        for pre, early in ((0, False), (1, False), (2, False), (2, True), (4, True)):
-            cfg = dataclasses.replace(pick, wb_pre=pre, wb_early=early)
+        variants = [dict(wb_pre=pre, wb_early=early) for pre, early in ((0, False), (1, False), (2, False),
+                                                                         (2, True), (4, True))]
+        variants += [dict(pipe=pipe) for pipe in (1, 2, 3)]  # the next chunk's loads ahead of the stores
+        for flags in variants:
+            cfg = dataclasses.replace(pick, **flags)
             try:
                 norm_picks.launch_segments(width, cfg)
             except ValueError:  # more early chunks than a segment has
@@ -385,6 +389,37 @@ def test_loop_stash_in_place(device, gen, kind):
         norm_mod._launch(x, r, w, b, y, r, 1e-6, kind != "layer", kind == "gemma",
                          NormConfig("loop", 1, 16, 4, hints=True, stash=True, split=split, hold=hold, cluster=cluster))
         _check(kind, x0, r0, w, b, 1e-6, y, r)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_loop_pipe(device, gen, kind):
+    """Mode "loop" with the next chunk's loads issued before this chunk's stores in both
+    passes (``pipe=3``): the same y and h, bitwise, as without, over 111 columns
+    in chunks of 16 (the last ragged) and 128 in chunks of 32 with the width a constant,
+    a program a row and 3 a row, with chunks held or weights loaded early, with and
+    without a residual (stashed, re-read, or written over: ``residual_out=residual``)."""
+    w111, b111 = _params(kind, 111, torch.bfloat16, device, gen)
+    w128, b128 = _params(kind, 128, torch.bfloat16, device, gen)
+    cases = [(111, dict(split=1)), (111, dict(split=3, hold=1)), (111, dict(split=3, wb_pre=2)),
+             (128, dict(split=2, const_n=True, vec=True, hold=1, wb_pre=2))]
+    for width, flags in cases:
+        w, b = (w111, b111) if width == 111 else (w128, b128)
+        chunk = 16 if width == 111 else 32
+        x = strided_like((5, width), torch.bfloat16, device, generator=gen)
+        r0 = torch.randn(5, width, generator=gen, device=device).to(torch.bfloat16)
+        for residual, stash, in_place in ((False, False, False), (True, False, False), (True, True, False),
+                                          (True, True, True)):
+            outs = []
+            for pipe in (0, 3):  # (1 and 2 each take one of 3's two loops)
+                cfg = NormConfig("loop", 1, chunk, 4, hints=True, stash=stash, pipe=pipe, **flags)
+                r = r0.clone() if residual else None
+                y = poison_(torch.empty_like(x))
+                h = (r if in_place else poison_(torch.empty_like(x))) if residual else None
+                norm_mod._launch(x, r, w, b, y, h, 1e-6, kind != "layer", kind == "gemma", cfg)
+                outs.append((y, h))
+            _check(kind, x, r0 if residual else None, w, b, 1e-6, *outs[0])
+            for y, h in outs[1:]:
+                assert torch.equal(y, outs[0][0]) and (h is None or torch.equal(h, outs[0][1])), (width, flags, residual)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -12,22 +12,39 @@ from ._shelf import shelf_base, shelf_copy, shelf_load, shelf_sums, shelf_wait
 
 
 @triton.jit
+def _load_xr(x_ptr, r_ptr, rows, cols, mask, stride_xm, stride_rm, HAS_RESIDUAL: tl.constexpr,
+             EVICT: tl.constexpr = tl.constexpr("")):
+    """x and r of a (rows, cols) tile as stored (r: 0.0 without a residual), loaded with
+    the L2 eviction hint EVICT ("" for none): ``_sum_h``'s operands."""
+    rows64 = rows.to(tl.int64)[:, None]  # rows * stride exceeds 2**31 for tensors over 4 GiB
+    x = tl.load(x_ptr + rows64 * stride_xm + cols[None, :], mask=mask, other=0.0, eviction_policy=EVICT)
+    r = 0.0
+    if HAS_RESIDUAL:
+        r = tl.load(r_ptr + rows64 * stride_rm + cols[None, :], mask=mask, other=0.0, eviction_policy=EVICT)
+    return x, r
+
+
+@triton.jit
+def _sum_h(x, r, h_ptr, rows, cols, mask, stride_hm, HAS_RESIDUAL: tl.constexpr, STORE_H: tl.constexpr,
+           EVICT_H: tl.constexpr = tl.constexpr("")):
+    """h = x + r in float32 (unrounded: the statistics use the exact sum) of ``_load_xr``'s
+    tiles; stores h rounded to its dtype when STORE_H (hint EVICT_H)."""
+    h = x.to(tl.float32)
+    if HAS_RESIDUAL:
+        h += r.to(tl.float32)
+        if STORE_H:
+            tl.store(h_ptr + rows.to(tl.int64)[:, None] * stride_hm + cols[None, :],
+                     cast_out(h, h_ptr.dtype.element_ty), mask=mask, eviction_policy=EVICT_H)
+    return h
+
+
+@triton.jit
 def _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm,
             HAS_RESIDUAL: tl.constexpr, STORE_H: tl.constexpr, EVICT: tl.constexpr = tl.constexpr(""),
             EVICT_H: tl.constexpr = tl.constexpr("")):
-    """h = x + r of a (rows, cols) tile in float32 (unrounded: the statistics use the exact
-    sum); stores h rounded to its dtype when STORE_H. EVICT, EVICT_H: L2 eviction hints of
-    the loads and of h's store ("" for none)."""
-    rows64 = rows.to(tl.int64)[:, None]  # rows * stride exceeds 2**31 for tensors over 4 GiB
-    h = tl.load(x_ptr + rows64 * stride_xm + cols[None, :], mask=mask, other=0.0,
-                eviction_policy=EVICT).to(tl.float32)
-    if HAS_RESIDUAL:
-        h += tl.load(r_ptr + rows64 * stride_rm + cols[None, :], mask=mask, other=0.0,
-                     eviction_policy=EVICT).to(tl.float32)
-        if STORE_H:
-            tl.store(h_ptr + rows64 * stride_hm + cols[None, :], cast_out(h, h_ptr.dtype.element_ty), mask=mask,
-                     eviction_policy=EVICT_H)
-    return h
+    """h = x + r of a (rows, cols) tile in float32 (``_load_xr``, then ``_sum_h``)."""
+    x, r = _load_xr(x_ptr, r_ptr, rows, cols, mask, stride_xm, stride_rm, HAS_RESIDUAL, EVICT)
+    return _sum_h(x, r, h_ptr, rows, cols, mask, stride_hm, HAS_RESIDUAL, STORE_H, EVICT_H)
 
 
 @triton.jit
@@ -122,10 +139,18 @@ def _pass1_chunk(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, st
     """h of one chunk in pass 1 of mode "loop" (float32). STASH: x and r are read for the
     last time (DROP) and h is stored rounded (KEEP: pass 2 reads it), then used as stored;
     else x (and r) are read with KEEP, for pass 2 to find them in L2."""
+    x, r = _load_xr(x_ptr, r_ptr, rows, cols, mask, stride_xm, stride_rm, HAS_RESIDUAL, DROP if STASH else KEEP)
+    return _pass1_h(x, r, h_ptr, rows, cols, mask, stride_hm, HAS_RESIDUAL, STASH, KEEP)
+
+
+@triton.jit
+def _pass1_h(x, r, h_ptr, rows, cols, mask, stride_hm, HAS_RESIDUAL: tl.constexpr, STASH: tl.constexpr,
+             KEEP: tl.constexpr):
+    """``_pass1_chunk``'s h from the chunk's loaded x and r."""
     if STASH:
-        h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, True, True, DROP, KEEP)
+        h = _sum_h(x, r, h_ptr, rows, cols, mask, stride_hm, True, True, KEEP)
         return cast_out(h, h_ptr.dtype.element_ty).to(tl.float32)
-    return _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL, False, KEEP)
+    return _sum_h(x, r, h_ptr, rows, cols, mask, stride_hm, HAS_RESIDUAL, False)
 
 
 @triton.jit
@@ -175,6 +200,14 @@ def _chunk_cols(col0, i, N, BLOCK_N: tl.constexpr, EVEN: tl.constexpr):
     else:
         col_ok = cols < N
     return cols, col_ok
+
+
+@triton.jit
+def _ahead_cols(col0, i, N, SEG, BLOCK_N: tl.constexpr, EVEN: tl.constexpr):
+    """``_chunk_cols`` of a chunk loaded one ahead (``PIPE``): none of its columns inside the
+    row when it starts past the segment (the loop's last chunk has no next)."""
+    cols, col_ok = _chunk_cols(col0, i, N, BLOCK_N, EVEN)
+    return cols, tl.where(i < SEG, col_ok, False)
 
 
 @triton.jit
@@ -265,14 +298,30 @@ def _held_pass1(x_ptr, r_ptr, h_ptr, rows, M, col0, i, N, c, stride_xm, stride_r
 
 
 @triton.jit
+def _pass2_src(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL: tl.constexpr,
+               SHELF: tl.constexpr, STASH: tl.constexpr, DROP: tl.constexpr):
+    """The global loads of a streamed pass-2 chunk, as stored (``_load_xr``'s pair): h as
+    stashed, or x and r; nothing from the shelf (pass 2 reads it there)."""
+    xs = 0.0
+    rs = 0.0
+    if STASH and not SHELF:
+        xs, rs = _load_xr(h_ptr, r_ptr, rows, cols, mask, stride_hm, stride_rm, False, DROP)
+    elif not SHELF:
+        xs, rs = _load_xr(x_ptr, r_ptr, rows, cols, mask, stride_xm, stride_rm, HAS_RESIDUAL, DROP)
+    return xs, rs
+
+
+@triton.jit
 def _pass2_chunk(x_ptr, r_ptr, y_ptr, h_ptr, w, b, held, base, rows, M, col0, i, N, c, rstd, mean_lo,
                  stride_xm, stride_rm, stride_ym, stride_hm, IS_RMS: tl.constexpr, GEMMA: tl.constexpr,
                  HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, EVEN: tl.constexpr, HELD: tl.constexpr, SHELF: tl.constexpr,
-                 STASH: tl.constexpr, DROP: tl.constexpr, DROP_Y: tl.constexpr, FOLD: tl.constexpr):
+                 STASH: tl.constexpr, DROP: tl.constexpr, DROP_Y: tl.constexpr, FOLD: tl.constexpr,
+                 LOADED: tl.constexpr = False):
     """Pass 2 of the chunk at column col0 + i, given its weight and bias: y from ``held``
     (HELD: the registers pass 1 kept; y stored with DROP), or from the shelf at ``base``, h
-    as stashed, or x (and r, h stored), y stored with DROP_Y."""
+    as stashed, or x (and r, h stored), y stored with DROP_Y. LOADED: ``held`` is the
+    chunk's ``_pass2_src`` pair, loaded by the caller (pass 2's read-ahead)."""
     cols, col_ok = _chunk_cols(col0, i, N, BLOCK_N, EVEN)
     mask = _tile_mask(rows, M, col_ok, BLOCK_M)
     if HELD:
@@ -281,11 +330,13 @@ def _pass2_chunk(x_ptr, r_ptr, y_ptr, h_ptr, w, b, held, base, rows, M, col0, i,
     else:
         if SHELF:
             h = shelf_load(base + 2 * (i + tl.arange(0, BLOCK_N))[None, :], rstd, x_ptr).to(tl.float32)
-        elif STASH:
-            h = _load_h(h_ptr, r_ptr, h_ptr, rows, cols, mask, stride_hm, stride_rm, stride_hm, False, False, DROP)
         else:
-            h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL, True,
-                        DROP, DROP)
+            if LOADED:
+                xs, rs = held
+            else:
+                xs, rs = _pass2_src(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm,
+                                    HAS_RESIDUAL, SHELF, STASH, DROP)
+            h = _sum_h(xs, rs, h_ptr, rows, cols, mask, stride_hm, HAS_RESIDUAL and not STASH, True, DROP)
         _store_y(y_ptr, h, c, rstd, w, b, rows, cols, mask, stride_ym, IS_RMS, GEMMA, HAS_WEIGHT, HAS_BIAS,
                  mean_lo, TWO_PART=not IS_RMS, EVICT=DROP_Y, FOLD=FOLD)
 
@@ -322,7 +373,7 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
               BLOCK_S: tl.constexpr, LOOP_PART: tl.constexpr, EVEN: tl.constexpr, HOLD: tl.constexpr = 0,
               DROP_Y: tl.constexpr = False, CLUSTER: tl.constexpr = False, SHELF: tl.constexpr = False,
               FOLD: tl.constexpr = False, PF: tl.constexpr = 0, PF_LANES: tl.constexpr = 32,
-              WB_PRE: tl.constexpr = 0, WB_EARLY: tl.constexpr = False):
+              WB_PRE: tl.constexpr = 0, WB_EARLY: tl.constexpr = False, PIPE: tl.constexpr = 0):
     """Mode "loop": a program per BLOCK_M rows (per segment of SEG columns of a row with
     SPLIT > 1), two passes over its chunks of BLOCK_N. Pass 1 sums the statistics; pass 2
     reads each chunk again, which a row of <= 512 KB finds in L2 (two programs an SM hold
@@ -427,12 +478,28 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
                                     stride_hm, HAS_RESIDUAL, STASH, BLOCK_M, BLOCK_N, EVEN, DROP)
                 held = held + (hk,)
                 v1, v2 = _accumulate(v1, v2, d, VEC, BLOCK_M)
-            for i in tl.range(HOLD * BLOCK_N, SEG, BLOCK_N, loop_unroll_factor=UNROLL):
-                cols, col_ok = _chunk_cols(col0, i, N, BLOCK_N, EVEN)
-                mask = _tile_mask(rows, M, col_ok, BLOCK_M)
-                h = _pass1_chunk(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL,
-                                 STASH, KEEP, DROP)
-                v1, v2 = _accumulate(v1, v2, tl.where(mask, h - c, 0.0), VEC, BLOCK_M)
+            if PIPE % 2 == 1:  # chunk i + 1's loads issued before chunk i's h is stored
+                EV1: tl.constexpr = DROP if STASH else KEEP
+                cols, col_ok = _ahead_cols(col0, HOLD * BLOCK_N, N, SEG, BLOCK_N, EVEN)
+                xn, rn = _load_xr(x_ptr, r_ptr, rows, cols, _tile_mask(rows, M, col_ok, BLOCK_M), stride_xm, stride_rm,
+                                  HAS_RESIDUAL, EV1)
+                for i in tl.range(HOLD * BLOCK_N, SEG, BLOCK_N, loop_unroll_factor=UNROLL):
+                    cols, col_ok = _chunk_cols(col0, i, N, BLOCK_N, EVEN)
+                    mask = _tile_mask(rows, M, col_ok, BLOCK_M)
+                    xs = xn
+                    rs = rn
+                    ncols, ncol_ok = _ahead_cols(col0, i + BLOCK_N, N, SEG, BLOCK_N, EVEN)
+                    xn, rn = _load_xr(x_ptr, r_ptr, rows, ncols, _tile_mask(rows, M, ncol_ok, BLOCK_M), stride_xm,
+                                      stride_rm, HAS_RESIDUAL, EV1)
+                    h = _pass1_h(xs, rs, h_ptr, rows, cols, mask, stride_hm, HAS_RESIDUAL, STASH, KEEP)
+                    v1, v2 = _accumulate(v1, v2, tl.where(mask, h - c, 0.0), VEC, BLOCK_M)
+            else:
+                for i in tl.range(HOLD * BLOCK_N, SEG, BLOCK_N, loop_unroll_factor=UNROLL):
+                    cols, col_ok = _chunk_cols(col0, i, N, BLOCK_N, EVEN)
+                    mask = _tile_mask(rows, M, col_ok, BLOCK_M)
+                    h = _pass1_chunk(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm,
+                                     HAS_RESIDUAL, STASH, KEEP, DROP)
+                    v1, v2 = _accumulate(v1, v2, tl.where(mask, h - c, 0.0), VEC, BLOCK_M)
             if VEC:
                 s1 = _row_sums(v1, BLOCK_M)
                 s2 = _row_sums(v2, BLOCK_M)
@@ -461,6 +528,12 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
     if STASH:
         tl.debug_barrier()  # pass 2 reads h as this program's other threads stored it
     PEEL: tl.constexpr = HOLD if HOLD > WB_PRE else WB_PRE
+    if PIPE >= 2:  # the first streamed chunk's loads, before the peeled chunks' stores
+        cols, col_ok = _ahead_cols(col0, PEEL * BLOCK_N, N, SEG, BLOCK_N, EVEN)
+        mask = _tile_mask(rows, M, col_ok, BLOCK_M)
+        wn, bn = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS)
+        xn, rn = _pass2_src(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL,
+                            SHELF, STASH, DROP)
     for k in tl.static_range(PEEL):  # the held chunks and those whose weight is in already
         if k < WB_PRE:
             w, b = wb[k]
@@ -471,9 +544,24 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
                      k * BLOCK_N, N, c, rstd, mean_lo, stride_xm, stride_rm, stride_ym, stride_hm, IS_RMS, GEMMA,
                      HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, EVEN, k < HOLD, SHELF, STASH, DROP,
                      DROP_STREAMED_Y, FOLD)
-    for i in tl.range(PEEL * BLOCK_N, SEG, BLOCK_N, loop_unroll_factor=UNROLL):
-        cols, col_ok = _chunk_cols(col0, i, N, BLOCK_N, EVEN)
-        w, b = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS)
-        _pass2_chunk(x_ptr, r_ptr, y_ptr, h_ptr, w, b, 0.0, base, rows, M, col0, i, N, c, rstd, mean_lo,
-                     stride_xm, stride_rm, stride_ym, stride_hm, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS,
-                     BLOCK_M, BLOCK_N, EVEN, False, SHELF, STASH, DROP, DROP_STREAMED_Y, FOLD)
+    if PIPE >= 2:  # chunk i + 1's loads issued before chunk i's y is stored
+        for i in tl.range(PEEL * BLOCK_N, SEG, BLOCK_N, loop_unroll_factor=UNROLL):
+            w = wn
+            b = bn
+            xs = xn
+            rs = rn
+            cols, col_ok = _ahead_cols(col0, i + BLOCK_N, N, SEG, BLOCK_N, EVEN)
+            mask = _tile_mask(rows, M, col_ok, BLOCK_M)
+            wn, bn = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS)
+            xn, rn = _pass2_src(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL,
+                                SHELF, STASH, DROP)
+            _pass2_chunk(x_ptr, r_ptr, y_ptr, h_ptr, w, b, (xs, rs), base, rows, M, col0, i, N, c, rstd, mean_lo,
+                         stride_xm, stride_rm, stride_ym, stride_hm, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT,
+                         HAS_BIAS, BLOCK_M, BLOCK_N, EVEN, False, SHELF, STASH, DROP, DROP_STREAMED_Y, FOLD, True)
+    else:
+        for i in tl.range(PEEL * BLOCK_N, SEG, BLOCK_N, loop_unroll_factor=UNROLL):
+            cols, col_ok = _chunk_cols(col0, i, N, BLOCK_N, EVEN)
+            w, b = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS)
+            _pass2_chunk(x_ptr, r_ptr, y_ptr, h_ptr, w, b, 0.0, base, rows, M, col0, i, N, c, rstd, mean_lo,
+                         stride_xm, stride_rm, stride_ym, stride_hm, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS,
+                         BLOCK_M, BLOCK_N, EVEN, False, SHELF, STASH, DROP, DROP_STREAMED_Y, FOLD)

@@ -38,12 +38,15 @@ class NormConfig:
     pf_rows: int = 0  # with pf: only where there are at least this many rows (fewer: no read-ahead)
     wb_pre: int = 0  # "loop": pass 2's first wb_pre chunks' weight and bias loaded before the exchange of sums (<= 4)
     wb_early: bool = False  # with wb_pre and the shelf: loaded as soon as the shelf's copies are issued
+    pipe: int = 0  # "loop": chunk k + 1's loads issued before chunk k's stores (1: pass 1, 2: pass 2, 3: both)
     carveout: int = -1  # % of the SM's L1 / shared memory asked as shared memory (-1: the driver's choice)
     maxnreg: int = 0  # ptxas's register cap (.maxnreg; 0: none), which also fixes how CUDA 13's ptxas schedules
 
     def __post_init__(self):
         if self.maxnreg and not 16 <= self.maxnreg <= 255:  # else ptxas fails deep inside Triton's compile
             raise ValueError(f"NormConfig maxnreg={self.maxnreg} must be 0 (no cap) or 16-255 registers")
+        if not 0 <= self.pipe <= 3:
+            raise ValueError(f"NormConfig pipe={self.pipe} must be 0-3 (1: pass 1, 2: pass 2, 3: both)")
         if not 0 <= self.wb_pre <= 4:
             raise ValueError(f"NormConfig wb_pre={self.wb_pre} must be 0-4 chunks")
         for name in ("pf", "pf_rows"):

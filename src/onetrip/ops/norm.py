@@ -106,6 +106,7 @@ def _norm_kernel(
     PF_LANES: tl.constexpr = 32,  # with PF: the program's threads (a lane each, so no request is issued twice)
     WB_PRE: tl.constexpr = 0,   # "loop": pass 2's first WB_PRE chunks' weight and bias loaded before the exchange
     WB_EARLY: tl.constexpr = False,  # with SHELF and WB_PRE: loaded right after the shelf's copies are issued
+    PIPE: tl.constexpr = 0,     # "loop": the next chunk's loads before this chunk's stores (1: pass 1, 2: pass 2, 3: both)
 ):
     # CONST_N > 0 ("loop", "rows"): the width (and so the dense rows' strides) as constants,
     # so the trip count, masks and row addresses are known to the compiler (each choice below
@@ -125,7 +126,7 @@ def _norm_kernel(
         _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, t // SPLIT, t % SPLIT, M, n, seg_cols,
                   sx, sr, sy, sh, eps, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, HINTS,
                   STASH, VEC, UNROLL, SPLIT, BLOCK_S, LOOP_PART,
-                  EVEN, HOLD, DROP_Y, CLUSTER, SHELF, FOLD, PF, PF_LANES, WB_PRE, WB_EARLY)
+                  EVEN, HOLD, DROP_Y, CLUSTER, SHELF, FOLD, PF, PF_LANES, WB_PRE, WB_EARLY, PIPE)
         return
     # -- which chunk of columns (and, split, which row) this program owns -------------------
     if PHASE == 1:
@@ -314,6 +315,7 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
             DROP_Y=cfg.drop_y, CLUSTER=clusters, LATE_WB=cfg.late_wb, SHELF=shelf,
             FOLD=cfg.fold, EVEN=even, PF=pf if part_of_loop == 0 else 0, PF_LANES=32 * cfg.num_warps if pf else 32,
             WB_PRE=cfg.wb_pre if cfg.mode == "loop" and part_of_loop != 1 else 0, WB_EARLY=cfg.wb_early and shelf,
+            PIPE=cfg.pipe if cfg.mode == "loop" else 0,
             num_warps=cfg.num_warps, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
         )
         if clusters:  # None when this Triton's launcher cannot be given a cluster size
