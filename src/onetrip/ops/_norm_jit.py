@@ -282,14 +282,18 @@ def _wait_row(counter_ptr, count):
 @triton.jit
 def _held_pass1(x_ptr, r_ptr, h_ptr, rows, M, col0, i, N, c, stride_xm, stride_rm, stride_hm,
                 HAS_RESIDUAL: tl.constexpr, STASH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                EVEN: tl.constexpr, DROP: tl.constexpr):
-    """Pass 1 of a chunk that pass 2 takes from registers: read once (DROP), h stored now,
-    returned as held (x's dtype where that is exact: no residual, or h as the stash stores
-    it; else float32) with its d = h - c (masked)."""
+                EVEN: tl.constexpr, DROP: tl.constexpr, xr=None, LOADED: tl.constexpr = False):
+    """Pass 1 of a chunk that pass 2 takes from registers: read once (DROP; LOADED: ``xr``
+    is its ``_load_xr`` pair, loaded by the caller), h stored now, returned as held (x's
+    dtype where that is exact: no residual, or h as the stash stores it; else float32) with
+    its d = h - c (masked)."""
     cols, col_ok = _chunk_cols(col0, i, N, BLOCK_N, EVEN)
     mask = _tile_mask(rows, M, col_ok, BLOCK_M)
-    h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL, True, DROP,
-                DROP)
+    if LOADED:
+        x, r = xr
+    else:
+        x, r = _load_xr(x_ptr, r_ptr, rows, cols, mask, stride_xm, stride_rm, HAS_RESIDUAL, DROP)
+    h = _sum_h(x, r, h_ptr, rows, cols, mask, stride_hm, HAS_RESIDUAL, True, DROP)
     if STASH or not HAS_RESIDUAL:
         held = cast_out(h, x_ptr.dtype.element_ty)
     else:
@@ -473,16 +477,27 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
             else:  # a block-wide sum per chunk
                 v1 = _row_sums(tl.zeros((BLOCK_M, 1), tl.float32), BLOCK_M)
                 v2 = _row_sums(tl.zeros((BLOCK_M, 1), tl.float32), BLOCK_M)
-            for k in tl.static_range(HOLD):
-                hk, d = _held_pass1(x_ptr, r_ptr, h_ptr, rows, M, col0, k * BLOCK_N, N, c, stride_xm, stride_rm,
-                                    stride_hm, HAS_RESIDUAL, STASH, BLOCK_M, BLOCK_N, EVEN, DROP)
-                held = held + (hk,)
-                v1, v2 = _accumulate(v1, v2, d, VEC, BLOCK_M)
-            if PIPE % 2 == 1:  # chunk i + 1's loads issued before chunk i's h is stored
-                EV1: tl.constexpr = DROP if STASH else KEEP
+            # PIPE 1 (pass 1 stores h only with a residual): every held chunk's loads, then the
+            # first streamed chunk's, are issued before any h is stored; then chunk i + 1's
+            # loads before chunk i's h
+            PIPE1: tl.constexpr = PIPE % 2 == 1 and HAS_RESIDUAL
+            EV1: tl.constexpr = DROP if STASH else KEEP
+            raw = ()
+            if PIPE1:
+                for k in tl.static_range(HOLD):
+                    cols, col_ok = _chunk_cols(col0, k * BLOCK_N, N, BLOCK_N, EVEN)
+                    raw = raw + (_load_xr(x_ptr, r_ptr, rows, cols, _tile_mask(rows, M, col_ok, BLOCK_M), stride_xm,
+                                          stride_rm, HAS_RESIDUAL, DROP),)
                 cols, col_ok = _ahead_cols(col0, HOLD * BLOCK_N, N, SEG, BLOCK_N, EVEN)
                 xn, rn = _load_xr(x_ptr, r_ptr, rows, cols, _tile_mask(rows, M, col_ok, BLOCK_M), stride_xm, stride_rm,
                                   HAS_RESIDUAL, EV1)
+            for k in tl.static_range(HOLD):
+                hk, d = _held_pass1(x_ptr, r_ptr, h_ptr, rows, M, col0, k * BLOCK_N, N, c, stride_xm, stride_rm,
+                                    stride_hm, HAS_RESIDUAL, STASH, BLOCK_M, BLOCK_N, EVEN, DROP,
+                                    raw[k] if PIPE1 else None, PIPE1)
+                held = held + (hk,)
+                v1, v2 = _accumulate(v1, v2, d, VEC, BLOCK_M)
+            if PIPE1:
                 for i in tl.range(HOLD * BLOCK_N, SEG, BLOCK_N, loop_unroll_factor=UNROLL):
                     cols, col_ok = _chunk_cols(col0, i, N, BLOCK_N, EVEN)
                     mask = _tile_mask(rows, M, col_ok, BLOCK_M)
