@@ -268,6 +268,20 @@ LOOP_PICKS = {
 #   same cluster without wb_pre had read 85.7-86.1 (thirtieth session): its two chunks' weight and
 #   bias (59 registers, still two CTAs an SM) are what it lacked. Ops bench, rounds base new new base
 #   (results/ops-alayer-ab-h100-20261127-session31-*.json): 256 x 256K 87.5 / 87.3 -> 92.3 / 91.8%.
+# - Each chunk's loads issued before the previous chunk's stores (``pipe``; thirty-second session,
+#   tune_ops on three H100s, results/tune-ops-pipe-h100-20261127-session32-run*.tgz): the two 256K
+#   residual clusters with pass 1's (the held chunk's and the streamed chunk's x and r asked for
+#   before any h is stored): add_rms_norm 94.6 -> 96.4% at 256 rows, 91.2 -> 94.2 at 128, and at 64
+#   rows 90.1 against the split's 87.7, so FEW_ROWS_GPU no longer sends it to the split;
+#   add_layer_norm 91.8-92.2 -> 93.5. Pass 2's (the next chunk's weight and h) on the 64-row cluster
+#   of 2 of add_layer_norm (90.1 -> 90.6) and on rms_norm's 64-row shelf, there without L2 hints
+#   (85.8 -> 87.1). Ops bench, rounds new base base new on one H100
+#   (results/ops-pipe-ab-h100-20261127-session32-*.json): add_rms_norm 256 x 256K 94.0 / 94.0 ->
+#   95.9 / 96.1%, 64 x 256K 86.2 / 86.1 -> 88.9 / 88.8; add_layer_norm 91.5 / 92.0 -> 93.2 / 93.5,
+#   64 x 256K 88.6 / 87.9 -> 89.0 / 88.7; rms_norm 64 x 256K 84.3 / 85.1 -> 85.7 / 85.4. Elsewhere
+#   pipe was level or lower: a segment of one or two chunks leaves it nothing to do, pass 2's
+#   registers cost the 32-register clusters a CTA an SM (rms_norm 256K -2.2) and spill LayerNorm's
+#   shelf under its cap of 48 (-17 to -22).
 _CLUSTER = dict(hints=True, vec=True, const_n=True, cluster=True)
 _CLUSTER_NH = dict(_CLUSTER, hints=False)
 PICKS_GPU = {
@@ -281,8 +295,8 @@ PICKS_GPU = {
         ("loop", False, False, 262144): _loop(4096, 8, split=16, shelf=True, fold=True, maxnreg=48, **_CLUSTER_NH),
         ("loop", True, True, 131072): _loop(4096, 8, stash=True, split=16, **_CLUSTER_NH),
         ("loop", False, True, 131072): _loop(4096, 8, stash=True, split=16, fold=True, **_CLUSTER_NH),
-        ("loop", False, True, 262144): _loop(8192, 16, stash=True, split=16, fold=True, wb_pre=2, **_CLUSTER_NH),
-        ("loop", True, True, 262144): _loop(8192, 16, stash=True, split=16, hold=1, wb_pre=2, **_CLUSTER_NH),
+        ("loop", False, True, 262144): _loop(8192, 16, stash=True, split=16, fold=True, wb_pre=2, pipe=1, **_CLUSTER_NH),
+        ("loop", True, True, 262144): _loop(8192, 16, stash=True, split=16, hold=1, wb_pre=2, pipe=1, **_CLUSTER_NH),
         ("rows", False, False, 4096): NormConfig("rows", 1, 4096, 8, const_n=True),
         ("rows", True, False, 1024): NormConfig("rows", 2, 1024, 8, const_n=True),
         ("rows", True, True, 1024): NormConfig("rows", 1, 1024, 8, const_n=True),
@@ -298,22 +312,25 @@ PICKS_GPU = {
 # results/logs/tune-ops-xasync-rows-h100-20261126-session30.log), % of copy at 256 / 128 / 64 rows:
 # - add_rms_norm 256K: a cluster of 16 (8192 x 16 warps, a chunk held, no L2 hints) 93.3 / 88.8
 #   / 84.4 against the split through global memory 88.5 / 87.9 / 87.4, so from 128 rows the
-#   cluster (PICKS_GPU above) and below that the H200's split (LOOP_PICKS);
+#   cluster (PICKS_GPU above) and below that the H200's split (LOOP_PICKS), until the
+#   thirty-second session's ``pipe`` took the cluster to 90.1 on 64 rows (the split 87.7): no
+#   entry now;
 # - rms_norm 256K: the shelf in clusters of 16 (4096 x 8 warps) 92.8 / 87.2 / 86.6 against the
 #   cluster pick's 94.2 / 90.4 / 82.4 (the 128-row pair from another run on another H100,
 #   results/tune-ops-xasync-rms-128rows-h100-20261126-session30.json).
 #   With two chunks of its weight asked for as its copies are issued (``wb_pre``, ``wb_early``;
 #   thirty-first session): 82.6 -> 85.5 on 64 rows (all four chunks, before the exchange: 80.5 -> 84.0
-#   on another H100).
+#   on another H100). Thirty-second session: with pass 2's ``pipe`` and no L2 hints 85.8 -> 87.1.
 # - add_layer_norm 256K (thirty-first session, tune_ops --config --rotate 2 --repeat 3): the cluster
 #   of 16 with two chunks' weight and bias before the exchange 92.5 / 89.1 / 83.8 against the cluster
-#   of 2's 88.3 / 88.3 / 90.2, so the cluster of 2 under 128 rows.
+#   of 2's 88.3 / 88.3 / 90.2, so the cluster of 2 under 128 rows. With ``pipe`` (thirty-second
+#   session, run 3): the cluster of 16 (pass 1's) 90.7 / 84.7 at 128 / 64 rows, the cluster of 2
+#   (pass 2's; pass 1's spills at 32 warps) 88.6 / 90.6: the same line.
 FEW_ROWS_GPU = {
     "H100": {
-        ("loop", True, True, 262144): (128, LOOP_PICKS[(True, True)][262144]),
-        ("loop", False, True, 262144): (128, _loop(16384, 32, stash=True, split=2, drop_y=True, **_CLUSTER)),
-        ("loop", True, False, 262144): (128, _loop(4096, 8, split=16, shelf=True, drop_y=True, maxnreg=48,
-                                                   wb_pre=2, wb_early=True, **_CLUSTER)),
+        ("loop", False, True, 262144): (128, _loop(16384, 32, stash=True, split=2, drop_y=True, pipe=2, **_CLUSTER)),
+        ("loop", True, False, 262144): (128, _loop(4096, 8, split=16, shelf=True, maxnreg=48, wb_pre=2,
+                                                   wb_early=True, pipe=2, **_CLUSTER_NH)),
     },
 }
 
