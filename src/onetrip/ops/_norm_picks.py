@@ -282,6 +282,12 @@ LOOP_PICKS = {
 #   pipe was level or lower: a segment of one or two chunks leaves it nothing to do, pass 2's
 #   registers cost the 32-register clusters a CTA an SM (rms_norm 256K -2.2) and spill LayerNorm's
 #   shelf under its cap of 48 (-17 to -22).
+# - rms_norm 256K at every row count on the 64-row shelf form (4096 x 8 warps, two chunks' weight
+#   asked for with the shelf's copies, pass 2's pipe, no L2 hints) in place of the cluster of 16
+#   that held a chunk (thirty-second session, tune_ops --rotate 2 --repeat 3, runs 7-8 on two H100s):
+#   94.8 -> 96.7% at 256 rows, 96.8 -> 98.0 at 512, 90.4 -> 93.8 at 128. Ops bench, rounds new base
+#   base new (results/ops-rms-shelf-ab-h100-20261127-session32-*.json): 256 x 256K 94.6 / 94.6 ->
+#   95.9 / 95.7%; the rest within the run's noise (FEW_ROWS_GPU's entry was this form already).
 # - "rows": layer_norm 8K a row a program at 4 warps (155 registers, no spills) instead of the rule's
 #   two rows at 16 warps, where the ops bench had it level with torch.compile (0.984-1.002x over the
 #   thirty-first session's runs). Thirty-second session: tune_ops --rotate 4 --repeat 3, 97.4 -> 98.0%
@@ -295,7 +301,8 @@ PICKS_GPU = {
         ("loop", False, False, 65536): _loop(4096, 16, split=4, drop_y=True, **_CLUSTER),
         ("loop", False, True, 32768): _loop(16384, 32, stash=True, vec=True, const_n=True),
         ("loop", True, False, 131072): _loop(4096, 16, split=8, hold=1, drop_y=True, **_CLUSTER),
-        ("loop", True, False, 262144): _loop(4096, 16, split=16, hold=1, drop_y=True, wb_pre=1, **_CLUSTER),
+        ("loop", True, False, 262144): _loop(4096, 8, split=16, shelf=True, maxnreg=48, wb_pre=2, wb_early=True,
+                                             pipe=2, **_CLUSTER_NH),
         ("loop", False, False, 131072): _loop(4096, 8, split=8, shelf=True, fold=True, maxnreg=48, pf=32,
                                               pf_rows=384, wb_pre=1, wb_early=True, **_CLUSTER_NH),
         ("loop", False, False, 262144): _loop(4096, 8, split=16, shelf=True, fold=True, maxnreg=48, **_CLUSTER_NH),
@@ -322,8 +329,9 @@ PICKS_GPU = {
 #   cluster (PICKS_GPU above) and below that the H200's split (LOOP_PICKS), until the
 #   thirty-second session's ``pipe`` took the cluster to 90.1 on 64 rows (the split 87.7): no
 #   entry now;
-# - rms_norm 256K: the shelf in clusters of 16 (4096 x 8 warps) 92.8 / 87.2 / 86.6 against the
-#   cluster pick's 94.2 / 90.4 / 82.4 (the 128-row pair from another run on another H100,
+# - rms_norm 256K (an entry until the thirty-second session, when the form below won at every
+#   row count and became PICKS_GPU's): the shelf in clusters of 16 (4096 x 8 warps) 92.8 / 87.2
+#   / 86.6 against the cluster pick's 94.2 / 90.4 / 82.4 (the 128-row pair from another run on another H100,
 #   results/tune-ops-xasync-rms-128rows-h100-20261126-session30.json).
 #   With two chunks of its weight asked for as its copies are issued (``wb_pre``, ``wb_early``;
 #   thirty-first session): 82.6 -> 85.5 on 64 rows (all four chunks, before the exchange: 80.5 -> 84.0
@@ -336,8 +344,6 @@ PICKS_GPU = {
 FEW_ROWS_GPU = {
     "H100": {
         ("loop", False, True, 262144): (128, _loop(16384, 32, stash=True, split=2, drop_y=True, pipe=2, **_CLUSTER)),
-        ("loop", True, False, 262144): (128, _loop(4096, 8, split=16, shelf=True, maxnreg=48, wb_pre=2,
-                                                   wb_early=True, pipe=2, **_CLUSTER_NH)),
     },
 }
 
