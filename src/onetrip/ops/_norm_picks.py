@@ -288,6 +288,12 @@ LOOP_PICKS = {
 #   94.8 -> 96.7% at 256 rows, 96.8 -> 98.0 at 512, 90.4 -> 93.8 at 128. Ops bench, rounds new base
 #   base new (results/ops-rms-shelf-ab-h100-20261127-session32-*.json): 256 x 256K 94.6 / 94.6 ->
 #   95.9 / 95.7%; the rest within the run's noise (FEW_ROWS_GPU's entry was this form already).
+#   At 128K as clusters of 8 (run 8: 96.3 -> 97.2% at 512 rows, 87.8 -> 91.7 at 128; run 9's
+#   ops bench, results/ops-rms128-ab-h100-20261127-session32-*.json: 512 x 128K 95.9 / 96.0 ->
+#   96.5 / 96.5%).
+# - add_rms_norm 256K with both of a segment's chunks held (hold 2: pass 2 reads nothing back but
+#   the weight, which wb_pre has asked for; 64 registers, still two CTAs an SM, with CUDA 13.0's
+#   ptxas too): tune_ops (run 9) 96.5 -> 97.5% at 256 rows, 90.1 -> 91.6 at 64.
 # - "rows": layer_norm 8K a row a program at 4 warps (155 registers, no spills) instead of the rule's
 #   two rows at 16 warps, where the ops bench had it level with torch.compile (0.984-1.002x over the
 #   thirty-first session's runs). Thirty-second session: tune_ops --rotate 4 --repeat 3, 97.4 -> 98.0%
@@ -300,7 +306,8 @@ PICKS_GPU = {
     "H100": {
         ("loop", False, False, 65536): _loop(4096, 16, split=4, drop_y=True, **_CLUSTER),
         ("loop", False, True, 32768): _loop(16384, 32, stash=True, vec=True, const_n=True),
-        ("loop", True, False, 131072): _loop(4096, 16, split=8, hold=1, drop_y=True, **_CLUSTER),
+        ("loop", True, False, 131072): _loop(4096, 8, split=8, shelf=True, maxnreg=48, wb_pre=2, wb_early=True,
+                                             pipe=2, **_CLUSTER_NH),
         ("loop", True, False, 262144): _loop(4096, 8, split=16, shelf=True, maxnreg=48, wb_pre=2, wb_early=True,
                                              pipe=2, **_CLUSTER_NH),
         ("loop", False, False, 131072): _loop(4096, 8, split=8, shelf=True, fold=True, maxnreg=48, pf=32,
@@ -309,7 +316,7 @@ PICKS_GPU = {
         ("loop", True, True, 131072): _loop(4096, 8, stash=True, split=16, **_CLUSTER_NH),
         ("loop", False, True, 131072): _loop(4096, 8, stash=True, split=16, fold=True, **_CLUSTER_NH),
         ("loop", False, True, 262144): _loop(8192, 16, stash=True, split=16, fold=True, wb_pre=2, pipe=1, **_CLUSTER_NH),
-        ("loop", True, True, 262144): _loop(8192, 16, stash=True, split=16, hold=1, wb_pre=2, pipe=1, **_CLUSTER_NH),
+        ("loop", True, True, 262144): _loop(8192, 16, stash=True, split=16, hold=2, wb_pre=2, pipe=1, **_CLUSTER_NH),
         ("rows", False, False, 4096): NormConfig("rows", 1, 4096, 8, const_n=True),
         ("rows", False, False, 8192): NormConfig("rows", 1, 8192, 4),
         ("rows", True, False, 1024): NormConfig("rows", 2, 1024, 8, const_n=True),
