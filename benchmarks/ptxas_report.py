@@ -207,7 +207,7 @@ def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: i
                 hints: bool = False, stash: bool = False, vec: bool = False, unroll: int = 1,
                 const_n: int = 0, split: int = 1, block_m: int = 1, hold: int = 0, drop_y: bool = False,
                 cluster: bool = False, shelf: bool = False, fold: bool = False, pf: int = 0, maxnreg: int = 0,
-                wb_pre: int = 0, wb_early: bool = False) -> str:
+                wb_pre: int = 0, wb_early: bool = False, pipe: int = 0) -> str:
     """The split-row norm kernel at ``phase`` (norm._COOP, _STATS, _APPLY, _LOOP); ``split``
     programs a row of ``const_n`` (or 65536) columns in mode "loop", waiting on each other;
     ``block_m`` rows a program; ``hold`` chunks held in registers between the passes."""
@@ -218,7 +218,7 @@ def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: i
                  SEG_N=(const_n // split if const_n else 0), LOOP_PART=0, HOLD=hold, DROP_Y=drop_y, CLUSTER=cluster,
                  LATE_WB=False, SHELF=shelf, FOLD=fold,  # every constexpr: ASTSource binds no defaults
                  EVEN=_even(const_n, split, block_n), PF=pf, PF_LANES=32 * warps if pf else 32,  # as _launch
-                 WB_PRE=wb_pre, WB_EARLY=wb_early and shelf)
+                 WB_PRE=wb_pre, WB_EARLY=wb_early and shelf, PIPE=pipe)
     sig, attrs = {}, {}
     for i, n in enumerate(fn.arg_names):
         if n in const:
@@ -256,11 +256,11 @@ def norm_main() -> None:
             f"{' split ' + str(c.split) if c.split > 1 else ''}{' hold ' + str(c.hold) if c.hold else ''}" \
             f"{' drop_y' if c.drop_y else ''}{' cluster' if c.cluster else ''}{' shelf' if c.shelf else ''}" \
             f"{' fold' if c.fold else ''}{f' pf {c.pf}' if c.pf else ''}{f' maxnreg {c.maxnreg}' if c.maxnreg else ''}" \
-            f"{f' wb_pre {c.wb_pre}' if c.wb_pre else ''}{' early' if c.wb_early else ''}"
+            f"{f' wb_pre {c.wb_pre}' if c.wb_pre else ''}{' early' if c.wb_early else ''}{f' pipe {c.pipe}' if c.pipe else ''}"
         shelf = c.shelf and not residual  # as the launcher takes it (the shelf holds nothing)
         regs = norm_report(4, is_rms, residual, c.num_warps, c.block_n, c.hints, c.stash, c.vec, c.unroll,
                            width if c.const_n else 0, c.split, c.block_m, 0 if shelf else c.hold, c.drop_y,
-                           c.cluster, shelf, c.fold, c.pf, c.maxnreg, c.wb_pre, c.wb_early)  # pf as from c.pf_rows rows
+                           c.cluster, shelf, c.fold, c.pf, c.maxnreg, c.wb_pre, c.wb_early, c.pipe)  # pf from c.pf_rows rows
         print(f"norm {label:60s} {c.num_warps:2d} warps: {regs}")
     for is_rms, residual in kinds:  # "loop" split: 4 programs a 256K row, 16 warps, chunks of 8192
         for const_n in (0, 262144):

@@ -34,7 +34,9 @@ How rows are covered (``NormConfig.mode``):
     distributed shared memory, not global atomics (``_cluster.py``); with ``shelf`` (no
     residual) a program copies its segment into shared memory and both passes read it
     there (``_shelf.py``); with ``pf`` (Hopper) each program, its own reads done, asks
-    the L2 for its segment of a later row (``_l2_ahead.py``). Chosen where
+    the L2 for its segment of a later row (``_l2_ahead.py``); with ``wb_pre`` and ``pipe``
+    the loads of pass 2's weight and of each next chunk go out ahead of the stores that
+    would otherwise hold them back (a store may alias them). Chosen where
     ``LOOP_PICKS`` has the width (8K RMSNorm and from 16K wide without a residual, 32K-256K
     with one) and there is a row for every SM (``norm_config``).
 """
