@@ -46,7 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from onetrip.ops._common import hopper_or_newer  # noqa: E402
 from onetrip.ops._jit import cast_out, gdc_launch_dependents, gdc_wait  # noqa: E402
-from onetrip.ops._norm_jit import _load_h, _load_wb, _store_y, _sums_rstd  # noqa: E402
+from onetrip.ops._norm_chunk import _load_h, _load_wb, _store_y  # noqa: E402
+from onetrip.ops._norm_jit import _sums_rstd  # noqa: E402
 
 
 @triton.jit

@@ -266,7 +266,9 @@ def test_gpu_model_picks(monkeypatch):
     for (mode, is_rms, residual, width), pick in h100.items():
         assert pick.mode == mode
         if mode == "loop":
-            assert pick.block_n * pick.split * (pick.hold + 1) <= width
+            # the held chunks inside a segment (a segment may be held whole), and launch_segments' checks
+            assert pick.block_n * pick.split * pick.hold <= width
+            norm_picks.launch_segments(width, pick)
             assert width in norm_mod.LOOP_PICKS[(is_rms, residual)]  # a replacement, never a new width
             if pick.cluster:  # a cluster size that launches (2-8, or 16), the row cut into exactly that many
                 assert norm_picks.segments(width, pick)[0] == pick.split and (2 <= pick.split <= 8 or pick.split == 16)

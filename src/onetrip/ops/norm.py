@@ -71,7 +71,8 @@ from ._common import (
 )
 from ._cluster import cluster_ok, launch_clusters
 from ._l2_ahead import ahead_ok
-from ._norm_jit import _chunk_stats, _load_h, _load_wb, _loop_row, _mean_rstd, _store_y, _wait_row
+from ._norm_chunk import _chunk_stats, _load_h, _load_wb, _mean_rstd, _store_y
+from ._norm_jit import _loop_row, _wait_row
 from ._norm_picks import FEW_ROWS_GPU, LOOP_PICKS, PICKS_GPU, ROWS_PICKS, NormConfig, launch_segments
 from ._shelf import shelf_fits
 
