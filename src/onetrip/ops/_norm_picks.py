@@ -347,10 +347,13 @@ PICKS_GPU = {
 #   of 16 with two chunks' weight and bias before the exchange 92.5 / 89.1 / 83.8 against the cluster
 #   of 2's 88.3 / 88.3 / 90.2, so the cluster of 2 under 128 rows. With ``pipe`` (thirty-second
 #   session, run 3): the cluster of 16 (pass 1's) 90.7 / 84.7 at 128 / 64 rows, the cluster of 2
-#   (pass 2's; pass 1's spills at 32 warps) 88.6 / 90.6: the same line.
+#   (pass 2's; pass 1's spills at 32 warps) 88.6 / 90.6: the same line. Pass 2 two chunks an
+#   iteration beside its pipe (run 13-14): 90.4 -> 91.0 on 64 rows (88.8 at 128); ops bench, rounds
+#   new base base new (results/ops-alayer-unroll-ab-h100-20261127-session32-*.json): 64 x 256K 88.5
+#   / 88.6 -> 88.8 / 89.2%.
 FEW_ROWS_GPU = {
     "H100": {
-        ("loop", False, True, 262144): (128, _loop(16384, 32, stash=True, split=2, drop_y=True, pipe=2, **_CLUSTER)),
+        ("loop", False, True, 262144): (128, _loop(16384, 32, stash=True, split=2, drop_y=True, pipe=2, unroll=2, **_CLUSTER)),
     },
 }
 
