@@ -308,6 +308,8 @@ def test_chunks_past_segment(device):
             norm_mod._launch(x, None, w, None, torch.empty_like(x), None, 1e-6, True, False, cfg)
     with pytest.raises(ValueError, match="wb_pre=5 must be 0-4"):
         NormConfig("loop", 1, 128, 4, wb_pre=5)
+    with pytest.raises(ValueError, match=r"pipe=4 must be 0-3 \(1: pass 1, 2: pass 2, 3: both\)"):
+        NormConfig("loop", 1, 128, 4, pipe=4)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="one launch with its programs waiting on each other: a GPU")
@@ -396,10 +398,11 @@ def test_loop_stash_in_place(device, gen, kind):
 @pytest.mark.parametrize("kind", KINDS)
 def test_loop_pipe(device, gen, kind):
     """Mode "loop" with the next chunk's loads issued before this chunk's stores in both
-    passes (``pipe=3``): the same y and h, bitwise, as without, over 111 columns
-    in chunks of 16 (the last ragged) and 128 in chunks of 32 with the width a constant,
-    a program a row (two chunks held) and 3 a row (held on a GPU; the interpreter's two
-    launches hold none), weights loaded early, with and without a residual (stashed, re-read, or written over: ``residual_out=residual``)."""
+    passes (``pipe=3``): the same y and h, bitwise, as without, over 111 columns in chunks
+    of 16 (the last ragged) and 128 in chunks of 32 with the width a constant, a program a
+    row (two chunks held) and 3 a row (held on a GPU; the interpreter's two launches hold
+    none), weights loaded early, with and without a residual (stashed, re-read, or written
+    over: ``residual_out=residual``)."""
     w111, b111 = _params(kind, 111, torch.bfloat16, device, gen)
     w128, b128 = _params(kind, 128, torch.bfloat16, device, gen)
     cases = [(111, dict(split=1, hold=2)), (111, dict(split=3, hold=1)), (111, dict(split=3, wb_pre=2)),
@@ -421,7 +424,8 @@ def test_loop_pipe(device, gen, kind):
                 outs.append((y, h))
             _check(kind, x, r0 if residual else None, w, b, 1e-6, *outs[0])
             for y, h in outs[1:]:
-                assert torch.equal(y, outs[0][0]) and (h is None or torch.equal(h, outs[0][1])), (width, flags, residual)
+                same = torch.equal(y, outs[0][0]) and (h is None or torch.equal(h, outs[0][1]))
+                assert same, (width, flags, residual)
 
 
 @pytest.mark.parametrize("kind", KINDS)

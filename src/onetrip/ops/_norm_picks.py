@@ -269,7 +269,7 @@ LOOP_PICKS = {
 #   bias (59 registers, still two CTAs an SM) are what it lacked. Ops bench, rounds base new new base
 #   (results/ops-alayer-ab-h100-20261127-session31-*.json): 256 x 256K 87.5 / 87.3 -> 92.3 / 91.8%.
 # - Each chunk's loads issued before the previous chunk's stores (``pipe``; thirty-second session,
-#   tune_ops on three H100s, results/tune-ops-pipe-h100-20261127-session32-run*.tgz): the two 256K
+#   tune_ops on three H100s, results/tune-ops-h100-20261127-session32-run*.json): the two 256K
 #   residual clusters with pass 1's (the held chunk's and the streamed chunk's x and r asked for
 #   before any h is stored): add_rms_norm 94.6 -> 96.4% at 256 rows, 91.2 -> 94.2 at 128, and at 64
 #   rows 90.1 against the split's 87.7, so FEW_ROWS_GPU no longer sends it to the split;
@@ -315,7 +315,8 @@ PICKS_GPU = {
         ("loop", False, False, 262144): _loop(4096, 8, split=16, shelf=True, fold=True, maxnreg=48, **_CLUSTER_NH),
         ("loop", True, True, 131072): _loop(4096, 8, stash=True, split=16, **_CLUSTER_NH),
         ("loop", False, True, 131072): _loop(4096, 8, stash=True, split=16, fold=True, **_CLUSTER_NH),
-        ("loop", False, True, 262144): _loop(8192, 16, stash=True, split=16, fold=True, wb_pre=2, pipe=1, **_CLUSTER_NH),
+        ("loop", False, True, 262144): _loop(8192, 16, stash=True, split=16, fold=True, wb_pre=2, pipe=1,
+                                             **_CLUSTER_NH),
         ("loop", True, True, 262144): _loop(8192, 16, stash=True, split=16, hold=2, wb_pre=2, pipe=1, **_CLUSTER_NH),
         ("rows", False, False, 4096): NormConfig("rows", 1, 4096, 8, const_n=True),
         ("rows", False, False, 8192): NormConfig("rows", 1, 8192, 4),
@@ -353,7 +354,8 @@ PICKS_GPU = {
 #   / 88.6 -> 88.8 / 89.2%.
 FEW_ROWS_GPU = {
     "H100": {
-        ("loop", False, True, 262144): (128, _loop(16384, 32, stash=True, split=2, drop_y=True, pipe=2, unroll=2, **_CLUSTER)),
+        ("loop", False, True, 262144): (128, _loop(16384, 32, stash=True, split=2, drop_y=True, pipe=2, unroll=2,
+                                                   **_CLUSTER)),
     },
 }
 

@@ -109,7 +109,7 @@ def _norm_kernel(
     PF_LANES: tl.constexpr = 32,  # with PF: the program's threads (a lane each, so no request is issued twice)
     WB_PRE: tl.constexpr = 0,   # "loop": pass 2's first WB_PRE chunks' weight and bias loaded before the exchange
     WB_EARLY: tl.constexpr = False,  # with SHELF and WB_PRE: loaded right after the shelf's copies are issued
-    PIPE: tl.constexpr = 0,     # "loop": the next chunk's loads before this chunk's stores (1: pass 1, 2: pass 2, 3: both)
+    PIPE: tl.constexpr = 0,     # "loop": chunk k+1's loads before chunk k's stores (1: pass 1, 2: pass 2, 3: both)
 ):
     # CONST_N > 0 ("loop", "rows"): the width (and so the dense rows' strides) as constants,
     # so the trip count, masks and row addresses are known to the compiler (each choice below
