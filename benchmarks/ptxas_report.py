@@ -256,11 +256,13 @@ def norm_main() -> None:
             f"{' split ' + str(c.split) if c.split > 1 else ''}{' hold ' + str(c.hold) if c.hold else ''}" \
             f"{' drop_y' if c.drop_y else ''}{' cluster' if c.cluster else ''}{' shelf' if c.shelf else ''}" \
             f"{' fold' if c.fold else ''}{f' pf {c.pf}' if c.pf else ''}{f' maxnreg {c.maxnreg}' if c.maxnreg else ''}" \
-            f"{f' wb_pre {c.wb_pre}' if c.wb_pre else ''}{' early' if c.wb_early else ''}{f' pipe {c.pipe}' if c.pipe else ''}"
+            f"{f' wb_pre {c.wb_pre}' if c.wb_pre else ''}{' early' if c.wb_early else ''}" \
+            f"{f' pipe {c.pipe}' if c.pipe else ''}"
         shelf = c.shelf and not residual  # as the launcher takes it (the shelf holds nothing)
         regs = norm_report(4, is_rms, residual, c.num_warps, c.block_n, c.hints, c.stash, c.vec, c.unroll,
                            width if c.const_n else 0, c.split, c.block_m, 0 if shelf else c.hold, c.drop_y,
-                           c.cluster, shelf, c.fold, c.pf, c.maxnreg, c.wb_pre, c.wb_early, c.pipe)  # pf from c.pf_rows rows
+                           c.cluster, shelf, c.fold, c.pf, c.maxnreg, c.wb_pre, c.wb_early,
+                           c.pipe)  # pf as from c.pf_rows rows
         print(f"norm {label:60s} {c.num_warps:2d} warps: {regs}")
     for is_rms, residual in kinds:  # "loop" split: 4 programs a 256K row, 16 warps, chunks of 8192
         for const_n in (0, 262144):

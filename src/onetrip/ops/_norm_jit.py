@@ -219,19 +219,20 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
             # loads before chunk i's h
             PIPE1: tl.constexpr = PIPE % 2 == 1 and HAS_RESIDUAL
             EV1: tl.constexpr = DROP if STASH else KEEP
-            raw = ()
+            held_xr = ()  # PIPE1: the held chunks' x and r, loaded before any h is stored
             if PIPE1:
                 for k in tl.static_range(HOLD):
                     cols, col_ok = _chunk_cols(col0, k * BLOCK_N, N, BLOCK_N, EVEN)
-                    raw = raw + (_load_xr(x_ptr, r_ptr, rows, cols, _tile_mask(rows, M, col_ok, BLOCK_M), stride_xm,
-                                          stride_rm, HAS_RESIDUAL, DROP),)
+                    mask = _tile_mask(rows, M, col_ok, BLOCK_M)
+                    held_xr = held_xr + (_load_xr(x_ptr, r_ptr, rows, cols, mask, stride_xm, stride_rm, HAS_RESIDUAL,
+                                                  DROP),)
                 cols, col_ok = _ahead_cols(col0, HOLD * BLOCK_N, N, SEG, BLOCK_N, EVEN)
                 xn, rn = _load_xr(x_ptr, r_ptr, rows, cols, _tile_mask(rows, M, col_ok, BLOCK_M), stride_xm, stride_rm,
                                   HAS_RESIDUAL, EV1)
             for k in tl.static_range(HOLD):
                 hk, d = _held_pass1(x_ptr, r_ptr, h_ptr, rows, M, col0, k * BLOCK_N, N, c, stride_xm, stride_rm,
                                     stride_hm, HAS_RESIDUAL, STASH, BLOCK_M, BLOCK_N, EVEN, DROP,
-                                    raw[k] if PIPE1 else None, PIPE1)
+                                    held_xr[k] if PIPE1 else None, PIPE1)
                 held = held + (hk,)
                 v1, v2 = _accumulate(v1, v2, d, VEC, BLOCK_M)
             if PIPE1:

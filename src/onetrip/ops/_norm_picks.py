@@ -269,7 +269,7 @@ LOOP_PICKS = {
 #   bias (59 registers, still two CTAs an SM) are what it lacked. Ops bench, rounds base new new base
 #   (results/ops-alayer-ab-h100-20261127-session31-*.json): 256 x 256K 87.5 / 87.3 -> 92.3 / 91.8%.
 # - Each chunk's loads issued before the previous chunk's stores (``pipe``; thirty-second session,
-#   tune_ops on three H100s, results/tune-ops-h100-20261127-session32-run*.json): the two 256K
+#   tune_ops on two H100s, results/tune-ops-h100-20261127-session32-run*.json): the two 256K
 #   residual clusters with pass 1's (the held chunk's and the streamed chunk's x and r asked for
 #   before any h is stored): add_rms_norm 94.6 -> 96.4% at 256 rows, 91.2 -> 94.2 at 128, and at 64
 #   rows 90.1 against the split's 87.7, so FEW_ROWS_GPU no longer sends it to the split;
@@ -284,7 +284,7 @@ LOOP_PICKS = {
 #   shelf under its cap of 48 (-17 to -22).
 # - rms_norm 256K at every row count on the 64-row shelf form (4096 x 8 warps, two chunks' weight
 #   asked for with the shelf's copies, pass 2's pipe, no L2 hints) in place of the cluster of 16
-#   that held a chunk (thirty-second session, tune_ops --rotate 2 --repeat 3, runs 7-8 on two H100s):
+#   that held a chunk (thirty-second session, tune_ops --rotate 2 --repeat 3, runs 7-8 on one H100):
 #   94.8 -> 96.7% at 256 rows, 96.8 -> 98.0 at 512, 90.4 -> 93.8 at 128. Ops bench, rounds new base
 #   base new (results/ops-rms-shelf-ab-h100-20261127-session32-*.json): 256 x 256K 94.6 / 94.6 ->
 #   95.9 / 95.7%; the rest within the run's noise (FEW_ROWS_GPU's entry was this form already).
