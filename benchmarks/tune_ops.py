@@ -4,7 +4,9 @@
 
 For each kernel family and width (rows = 2**26 / width, bf16: 128 MiB per tensor) it times every candidate
 config (CUDA graph replay, L2 flushed before each rep, median; --rotate N: N calls back to
-back over N copies of the buffers, as the ops bench times; --repeat R: R interleaved rounds
+back over N copies of the buffers, as the ops bench times with 4-6 (the last call's writes
+still in the L2 at the end are not paid, so small N flatters small shapes: NOTES.md,
+thirty-second session, run 17); --repeat R: R interleaved rounds
 over the candidates, their median), and records GB/s, % of the
 copy bandwidth, and the compiler's report of the kernel (registers, spills, shared
 memory). The chosen heuristics in the ops come from this table (benchmarks/NOTES.md).
@@ -253,7 +255,8 @@ def main():
                     "NormConfig field on every candidate but the pick (repeatable, e.g. drop_y=True)")
     ap.add_argument("--rotate", type=int, default=1, help="calls a timed replay runs back to back, each on the "
                     "next of as many copies of the inputs and outputs, time per call (the ops bench's 'rotate' "
-                    "timing)")
+                    "timing, which runs 4-6; fewer leave more of each call's writes unpaid when the timer stops: "
+                    "on 64 x 256K --rotate 2 read 1-3 points over the bench, so use 4 there)")
     ap.add_argument("--repeat", type=int, default=1, help="rounds over each list of candidates in turn, the "
                     "median kept (interleaved A/B of --flip)")
     ap.add_argument("--elems", type=int, default=ELEMS, help=f"elements per tensor (default {ELEMS}; the "
