@@ -186,19 +186,11 @@ def _accumulate(v1, v2, d, VEC: tl.constexpr, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def _pass1_chunk(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm,
-                 HAS_RESIDUAL: tl.constexpr, STASH: tl.constexpr, KEEP: tl.constexpr, DROP: tl.constexpr):
-    """h of one chunk in pass 1 of mode "loop" (float32). STASH: x and r are read for the
-    last time (DROP) and h is stored rounded (KEEP: pass 2 reads it), then used as stored;
-    else x (and r) are read with KEEP, for pass 2 to find them in L2."""
-    x, r = _load_xr(x_ptr, r_ptr, rows, cols, mask, stride_xm, stride_rm, HAS_RESIDUAL, DROP if STASH else KEEP)
-    return _pass1_h(x, r, h_ptr, rows, cols, mask, stride_hm, HAS_RESIDUAL, STASH, KEEP)
-
-
-@triton.jit
 def _pass1_h(x, r, h_ptr, rows, cols, mask, stride_hm, HAS_RESIDUAL: tl.constexpr, STASH: tl.constexpr,
              KEEP: tl.constexpr):
-    """``_pass1_chunk``'s h from the chunk's loaded x and r."""
+    """h of one chunk in pass 1 of mode "loop" (float32) from its loaded x and r (``_load_xr``:
+    with STASH read for the last time, DROP; else with KEEP, for pass 2 to find them in L2).
+    STASH: h is stored rounded (KEEP: pass 2 reads it), then used as stored."""
     if STASH:
         h = _sum_h(x, r, h_ptr, rows, cols, mask, stride_hm, True, True, KEEP)
         return cast_out(h, h_ptr.dtype.element_ty).to(tl.float32)

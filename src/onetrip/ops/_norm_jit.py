@@ -8,8 +8,8 @@ import triton.language as tl
 from ._cluster import cluster_arrive, share3, smem_load
 from ._jit import cast_out
 from ._l2_ahead import l2_ahead
-from ._norm_chunk import (_accumulate, _ahead_cols, _chunk_cols, _held_pass1, _load_wb, _load_xr, _pass1_chunk,
-                          _pass1_h, _pass2_chunk, _pass2_src, _pre_wb, _row_sums, _tile_mask)
+from ._norm_chunk import (_accumulate, _ahead_cols, _chunk_cols, _held_pass1, _load_h, _load_wb, _load_xr, _pass1_h,
+                          _pass2_chunk, _pass2_src, _pre_wb, _row_sums, _tile_mask)
 from ._shelf import shelf_base, shelf_copy, shelf_sums, shelf_wait
 
 
@@ -21,7 +21,7 @@ def _loop_shift(x_ptr, r_ptr, h_ptr, rows, M, col, N, stride_xm, stride_rm, stri
     rounded to its dtype when STASH (pass 1 then sums h as stored)."""
     cols = col + tl.arange(0, WIDTH)
     ok = _tile_mask(rows, M, cols < N, BLOCK_M)
-    c = _pass1_chunk(x_ptr, r_ptr, h_ptr, rows, cols, ok, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL, False, "", "")
+    c = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, ok, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL, False)
     if STASH:
         c = cast_out(c, h_ptr.dtype.element_ty).to(tl.float32)
     if WIDTH == 1:
@@ -235,24 +235,19 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
                                     held_xr[k] if PIPE1 else None, PIPE1)
                 held = held + (hk,)
                 v1, v2 = _accumulate(v1, v2, d, VEC, BLOCK_M)
-            if PIPE1:
-                for i in tl.range(HOLD * BLOCK_N, SEG, BLOCK_N, loop_unroll_factor=UNROLL):
-                    cols, col_ok = _chunk_cols(col0, i, N, BLOCK_N, EVEN)
-                    mask = _tile_mask(rows, M, col_ok, BLOCK_M)
+            for i in tl.range(HOLD * BLOCK_N, SEG, BLOCK_N, loop_unroll_factor=UNROLL):
+                cols, col_ok = _chunk_cols(col0, i, N, BLOCK_N, EVEN)
+                mask = _tile_mask(rows, M, col_ok, BLOCK_M)
+                if PIPE1:  # this chunk's x and r came in the last iteration; the next one's go out now
                     xs = xn
                     rs = rn
                     ncols, ncol_ok = _ahead_cols(col0, i + BLOCK_N, N, SEG, BLOCK_N, EVEN)
                     xn, rn = _load_xr(x_ptr, r_ptr, rows, ncols, _tile_mask(rows, M, ncol_ok, BLOCK_M), stride_xm,
                                       stride_rm, HAS_RESIDUAL, EV1)
-                    h = _pass1_h(xs, rs, h_ptr, rows, cols, mask, stride_hm, HAS_RESIDUAL, STASH, KEEP)
-                    v1, v2 = _accumulate(v1, v2, tl.where(mask, h - c, 0.0), VEC, BLOCK_M)
-            else:
-                for i in tl.range(HOLD * BLOCK_N, SEG, BLOCK_N, loop_unroll_factor=UNROLL):
-                    cols, col_ok = _chunk_cols(col0, i, N, BLOCK_N, EVEN)
-                    mask = _tile_mask(rows, M, col_ok, BLOCK_M)
-                    h = _pass1_chunk(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm,
-                                     HAS_RESIDUAL, STASH, KEEP, DROP)
-                    v1, v2 = _accumulate(v1, v2, tl.where(mask, h - c, 0.0), VEC, BLOCK_M)
+                else:
+                    xs, rs = _load_xr(x_ptr, r_ptr, rows, cols, mask, stride_xm, stride_rm, HAS_RESIDUAL, EV1)
+                h = _pass1_h(xs, rs, h_ptr, rows, cols, mask, stride_hm, HAS_RESIDUAL, STASH, KEEP)
+                v1, v2 = _accumulate(v1, v2, tl.where(mask, h - c, 0.0), VEC, BLOCK_M)
             if VEC:
                 s1 = _row_sums(v1, BLOCK_M)
                 s2 = _row_sums(v2, BLOCK_M)
@@ -297,24 +292,20 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
                      k * BLOCK_N, N, c, rstd, mean_lo, stride_xm, stride_rm, stride_ym, stride_hm, IS_RMS, GEMMA,
                      HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, EVEN, k < HOLD, SHELF, STASH, DROP,
                      DROP_STREAMED_Y, FOLD)
-    if PIPE >= 2:  # chunk i + 1's loads issued before chunk i's y is stored
-        for i in tl.range(PEEL * BLOCK_N, SEG, BLOCK_N, loop_unroll_factor=UNROLL):
+    for i in tl.range(PEEL * BLOCK_N, SEG, BLOCK_N, loop_unroll_factor=UNROLL):
+        if PIPE >= 2:  # this chunk's loads came in the last iteration; the next one's go out before y's store
             w = wn
             b = bn
-            xs = xn
-            rs = rn
+            src = (xn, rn)
             cols, col_ok = _ahead_cols(col0, i + BLOCK_N, N, SEG, BLOCK_N, EVEN)
             mask = _tile_mask(rows, M, col_ok, BLOCK_M)
             wn, bn = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS)
             xn, rn = _pass2_src(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL,
                                 SHELF, STASH, DROP)
-            _pass2_chunk(x_ptr, r_ptr, y_ptr, h_ptr, w, b, (xs, rs), base, rows, M, col0, i, N, c, rstd, mean_lo,
-                         stride_xm, stride_rm, stride_ym, stride_hm, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT,
-                         HAS_BIAS, BLOCK_M, BLOCK_N, EVEN, False, SHELF, STASH, DROP, DROP_STREAMED_Y, FOLD, True)
-    else:
-        for i in tl.range(PEEL * BLOCK_N, SEG, BLOCK_N, loop_unroll_factor=UNROLL):
+        else:  # _pass2_chunk loads the chunk's h (or x and r) itself
             cols, col_ok = _chunk_cols(col0, i, N, BLOCK_N, EVEN)
             w, b = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS)
-            _pass2_chunk(x_ptr, r_ptr, y_ptr, h_ptr, w, b, 0.0, base, rows, M, col0, i, N, c, rstd, mean_lo,
-                         stride_xm, stride_rm, stride_ym, stride_hm, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS,
-                         BLOCK_M, BLOCK_N, EVEN, False, SHELF, STASH, DROP, DROP_STREAMED_Y, FOLD)
+            src = 0.0
+        _pass2_chunk(x_ptr, r_ptr, y_ptr, h_ptr, w, b, src, base, rows, M, col0, i, N, c, rstd, mean_lo,
+                     stride_xm, stride_rm, stride_ym, stride_hm, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS,
+                     BLOCK_M, BLOCK_N, EVEN, False, SHELF, STASH, DROP, DROP_STREAMED_Y, FOLD, PIPE >= 2)
