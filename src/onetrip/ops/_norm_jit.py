@@ -11,6 +11,7 @@ from ._l2_ahead import l2_ahead
 from ._norm_chunk import (_accumulate, _ahead_cols, _chunk_cols, _held_pass1, _load_h, _load_wb, _load_xr, _pass1_h,
                           _pass2_chunk, _pass2_src, _pre_wb, _row_sums, _tile_mask)
 from ._shelf import shelf_base, shelf_copy, shelf_sums, shelf_wait
+from ._stamp import stamp_phase, stamp_start
 
 
 @triton.jit
@@ -104,7 +105,8 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
               BLOCK_S: tl.constexpr, LOOP_PART: tl.constexpr, EVEN: tl.constexpr, HOLD: tl.constexpr = 0,
               DROP_Y: tl.constexpr = False, CLUSTER: tl.constexpr = False, SHELF: tl.constexpr = False,
               FOLD: tl.constexpr = False, PF: tl.constexpr = 0, PF_LANES: tl.constexpr = 32,
-              WB_PRE: tl.constexpr = 0, WB_EARLY: tl.constexpr = False, PIPE: tl.constexpr = 0):
+              WB_PRE: tl.constexpr = 0, WB_EARLY: tl.constexpr = False, PIPE: tl.constexpr = 0,
+              TRACE: tl.constexpr = False):
     """Mode "loop": a program per BLOCK_M rows (per segment of SEG columns of a row with
     SPLIT > 1), two passes over its chunks of BLOCK_N. Pass 1 sums the statistics; pass 2
     reads each chunk again, which a row of <= 512 KB finds in L2 (two programs an SM hold
@@ -134,6 +136,11 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
     L2. Nsight Compute on the H200: the loop reads each byte once from DRAM at 32K-64K
     (rms_norm), but 1.13x at 128K and 1.24-1.27x for layer_norm at 64K-128K, where the rows
     in flight (132-264 programs) pass ~30 MB.
+
+    TRACE (a cluster's programs; ``_stamp``): each program stores its SM, row, segment and the
+    time it started, had its partial sums (pass 1's loads in), had the row's (the exchange
+    done) and had issued its last store, at part_ptr (int64, 12 a program): the phases of
+    ``benchmarks/norm_timeline.py``'s picture. Without it nothing of this is compiled.
 
     SHELF (one row a program, dense 16-bit rows without a residual, EVEN; ``_shelf``): the
     segment is copied into shared memory at once, the statistics and pass 2 read it there:
@@ -182,6 +189,9 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
     tl.static_assert(SPLIT == 1 or BLOCK_M == 1, "a split row is one row a program")
     if CLUSTER:
         xbuf = cluster_arrive(row)  # first thing: share3's wait pairs with this arrival
+    tl.static_assert(not TRACE or CLUSTER, "stamps are stored where a cluster's programs keep no partials")
+    if TRACE:
+        stamp_start(part_ptr, row * SPLIT + seg, row, seg)
     rows = row * BLOCK_M + tl.arange(0, BLOCK_M)
     col0 = seg * SEG
     base = 0
@@ -254,6 +264,8 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
             else:
                 s1 = v1
                 s2 = v2
+    if TRACE:
+        stamp_phase(part_ptr, row * SPLIT + seg, 1, s2)
     if PF > 0:  # pass 1's reads are in: the HBM reads ahead while the sums travel and y is written
         _ahead(x_ptr, r_ptr, row + PF, M, col0, stride_xm, stride_rm, HAS_RESIDUAL, EVEN, BLOCK_M, SEG, PF_LANES)
     if LOOP_PART != 1 and not (SHELF and WB_EARLY):  # pass 2's first weights travel while the sums do
@@ -273,6 +285,8 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
             _wait_row(sync_ptr + 1 + row, SPLIT)
         c, s1, s2 = _split_combine(part_ptr, row, N, SEG, SPLIT, BLOCK_S, IS_RMS)
     mean_lo, rstd = _sums_rstd(s1, s2, N, eps, IS_RMS)
+    if TRACE:
+        stamp_phase(part_ptr, row * SPLIT + seg, 2, rstd)
     if STASH:
         tl.debug_barrier()  # pass 2 reads h as this program's other threads stored it
     PEEL: tl.constexpr = HOLD if HOLD > WB_PRE else WB_PRE
@@ -309,3 +323,5 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
         _pass2_chunk(x_ptr, r_ptr, y_ptr, h_ptr, w, b, src, base, rows, M, col0, i, N, c, rstd, mean_lo,
                      stride_xm, stride_rm, stride_ym, stride_hm, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS,
                      BLOCK_M, BLOCK_N, EVEN, False, SHELF, STASH, DROP, DROP_STREAMED_Y, FOLD, PIPE >= 2)
+    if TRACE:
+        stamp_phase(part_ptr, row * SPLIT + seg, 3, rstd)

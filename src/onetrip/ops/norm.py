@@ -110,6 +110,7 @@ def _norm_kernel(
     WB_PRE: tl.constexpr = 0,   # "loop": pass 2's first WB_PRE chunks' weight and bias loaded before the exchange
     WB_EARLY: tl.constexpr = False,  # with SHELF and WB_PRE: loaded right after the shelf's copies are issued
     PIPE: tl.constexpr = 0,     # "loop": chunk k+1's loads before chunk k's stores (1: pass 1, 2: pass 2, 3: both)
+    TRACE: tl.constexpr = False,  # "loop" cluster: each program's phase stamps at part_ptr (_norm_jit._loop_row)
 ):
     # CONST_N > 0 ("loop", "rows"): the width (and so the dense rows' strides) as constants,
     # so the trip count, masks and row addresses are known to the compiler (each choice below
@@ -129,7 +130,7 @@ def _norm_kernel(
         _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, t // SPLIT, t % SPLIT, M, n, seg_cols,
                   sx, sr, sy, sh, eps, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, HINTS,
                   STASH, VEC, UNROLL, SPLIT, BLOCK_S, LOOP_PART,
-                  EVEN, HOLD, DROP_Y, CLUSTER, SHELF, FOLD, PF, PF_LANES, WB_PRE, WB_EARLY, PIPE)
+                  EVEN, HOLD, DROP_Y, CLUSTER, SHELF, FOLD, PF, PF_LANES, WB_PRE, WB_EARLY, PIPE, TRACE)
         return
     # -- which chunk of columns (and, split, which row) this program owns -------------------
     if PHASE == 1:
@@ -263,8 +264,10 @@ def norm_config(rows: int, width: int, device: torch.device, *, is_rms: bool = T
 
 
 def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bool,
-            config: NormConfig | None = None):
+            config: NormConfig | None = None, trace: torch.Tensor | None = None):
     """Launch on validated 2-D views (unit column stride); ``h`` is None without a residual.
+    ``trace``: an int64 (programs, 12) tensor for each program's phase stamps (_stamp.py);
+    only a launch of clusters takes one.
 
     Returns the compiled kernel of the last launch (its ``n_regs``, ``n_spills``) or None.
     """
@@ -318,7 +321,7 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
             DROP_Y=cfg.drop_y, CLUSTER=clusters, LATE_WB=cfg.late_wb, SHELF=shelf,
             FOLD=cfg.fold, EVEN=even, PF=pf if part_of_loop == 0 else 0, PF_LANES=32 * cfg.num_warps if pf else 32,
             WB_PRE=cfg.wb_pre if cfg.mode == "loop" and part_of_loop != 1 else 0, WB_EARLY=cfg.wb_early and shelf,
-            PIPE=cfg.pipe if cfg.mode == "loop" else 0,
+            PIPE=cfg.pipe if cfg.mode == "loop" else 0, **({"TRACE": True} if trace is not None else {}),
             num_warps=cfg.num_warps, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
         )
         if clusters:  # None when this Triton's launcher cannot be given a cluster size
@@ -329,8 +332,13 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
             prefer_carveout(kernel, cfg.carveout)  # from the next launch on
         return kernel
 
+    if trace is not None and not (cluster and trace.dtype == torch.int64 and trace.is_contiguous()
+                                  and trace.numel() >= 12 * M * split):
+        raise ValueError(f"trace: stamps are taken of a launch of clusters into a contiguous int64 tensor of "
+                         f"{12 * M * split} or more; got {tuple(trace.shape)} {trace.dtype} for a "
+                         f"{'cluster' if cluster else 'non-cluster'} launch of {cfg}")
     if cluster:
-        kernel = launch(_LOOP, 0, x, x, True)
+        kernel = launch(_LOOP, 0, trace if trace is not None else x, x, True)
         if kernel is not None:
             return kernel
     part = x

@@ -1,0 +1,61 @@
+"""The norm kernel's phase stamps (``TRACE``; ``onetrip/ops/_stamp.py``), which
+``benchmarks/norm_timeline.py`` draws: they leave y and h as they are, and each program's four
+stamps come once, in order, from a real SM."""
+
+import pytest
+import torch
+
+from onetrip.ops import norm as norm_mod
+from onetrip.ops._norm_picks import PICKS_GPU, launch_segments
+from onetrip.ops._stamp import STAMP_FIELDS
+from onetrip.testing import poison_
+
+from conftest import ON_GPU
+from test_norm import _check, _params
+
+HOPPER = ON_GPU and torch.cuda.get_device_capability()[0] >= 9
+
+
+def test_trace_needs_clusters():
+    """A launch that is not of clusters (any launch under the interpreter) refuses a trace, as
+    does a trace too small or not int64: a ValueError naming it, not a trap in the kernel."""
+    x = torch.randn(3, 256, dtype=torch.float32)
+    if ON_GPU:
+        x = x.cuda()
+    cfg = norm_mod.NormConfig("loop", 1, 128, 4)
+    with pytest.raises(ValueError, match="trace: stamps are taken of a launch of clusters"):
+        norm_mod._launch(x, None, None, None, torch.empty_like(x), None, 1e-6, True, False, cfg,
+                         trace=torch.zeros(3, 12, dtype=torch.int64, device=x.device))
+
+
+@pytest.mark.skipif(not HOPPER, reason="stamps are taken of clusters: Hopper")
+@pytest.mark.parametrize("key", [("loop", True, False, 262144), ("loop", False, False, 262144),
+                                 ("loop", True, True, 262144), ("loop", False, True, 262144)])
+def test_trace_stamps(gen, key):
+    """An H100 cluster pick traced: y (and h) as untraced, bitwise; one record a program, its
+    (row, segment) its own, stamps g0 <= g1 <= g2 <= g3 on the globaltimer and the SM's clock."""
+    _, is_rms, residual, width = key
+    cfg = PICKS_GPU["H100"][key]
+    kind = "rms" if is_rms else "layer"
+    rows = 5
+    x = torch.randn((rows, width), device="cuda", generator=gen).to(torch.bfloat16)
+    r = torch.randn_like(x) if residual else None
+    w, b = _params(kind, width, torch.bfloat16, x.device, gen)
+    split, _ = launch_segments(width, cfg)
+    outs = []
+    for trace in (None, torch.zeros(rows * split, len(STAMP_FIELDS), dtype=torch.int64, device="cuda")):
+        y = poison_(torch.empty_like(x))
+        h = poison_(torch.empty_like(x)) if residual else None
+        norm_mod._launch(x, r, w, b, y, h, 1e-6, is_rms, False, cfg, trace=trace)
+        outs.append((y, h))
+    _check(kind, x, r, w, b, 1e-6, *outs[1])
+    assert torch.equal(outs[0][0], outs[1][0])
+    if residual:
+        assert torch.equal(outs[0][1], outs[1][1])
+    t = trace.cpu()
+    f = {name: t[:, i] for i, name in enumerate(STAMP_FIELDS)}
+    assert torch.equal(f["pid"], torch.arange(rows * split))
+    assert torch.equal(f["row"] * split + f["seg"], f["pid"])
+    assert bool(((f["smid"] >= 0) & (f["smid"] < torch.cuda.get_device_properties(0).multi_processor_count)).all())
+    for a, b_ in (("g0", "g1"), ("g1", "g2"), ("g2", "g3"), ("c0", "c1"), ("c1", "c2"), ("c2", "c3")):
+        assert bool((f[a] > 0).all()) and bool((f[a] <= f[b_]).all()), (a, b_)
