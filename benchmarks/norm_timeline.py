@@ -20,6 +20,7 @@ running in each phase.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
 from pathlib import Path
@@ -195,7 +196,8 @@ def run_cell(family, rows, width, n_calls, reps, device, copy_gbs):
     return {"family": family, "rows": rows, "width": width, "config": repr(cfg), "split": split,
             "bytes": nbytes, "ms": plain.median_ms, "gbs": gbs, "pct_copy": 100 * gbs / copy_gbs,
             "traced_ms": traced.median_ms, "replay_spans_us": spans, "calls": calls,
-            "stamps": [[{k: (round(v, 4) if isinstance(v, float) else v) for k, v in p.items()} for p in progs]
+            # a call's programs, each its STAMP_FIELDS (g*: us from the replay's first stamp)
+            "stamps": [[[round(p[k], 4) if isinstance(p[k], float) else p[k] for k in STAMP_FIELDS] for p in progs]
                        for progs in median]}, median
 
 
@@ -206,6 +208,7 @@ def main():
     ap.add_argument("--width", type=int, default=262144)
     ap.add_argument("--calls", type=int, default=4, help="launches a replay, over as many copies of the inputs")
     ap.add_argument("--reps", type=int, default=9, help="traced replays read; the median span's kept")
+    ap.add_argument("--tag", default="", help="appended to the output files' names")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -226,16 +229,20 @@ def main():
             rec, median = rec
             results.append(rec)
             plot(f"{family} {rows} x {args.width}: {rec['pct_copy']:.1f}% of copy, {rec['config']}", median,
-                 out / f"timeline-{family}-{rows}x{args.width}.png")
+                 out / f"timeline-{family}-{rows}x{args.width}{args.tag}.png")
             c = rec["calls"][1] if len(rec["calls"]) > 1 else rec["calls"][0]
             print(f"{family} {rows} x {args.width}: {rec['ms'] * 1e3:.2f} us ({rec['pct_copy']:.1f}%), traced "
                   f"{rec['traced_ms'] * 1e3:.2f}; call 2: span {c['span_us']:.2f} us, gap {c['gap_to_next_us']}, "
                   f"pass1 {c['pass1_median_us']:.2f}/{c['pass1_p90_us']:.2f} wait {c['wait_median_us']:.2f}/"
                   f"{c['wait_p90_us']:.2f} pass2 {c['pass2_median_us']:.2f}/{c['pass2_p90_us']:.2f}, peak "
                   f"{c['peak_programs']}, idle {100 * c['idle_fraction']:.1f}%", flush=True)
-    path = out / "norm-timeline.json"
-    path.write_text(json.dumps({"meta": {**info, "copy_gbs": copy_gbs, "date": harness.utc_now().isoformat(),
-                                         "calls": args.calls, "reps": args.reps}, "results": results}, indent=1))
+    meta = {**info, "copy_gbs": copy_gbs, "date": harness.utc_now().isoformat(), "calls": args.calls,
+            "reps": args.reps, "stamp_fields": STAMP_FIELDS, "pdl": norm.PDL}
+    stamps = [{"family": r["family"], "rows": r["rows"], "stamps": r.pop("stamps", None)} for r in results]
+    path = out / f"norm-timeline{args.tag}.json"
+    path.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    with gzip.open(out / f"norm-timeline{args.tag}-stamps.json.gz", "wt") as f:  # every program's record: ~1 MB
+        json.dump({"meta": meta, "stamps": stamps}, f)
     print(f"wrote {path}")
 
 

@@ -64,6 +64,7 @@ from ._common import (
     gpu_table_entry,
     is_interpreting,
     output,
+    pdl_args,
     prefer_carveout,
     rows_out,
     sm_count,
@@ -72,11 +73,19 @@ from ._common import (
 from ._cluster import cluster_ok, launch_clusters
 from ._l2_ahead import ahead_ok
 from ._norm_chunk import _chunk_stats, _load_h, _load_wb, _mean_rstd, _store_y
+from ._jit import pdl_start
 from ._norm_jit import _loop_row, _wait_row
 from ._norm_picks import FEW_ROWS_GPU, LOOP_PICKS, PICKS_GPU, ROWS_PICKS, NormConfig, launch_segments
 from ._shelf import shelf_fits
 
 _ROWS, _COOP, _STATS, _APPLY, _LOOP = 0, 1, 2, 3, 4  # the kernel's PHASE
+
+# Programmatic dependent launch (Hopper, with ``_common.pdl_mode``): a launch's programs may be
+# scheduled while the previous kernel drains and wait for it at their start, so the boundary
+# between kernels is not paid twice. On an H100, ~1.2-1.8 us lay between one norm call's last
+# store and the next call's first program (benchmarks/norm_timeline.py; NOTES.md, thirty-third
+# session), 5-7% of a 64 x 256K call.
+PDL = True
 
 
 @triton.jit
@@ -111,7 +120,9 @@ def _norm_kernel(
     WB_EARLY: tl.constexpr = False,  # with SHELF and WB_PRE: loaded right after the shelf's copies are issued
     PIPE: tl.constexpr = 0,     # "loop": chunk k+1's loads before chunk k's stores (1: pass 1, 2: pass 2, 3: both)
     TRACE: tl.constexpr = False,  # "loop" cluster: each program's phase stamps at part_ptr (_norm_jit._loop_row)
+    PDL: tl.constexpr = 0,      # programmatic dependent launch (_common.pdl_mode; ``PDL`` below)
 ):
+    pdl_start(PDL)  # wait for the previous kernel's writes, then let the next one's programs in
     # CONST_N > 0 ("loop", "rows"): the width (and so the dense rows' strides) as constants,
     # so the trip count, masks and row addresses are known to the compiler (each choice below
     # is made at compile time: the runtime values are not even read then).
@@ -322,6 +333,7 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
             FOLD=cfg.fold, EVEN=even, PF=pf if part_of_loop == 0 else 0, PF_LANES=32 * cfg.num_warps if pf else 32,
             WB_PRE=cfg.wb_pre if cfg.mode == "loop" and part_of_loop != 1 else 0, WB_EARLY=cfg.wb_early and shelf,
             PIPE=cfg.pipe if cfg.mode == "loop" else 0, **({"TRACE": True} if trace is not None else {}),
+            **(pdl_args(x) if PDL else {}),
             num_warps=cfg.num_warps, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
         )
         if clusters:  # None when this Triton's launcher cannot be given a cluster size
