@@ -133,3 +133,7 @@ def test_read_chain_floor(device, capsys):
            "ms_per_step": 1.0, "prefill_ms": 1.0, "limit_tok_s": 200.0, "same_prefix": 4}
     print_decode_table(console(), [rec], [], {"read_chain": {"tiny": chain}, "copy_gbs": 4000.0, "new_tokens": 4})
     assert f"a chain of {chain['launches']} plain-read kernels" in capsys.readouterr().out
+    # a run without batch 1 (--batch 8 32) states the limit at its smallest batch
+    print_decode_table(console(), [dict(rec, batch=8, limit_tok_s=1600.0), dict(rec, batch=32, limit_tok_s=6000.0)], [],
+                       {"copy_gbs": 4000.0, "new_tokens": 4})
+    assert "limit at batch 8: 1600 tok/s" in capsys.readouterr().out

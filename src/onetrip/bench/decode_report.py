@@ -40,9 +40,10 @@ def print_decode_table(con, records: list[dict], ttfts: list[dict], meta: dict) 
                       _num(r.get("graph_kernels_per_step"), ".0f"), f"{r['prefill_ms']:.1f}",
                       _prefix(r, meta))
         con.print(t)
-        if limit:
-            con.print(f"  limit at batch 1: {min(r['limit_tok_s'] for r in rows if r['batch'] == 1 and r.get('limit_tok_s')):.0f} tok/s "
-                      f"(copy bandwidth / bytes per step: weights once + KV cache)")
+        if limit:  # at the smallest batch run (a run of --batch 8 32 has no batch 1)
+            b0 = min(r["batch"] for r in rows if r.get("limit_tok_s"))
+            lim = min(r["limit_tok_s"] for r in rows if r["batch"] == b0 and r.get("limit_tok_s"))
+            con.print(f"  limit at batch {b0}: {lim:.0f} tok/s (copy bandwidth / bytes per step: weights once + KV cache)")
         chain = (meta.get("read_chain") or {}).get(preset) or {}
         if chain.get("ms"):
             con.print(f"  a chain of {chain['launches']} plain-read kernels over the step's weight matrices "
