@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._jit import cast_out, gelu, row_tile
+from ._jit import cast_out, gelu, pdl_start, row_tile
 from ._common import (
     TileConfig,
     as_rows,
@@ -24,12 +24,14 @@ from ._common import (
     check_shape,
     check_tensor,
     output,
+    pdl_args,
     rows_out,
     tile_config,
     use_triton,
 )
 
 APPROXIMATIONS = ("tanh", "none")
+PDL = True  # programmatic dependent launch on Hopper (as norm.PDL: the boundary between kernels overlapped)
 
 
 @triton.jit
@@ -41,7 +43,9 @@ def _bias_gelu_kernel(
     APPROX_TANH: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr = 0,  # programmatic dependent launch (_common.pdl_mode; norm.PDL says why)
 ):
+    pdl_start(PDL)
     rows64, cols, mask = row_tile(M, N, BLOCK_M, BLOCK_N)
     x = tl.load(x_ptr + rows64[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if HAS_BIAS:
@@ -68,7 +72,7 @@ def _launch(x: torch.Tensor, bias: Optional[torch.Tensor], y: torch.Tensor, appr
         HAS_BIAS=bias is not None,
         APPROX_TANH=approximate == "tanh",
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        num_warps=cfg.num_warps,
+        num_warps=cfg.num_warps, **(pdl_args(x) if PDL else {}),
     )
 
 

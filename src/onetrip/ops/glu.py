@@ -21,7 +21,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._jit import cast_out, gelu, row_tile, silu
+from ._jit import cast_out, gelu, pdl_start, row_tile, silu
 from ._common import (
     TileConfig,
     as_rows,
@@ -33,12 +33,14 @@ from ._common import (
     gpu_name,
     gpu_table_entry,
     output,
+    pdl_args,
     rows_out,
     tile_config,
     use_triton,
 )
 
 APPROXIMATIONS = ("tanh", "none")
+PDL = True  # programmatic dependent launch on Hopper (as norm.PDL: the boundary between kernels overlapped)
 # The custom op's ``activation`` argument, and the kernel's ACTIVATION constexpr for it.
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1, "gelu_erf": 2}
 _GELU = {"tanh": "gelu_tanh", "none": "gelu_erf"}
@@ -59,7 +61,9 @@ def _glu_kernel(
     C_SU: tl.constexpr = 0,
     C_SY: tl.constexpr = 0,
     EVEN: tl.constexpr = False,  # the tiles cover M x N exactly: no masks
+    PDL: tl.constexpr = 0,  # programmatic dependent launch (_common.pdl_mode; norm.PDL says why)
 ):
+    pdl_start(PDL)
     # ACTIVATION is constexpr so that each variant compiles to straight-line code holding
     # only its own exp or erf: no per-element branch, one kernel body for all three.
     if C_N > 0:
@@ -130,7 +134,7 @@ def _launch(gate: torch.Tensor, up: torch.Tensor, y: torch.Tensor, activation: s
         ACTIVATION=ACTIVATIONS[activation],
         BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         EVEN=const and M % config.block_m == 0 and N % config.block_n == 0,
-        num_warps=config.num_warps,
+        num_warps=config.num_warps, **(pdl_args(gate) if PDL else {}),
         **(dict(C_N=N, C_SG=gate.stride(0), C_SU=up.stride(0), C_SY=y.stride(0)) if const else {}),
     )
 
