@@ -30,6 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from onetrip.bench import harness  # noqa: E402
+from onetrip.graphs import capture  # noqa: E402
 from onetrip.ops import norm  # noqa: E402
 from onetrip.ops._norm_picks import launch_segments  # noqa: E402
 from onetrip.ops._stamp import STAMP_FIELDS  # noqa: E402
@@ -167,7 +168,7 @@ def run_cell(family, rows, width, n_calls, reps, device, copy_gbs):
     cfg = norm.norm_config(rows, width, device, is_rms=is_rms, has_residual=residual, dense=True)
     split, _ = launch_segments(width, cfg)
     if not (cfg.mode == "loop" and cfg.cluster and split > 1):
-        return {"family": family, "rows": rows, "width": width, "config": repr(cfg), "skipped": "not a cluster pick"}
+        return {"family": family, "rows": rows, "width": width, "config": repr(cfg), "skipped": "not a cluster pick"}, None
     w = torch.randn(width, device=device, dtype=torch.bfloat16)
     b = None if is_rms else torch.randn(width, device=device, dtype=torch.bfloat16)
     sets = _sets(rows, width, residual, n_calls, device)
@@ -177,7 +178,7 @@ def run_cell(family, rows, width, n_calls, reps, device, copy_gbs):
     traced_run = _calls(sets, w, b, is_rms, cfg, traces)
     traced = harness.per_call(harness.time_ms(traced_run), n_calls)
     # the stamps of `reps` replays, each after a flush, as time_ms replays them
-    graph, _ = harness._capture(traced_run)
+    graph, _ = capture(traced_run)
     flush = harness.new_flush_buffer(device)
     sink = torch.empty((), dtype=flush.dtype, device=device)
     replays = []
@@ -221,13 +222,11 @@ def main():
     results = []
     for family in args.families.split(","):
         for rows in (int(r) for r in args.rows.split(",")):
-            rec = run_cell(family, rows, args.width, args.calls, args.reps, device, copy_gbs)
-            if isinstance(rec, dict):
-                results.append(rec)
+            rec, median = run_cell(family, rows, args.width, args.calls, args.reps, device, copy_gbs)
+            results.append(rec)
+            if median is None:
                 print(f"{family} {rows} x {args.width}: {rec['skipped']}", flush=True)
                 continue
-            rec, median = rec
-            results.append(rec)
             plot(f"{family} {rows} x {args.width}: {rec['pct_copy']:.1f}% of copy, {rec['config']}", median,
                  out / f"timeline-{family}-{rows}x{args.width}{args.tag}.png")
             c = rec["calls"][1] if len(rec["calls"]) > 1 else rec["calls"][0]

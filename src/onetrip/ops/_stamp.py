@@ -16,6 +16,7 @@ follow. Stamps cost a few instructions and a store each.
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -26,6 +27,17 @@ STAMP_ASM = tl.constexpr("\n".join([
     "@%tp mov.u64 $0, %globaltimer;", "@%tp mov.u64 $1, %clock64;", "}"]))
 
 STAMP_FIELDS = ("smid", "pid", "row", "seg", "g0", "g1", "g2", "g3", "c0", "c1", "c2", "c3")  # a program's int64s
+STAMP_WORDS = tl.constexpr(len(STAMP_FIELDS))
+
+
+def check_trace(trace, programs: int, cluster: bool, what: str) -> None:
+    """A ValueError unless ``trace`` can take the stamps of ``programs`` programs of a launch
+    of clusters (contiguous int64, STAMP_WORDS a program); ``what``: the launch, for the message."""
+    if not (cluster and trace.dtype == torch.int64 and trace.is_contiguous()
+            and trace.numel() >= STAMP_WORDS * programs):
+        raise ValueError(f"trace: stamps are taken of a launch of clusters into a contiguous int64 tensor of "
+                         f"{STAMP_WORDS * programs} or more; got {tuple(trace.shape)} {trace.dtype} for a "
+                         f"{'cluster' if cluster else 'non-cluster'} launch of {what}")
 
 
 @triton.jit
@@ -43,11 +55,11 @@ def sm_id(pid):
 
 @triton.jit
 def stamp_start(trace_ptr, pid, row, seg):
-    """Program ``pid``'s record (STAMP_FIELDS, 12 int64 at trace_ptr + 12 pid): its SM, pid, row
+    """Program ``pid``'s record (STAMP_FIELDS: STAMP_WORDS int64 from trace_ptr + STAMP_WORDS pid): its SM, pid, row
     and segment, and stamp 0 (taken now). Each stamp is stored as it is taken, so that none
     holds registers through the kernel (two int64 a stamp held to the end cost add_rms_norm's
     64-row pick 2 registers over 64: half its CTAs an SM)."""
-    p = trace_ptr.to(tl.pointer_type(tl.int64)) + pid.to(tl.int64) * 12
+    p = trace_ptr.to(tl.pointer_type(tl.int64)) + pid.to(tl.int64) * STAMP_WORDS
     s = stamp(row.to(tl.float32))
     tl.store(p, sm_id(pid).to(tl.int64))
     tl.store(p + 1, pid.to(tl.int64))
@@ -60,7 +72,7 @@ def stamp_start(trace_ptr, pid, row, seg):
 @triton.jit
 def stamp_phase(trace_ptr, pid, k: tl.constexpr, after):
     """Stamp k (1-3) of program ``pid``, taken once ``after`` (float32 scalar) is known, stored."""
-    p = trace_ptr.to(tl.pointer_type(tl.int64)) + pid.to(tl.int64) * 12
+    p = trace_ptr.to(tl.pointer_type(tl.int64)) + pid.to(tl.int64) * STAMP_WORDS
     s = stamp(after)
     tl.store(p + 4 + k, s[0])
     tl.store(p + 8 + k, s[1])

@@ -71,20 +71,19 @@ from ._common import (
     use_triton,
 )
 from ._cluster import cluster_ok, launch_clusters
+from ._jit import pdl_start
 from ._l2_ahead import ahead_ok
 from ._norm_chunk import _chunk_stats, _load_h, _load_wb, _mean_rstd, _store_y
-from ._jit import pdl_start
 from ._norm_jit import _loop_row, _wait_row
 from ._norm_picks import FEW_ROWS_GPU, LOOP_PICKS, PICKS_GPU, ROWS_PICKS, NormConfig, launch_segments
 from ._shelf import shelf_fits
+from ._stamp import check_trace
 
 _ROWS, _COOP, _STATS, _APPLY, _LOOP = 0, 1, 2, 3, 4  # the kernel's PHASE
 
-# Programmatic dependent launch (Hopper, with ``_common.pdl_mode``): a launch's programs may be
-# scheduled while the previous kernel drains and wait for it at their start, so the boundary
-# between kernels is not paid twice. On an H100, ~1.2-1.8 us lay between one norm call's last
-# store and the next call's first program (benchmarks/norm_timeline.py; NOTES.md, thirty-third
-# session), 5-7% of a 64 x 256K call.
+# Programmatic dependent launch (Hopper, ``_common.pdl_mode``): programs wait for the previous
+# kernel at their start instead of launching after it. H100 (NOTES.md, thirty-third session):
+# the gap between back-to-back calls 1.2-1.8 -> 0.7-1.1 us, rms_norm 64 x 256K 86 -> 88% of copy.
 PDL = True
 
 
@@ -277,8 +276,8 @@ def norm_config(rows: int, width: int, device: torch.device, *, is_rms: bool = T
 def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bool,
             config: NormConfig | None = None, trace: torch.Tensor | None = None):
     """Launch on validated 2-D views (unit column stride); ``h`` is None without a residual.
-    ``trace``: an int64 (programs, 12) tensor for each program's phase stamps (_stamp.py);
-    only a launch of clusters takes one.
+    ``trace``: an int64 (programs, len(STAMP_FIELDS)) tensor for each program's phase stamps
+    (_stamp.py); only a launch of clusters takes one.
 
     Returns the compiled kernel of the last launch (its ``n_regs``, ``n_spills``) or None.
     """
@@ -344,11 +343,8 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
             prefer_carveout(kernel, cfg.carveout)  # from the next launch on
         return kernel
 
-    if trace is not None and not (cluster and trace.dtype == torch.int64 and trace.is_contiguous()
-                                  and trace.numel() >= 12 * M * split):
-        raise ValueError(f"trace: stamps are taken of a launch of clusters into a contiguous int64 tensor of "
-                         f"{12 * M * split} or more; got {tuple(trace.shape)} {trace.dtype} for a "
-                         f"{'cluster' if cluster else 'non-cluster'} launch of {cfg}")
+    if trace is not None:
+        check_trace(trace, M * split, cluster, repr(cfg))
     if cluster:
         kernel = launch(_LOOP, 0, trace if trace is not None else x, x, True)
         if kernel is not None:
