@@ -1,6 +1,9 @@
 """The norm kernel's phase stamps (``TRACE``; ``onetrip/ops/_stamp.py``), which
 ``benchmarks/norm_timeline.py`` draws: they leave y and h as they are, and each program's four
-stamps come once, in order, from a real SM."""
+stamps come once, in order, from a real SM; and the script's figures of a call."""
+
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -59,3 +62,25 @@ def test_trace_stamps(gen, key):
     assert bool(((f["smid"] >= 0) & (f["smid"] < torch.cuda.get_device_properties(0).multi_processor_count)).all())
     for a, b_ in (("g0", "g1"), ("g1", "g2"), ("g2", "g3"), ("c0", "c1"), ("c1", "c2"), ("c2", "c3")):
         assert bool((f[a] > 0).all()) and bool((f[a] <= f[b_]).all()), (a, b_)
+
+
+def _prog(smid, g0, g1, g2, g3):
+    return {"smid": smid, "pid": 0, "row": 0, "seg": 0, "g0": g0, "g1": g1, "g2": g2, "g3": g3,
+            "c0": 0, "c1": 0, "c2": 0, "c3": 0}
+
+
+def test_timeline_call_stats(tmp_path):
+    """benchmarks/norm_timeline.py's figures of a call, on programs laid out by hand: two SMs,
+    one running two programs back to back, the other one program that ends early."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import norm_timeline as nt
+
+    progs = [_prog(0, 0.0, 2.0, 3.0, 5.0), _prog(0, 5.0, 6.0, 6.5, 10.0), _prog(7, 0.5, 1.0, 1.5, 4.0)]
+    rec = nt.call_stats(progs, next_start=11.0)
+    assert rec["span_us"] == 10.0 and rec["gap_to_next_us"] == 1.0 and rec["programs"] == 3
+    assert rec["pass1_median_us"] == 1.0 and rec["wait_median_us"] == 0.5 and rec["pass2_median_us"] == 2.5
+    assert rec["peak_programs"] == 2 and rec["sms"] == 2
+    assert rec["idle_sm_us"] == 6.5  # SM 7: 0.5 before its program, 6 after; SM 0 never idle
+    assert rec["first_sums_us"] == 1.0 and rec["last_sums_us"] == 6.0 and rec["last_start_us"] == 5.0
+    nt.plot("by hand", [progs, [_prog(1, 12.0, 13.0, 14.0, 15.0)]], tmp_path / "t.png")
+    assert (tmp_path / "t.png").stat().st_size > 0
