@@ -204,7 +204,7 @@ def pdl_mode() -> int:
     benchmarks/results/ab-round6b-h200-20261121.json): Llama-3.2-1B 0.911 -> 0.872 ms,
     Llama-3.1-8B 4.072 -> 3.999 ms, the same tokens. The attention kernels launch
     without it: with them the 8B step was 2.5% slower than with none (4.175 ms). The norm,
-    bias_gelu and GLU kernels take it too (thirty-third session, H100): the boundary between
+    bias_gelu, GLU and rotary kernels take it too (thirty-third session, H100): the boundary between
     back-to-back calls falls from 1.2-1.8 to 0.7-1.1 us, rms_norm 64 x 256K 86 -> 88% of
     copy, the 4096 x 4096 norms +1-2.6 points, the decode engine's batch-8/32 steps level."""
     value = os.environ.get("ONETRIP_PDL", "1") or "1"
