@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from onetrip.bench import harness  # noqa: E402
 from onetrip.graphs import capture  # noqa: E402
 from onetrip.ops import norm  # noqa: E402
+from onetrip.ops._common import pdl_mode  # noqa: E402
 from onetrip.ops._norm_picks import launch_segments  # noqa: E402
 from onetrip.ops._stamp import STAMP_FIELDS  # noqa: E402
 
@@ -236,7 +237,7 @@ def main():
                   f"{c['wait_p90_us']:.2f} pass2 {c['pass2_median_us']:.2f}/{c['pass2_p90_us']:.2f}, peak "
                   f"{c['peak_programs']}, idle {100 * c['idle_fraction']:.1f}%", flush=True)
     meta = {**info, "copy_gbs": copy_gbs, "date": harness.utc_now().isoformat(), "calls": args.calls,
-            "reps": args.reps, "stamp_fields": STAMP_FIELDS, "pdl": norm.PDL}
+            "reps": args.reps, "stamp_fields": STAMP_FIELDS, "pdl": bool(pdl_mode())}
     stamps = [{"family": r["family"], "rows": r["rows"], "stamps": r.pop("stamps", None)} for r in results]
     path = out / f"norm-timeline{args.tag}.json"
     path.write_text(json.dumps({"meta": meta, "results": results}, indent=1))

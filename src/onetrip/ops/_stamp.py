@@ -54,25 +54,23 @@ def sm_id(pid):
 
 
 @triton.jit
+def stamp_phase(trace_ptr, pid, k: tl.constexpr, after):
+    """Stamp k (0-3) of program ``pid``, taken once ``after`` (float32 scalar) is known, stored."""
+    p = trace_ptr.to(tl.pointer_type(tl.int64)) + pid.to(tl.int64) * STAMP_WORDS
+    s = stamp(after)
+    tl.store(p + 4 + k, s[0])
+    tl.store(p + 8 + k, s[1])
+
+
+@triton.jit
 def stamp_start(trace_ptr, pid, row, seg):
     """Program ``pid``'s record (STAMP_FIELDS: STAMP_WORDS int64 from trace_ptr + STAMP_WORDS pid): its SM, pid, row
     and segment, and stamp 0 (taken now). Each stamp is stored as it is taken, so that none
     holds registers through the kernel (two int64 a stamp held to the end cost add_rms_norm's
     64-row pick 2 registers over 64: half its CTAs an SM)."""
+    stamp_phase(trace_ptr, pid, 0, row.to(tl.float32))
     p = trace_ptr.to(tl.pointer_type(tl.int64)) + pid.to(tl.int64) * STAMP_WORDS
-    s = stamp(row.to(tl.float32))
     tl.store(p, sm_id(pid).to(tl.int64))
     tl.store(p + 1, pid.to(tl.int64))
     tl.store(p + 2, row.to(tl.int64))
     tl.store(p + 3, seg.to(tl.int64))
-    tl.store(p + 4, s[0])
-    tl.store(p + 8, s[1])
-
-
-@triton.jit
-def stamp_phase(trace_ptr, pid, k: tl.constexpr, after):
-    """Stamp k (1-3) of program ``pid``, taken once ``after`` (float32 scalar) is known, stored."""
-    p = trace_ptr.to(tl.pointer_type(tl.int64)) + pid.to(tl.int64) * STAMP_WORDS
-    s = stamp(after)
-    tl.store(p + 4 + k, s[0])
-    tl.store(p + 8 + k, s[1])

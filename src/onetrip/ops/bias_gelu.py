@@ -31,7 +31,6 @@ from ._common import (
 )
 
 APPROXIMATIONS = ("tanh", "none")
-PDL = True  # programmatic dependent launch on Hopper (as norm.PDL: the boundary between kernels overlapped)
 
 
 @triton.jit
@@ -43,7 +42,7 @@ def _bias_gelu_kernel(
     APPROX_TANH: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    PDL: tl.constexpr = 0,  # programmatic dependent launch (_common.pdl_mode; norm.PDL says why)
+    PDL: tl.constexpr = 0,  # programmatic dependent launch (_common.pdl_mode says why)
 ):
     pdl_start(PDL)
     rows64, cols, mask = row_tile(M, N, BLOCK_M, BLOCK_N)
@@ -72,7 +71,7 @@ def _launch(x: torch.Tensor, bias: Optional[torch.Tensor], y: torch.Tensor, appr
         HAS_BIAS=bias is not None,
         APPROX_TANH=approximate == "tanh",
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        num_warps=cfg.num_warps, **(pdl_args(x) if PDL else {}),
+        num_warps=cfg.num_warps, **pdl_args(x),
     )
 
 

@@ -40,7 +40,6 @@ from ._common import (
 )
 
 APPROXIMATIONS = ("tanh", "none")
-PDL = True  # programmatic dependent launch on Hopper (as norm.PDL: the boundary between kernels overlapped)
 # The custom op's ``activation`` argument, and the kernel's ACTIVATION constexpr for it.
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1, "gelu_erf": 2}
 _GELU = {"tanh": "gelu_tanh", "none": "gelu_erf"}
@@ -61,7 +60,7 @@ def _glu_kernel(
     C_SU: tl.constexpr = 0,
     C_SY: tl.constexpr = 0,
     EVEN: tl.constexpr = False,  # the tiles cover M x N exactly: no masks
-    PDL: tl.constexpr = 0,  # programmatic dependent launch (_common.pdl_mode; norm.PDL says why)
+    PDL: tl.constexpr = 0,  # programmatic dependent launch (_common.pdl_mode says why)
 ):
     pdl_start(PDL)
     # ACTIVATION is constexpr so that each variant compiles to straight-line code holding
@@ -134,7 +133,7 @@ def _launch(gate: torch.Tensor, up: torch.Tensor, y: torch.Tensor, activation: s
         ACTIVATION=ACTIVATIONS[activation],
         BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         EVEN=const and M % config.block_m == 0 and N % config.block_n == 0,
-        num_warps=config.num_warps, **(pdl_args(gate) if PDL else {}),
+        num_warps=config.num_warps, **pdl_args(gate),
         **(dict(C_N=N, C_SG=gate.stride(0), C_SU=up.stride(0), C_SY=y.stride(0)) if const else {}),
     )
 

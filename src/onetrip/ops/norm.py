@@ -81,11 +81,6 @@ from ._stamp import check_trace
 
 _ROWS, _COOP, _STATS, _APPLY, _LOOP = 0, 1, 2, 3, 4  # the kernel's PHASE
 
-# Programmatic dependent launch (Hopper, ``_common.pdl_mode``): programs wait for the previous
-# kernel at their start instead of launching after it. H100 (NOTES.md, thirty-third session):
-# the gap between back-to-back calls 1.2-1.8 -> 0.7-1.1 us, rms_norm 64 x 256K 86 -> 88% of copy.
-PDL = True
-
 
 @triton.jit
 def _norm_kernel(
@@ -119,7 +114,7 @@ def _norm_kernel(
     WB_EARLY: tl.constexpr = False,  # with SHELF and WB_PRE: loaded right after the shelf's copies are issued
     PIPE: tl.constexpr = 0,     # "loop": chunk k+1's loads before chunk k's stores (1: pass 1, 2: pass 2, 3: both)
     TRACE: tl.constexpr = False,  # "loop" cluster: each program's phase stamps at part_ptr (_norm_jit._loop_row)
-    PDL: tl.constexpr = 0,      # programmatic dependent launch (_common.pdl_mode; ``PDL`` below)
+    PDL: tl.constexpr = 0,      # programmatic dependent launch (_common.pdl_mode says why)
 ):
     pdl_start(PDL)  # wait for the previous kernel's writes, then let the next one's programs in
     # CONST_N > 0 ("loop", "rows"): the width (and so the dense rows' strides) as constants,
@@ -332,7 +327,7 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
             FOLD=cfg.fold, EVEN=even, PF=pf if part_of_loop == 0 else 0, PF_LANES=32 * cfg.num_warps if pf else 32,
             WB_PRE=cfg.wb_pre if cfg.mode == "loop" and part_of_loop != 1 else 0, WB_EARLY=cfg.wb_early and shelf,
             PIPE=cfg.pipe if cfg.mode == "loop" else 0, **({"TRACE": True} if trace is not None else {}),
-            **(pdl_args(x) if PDL else {}),
+            **pdl_args(x),
             num_warps=cfg.num_warps, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
         )
         if clusters:  # None when this Triton's launcher cannot be given a cluster size

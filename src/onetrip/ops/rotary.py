@@ -29,7 +29,6 @@ from ._common import (call_op, check_dtype_match, check_same_device, check_shape
                       sm_count, use_triton)
 
 POSITION_DTYPES = (torch.int32, torch.int64)
-PDL = True  # programmatic dependent launch on Hopper (as norm.PDL: the boundary between kernels overlapped)
 
 
 @triton.jit
@@ -128,7 +127,7 @@ def _rotary_kernel(
     INTERLEAVED: tl.constexpr, HAS_POS: tl.constexpr, COPY_TAIL: tl.constexpr, MERGE_QK: tl.constexpr,
     TOK64: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HK: tl.constexpr,
     BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr,
-    PDL: tl.constexpr = 0,  # programmatic dependent launch (_common.pdl_mode; norm.PDL says why)
+    PDL: tl.constexpr = 0,  # programmatic dependent launch (_common.pdl_mode says why)
 ):
     pdl_start(PDL)
     # Token indices in 32 bits unless n_tokens + BLOCK_T reaches 2**31 (TOK64): the 64-bit
@@ -266,7 +265,7 @@ def _launch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
         MERGE_QK=cfg.merge_qk, TOK64=cfg.index64 or n_tokens + cfg.block_t >= 2**31,
         BLOCK_T=cfg.block_t, BLOCK_H=cfg.block_h, BLOCK_HK=cfg.block_hk or cfg.block_h,
         BLOCK_HALF=triton.next_power_of_2(half), BLOCK_TAIL=triton.next_power_of_2(max(tail, 1)),
-        num_warps=cfg.num_warps, **(pdl_args(q) if PDL else {}),
+        num_warps=cfg.num_warps, **pdl_args(q),
     )
 
 
