@@ -94,3 +94,81 @@ def test_ahead_fields_checked(field, value):
     """A negative read-ahead or row threshold is refused when the config is made, naming the field."""
     with pytest.raises(ValueError, match=field):
         NormConfig("loop", 1, 4096, 8, **{field: value})
+
+
+FIRST_CFGS = [
+    NormConfig("loop", 1, 4096, 8, vec=True, const_n=True, split=4, shelf=True, fold=True, cluster=True, maxnreg=48,
+               l2_first=True),  # the shelf in a cluster (rms_norm's and layer_norm's 256K picks)
+    NormConfig("loop", 1, 8192, 16, vec=True, const_n=True, split=4, stash=True, hold=2, wb_pre=2, pipe=1,
+               cluster=True, l2_first=True),  # a cluster holding chunks (add_rms_norm's)
+    NormConfig("loop", 1, 4096, 8, hints=True, vec=True, const_n=True, l2_first=True)]  # one program a row
+
+
+def _first_taken(kernel) -> bool:
+    """Whether ``kernel`` asks for its segment before ``griddepcontrol.wait`` (and asks at all)."""
+    ptx = kernel.asm["ptx"]
+    ask, wait = ptx.find("cp.async.bulk.prefetch.L2"), ptx.find("griddepcontrol.wait")
+    return ask >= 0 and 0 <= wait and ask < wait
+
+
+@pytest.mark.skipif(not HOPPER, reason="the bulk L2 prefetch and PDL are Hopper's")
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("cfg", FIRST_CFGS, ids=["cluster-shelf", "cluster-hold", "row"])
+def test_first_gpu(gen, kind, residual, cfg, monkeypatch):
+    """``l2_first``: each program asks the L2 for its own segment (x, and r) before it waits
+    for the previous kernel, here the same launch writing that x (9 rows of 64K): the
+    outputs are bitwise those without it, eagerly and replayed from a CUDA graph with new
+    inputs."""
+    monkeypatch.setenv("ONETRIP_PDL", "1")
+    device = torch.device("cuda")
+    width = 65536
+    rms, gemma = kind != "layer", kind == "gemma"
+    x0 = torch.randn(9, width, generator=gen, device=device).to(torch.bfloat16)
+    r = torch.randn(9, width, generator=gen, device=device).to(torch.bfloat16) if residual else None
+    w, b = _params(kind, width, torch.bfloat16, device, gen)
+    x, y = poison_(torch.empty_like(x0)), poison_(torch.empty_like(x0))
+    h0, h = (poison_(torch.empty_like(x0)), poison_(torch.empty_like(x0))) if residual else (None, None)
+
+    def chain():  # the first call writes x, the second (PDL) asks for x before it waits
+        norm_mod._launch(x0, r, w, b, x, h0, 1e-6, rms, gemma, cfg)
+        return norm_mod._launch(x, r, w, b, y, h, 1e-6, rms, gemma, cfg)
+
+    assert _first_taken(chain())
+    torch.cuda.synchronize()
+    _check(kind, x, r, w, b, 1e-6, y, h)
+    y1, h1 = _run(x, r, w, b, kind, dataclasses.replace(cfg, l2_first=False), taken=False)
+    assert torch.equal(y, y1) and (h is None or torch.equal(h, h1))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chain()
+    x0.copy_(torch.randn(9, width, generator=gen, device=device))
+    for t in (x, y, h0, h):
+        if t is not None:
+            poison_(t)
+    graph.replay()
+    torch.cuda.synchronize()
+    _check(kind, x0, r, w, b, 1e-6, x, h0)
+    _check(kind, x, r, w, b, 1e-6, y, h)
+
+
+@pytest.mark.skipif(not HOPPER, reason="the bulk L2 prefetch and PDL are Hopper's")
+def test_first_needs_pdl(gen, monkeypatch):
+    """Without PDL (``ONETRIP_PDL=0``) a program's own loads follow at once: nothing is asked
+    first. A split row that takes tickets (no cluster) runs rows in start order, so it asks
+    for nothing either."""
+    device = torch.device("cuda")
+    x = torch.randn(9, 65536, generator=gen, device=device).to(torch.bfloat16)
+    w, b = _params("rms", 65536, torch.bfloat16, device, gen)
+    monkeypatch.setenv("ONETRIP_PDL", "0")
+    _run(x, None, w, b, "rms", FIRST_CFGS[0], taken=False)
+    monkeypatch.setenv("ONETRIP_PDL", "1")
+    _run(x, None, w, b, "rms", dataclasses.replace(FIRST_CFGS[1], cluster=False), taken=False)
+
+
+def test_first_falls_back(device, gen):
+    """Under the interpreter or on the CPU ``l2_first`` asks for nothing, and the result is right."""
+    x = torch.randn(5, 8192, generator=gen, device=device).to(torch.bfloat16)
+    w, b = _params("layer", 8192, torch.bfloat16, device, gen)
+    _run(x, None, w, b, "layer", NormConfig("loop", 1, 1024, 4, vec=True, const_n=True, split=4, cluster=True,
+                                            l2_first=True), taken=HOPPER)

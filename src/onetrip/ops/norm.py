@@ -72,7 +72,7 @@ from ._common import (
 )
 from ._cluster import cluster_ok, launch_clusters
 from ._jit import pdl_start
-from ._l2_ahead import ahead_ok
+from ._l2_ahead import ahead_ok, l2_first
 from ._norm_chunk import _chunk_stats, _load_h, _load_wb, _mean_rstd, _store_y
 from ._norm_jit import _loop_row, _wait_row
 from ._norm_picks import FEW_ROWS_GPU, LOOP_PICKS, PICKS_GPU, ROWS_PICKS, NormConfig, launch_segments
@@ -115,7 +115,10 @@ def _norm_kernel(
     PIPE: tl.constexpr = 0,     # "loop": chunk k+1's loads before chunk k's stores (1: pass 1, 2: pass 2, 3: both)
     TRACE: tl.constexpr = False,  # "loop" cluster: each program's phase stamps at part_ptr (_norm_jit._loop_row)
     PDL: tl.constexpr = 0,      # programmatic dependent launch (_common.pdl_mode says why)
+    FIRST: tl.constexpr = 0,    # "loop", EVEN, PDL: threads asking the L2 for the program's segment before the wait
 ):
+    if FIRST > 0:  # a hint, safe before the wait (_l2_ahead.l2_first)
+        l2_first(x_ptr, r_ptr, M, HAS_RESIDUAL, SPLIT, SEG_N, CONST_N, FIRST)
     pdl_start(PDL)  # wait for the previous kernel's writes, then let the next one's programs in
     # CONST_N > 0 ("loop", "rows"): the width (and so the dense rows' strides) as constants,
     # so the trip count, masks and row addresses are known to the compiler (each choice below
@@ -307,6 +310,11 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
     # whole 4 KB requests (_l2_ahead.ahead_ok); elsewhere no request.
     pf = cfg.pf if cfg.pf and cfg.mode == "loop" and cfg.block_m == 1 and even and M >= cfg.pf_rows and ahead_ok(
         seg * x.element_size(), x, residual) else 0
+    # cfg.l2_first likewise, and only under PDL (without it the program's own loads follow at once)
+    # and where program t runs row t // split (a cluster, or one program a row: no tickets)
+    first = 32 * cfg.num_warps if (cfg.l2_first and cfg.mode == "loop" and cfg.block_m == 1 and even
+                                   and (cluster or split == 1) and pdl_args(x)
+                                   and ahead_ok(seg * x.element_size(), x, residual)) else 0
 
     def launch(phase, part_of_loop, part, sync, clusters):
         args = (x, residual if residual is not None else x, weight if weight is not None else x,
@@ -327,6 +335,7 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
             FOLD=cfg.fold, EVEN=even, PF=pf if part_of_loop == 0 else 0, PF_LANES=32 * cfg.num_warps if pf else 32,
             WB_PRE=cfg.wb_pre if cfg.mode == "loop" and part_of_loop != 1 else 0, WB_EARLY=cfg.wb_early and shelf,
             PIPE=cfg.pipe if cfg.mode == "loop" else 0, **({"TRACE": True} if trace is not None else {}),
+            **({"FIRST": first} if first and part_of_loop == 0 else {}),
             **pdl_args(x),
             num_warps=cfg.num_warps, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
         )
