@@ -50,19 +50,19 @@ def l2_ahead(ptr, row, M, col0, stride_m, SEG: tl.constexpr, LANES: tl.constexpr
 
 @triton.jit
 def l2_first(x_ptr, r_ptr, M, HAS_RESIDUAL: tl.constexpr, SPLIT: tl.constexpr, SEG: tl.constexpr,
-             N: tl.constexpr, LANES: tl.constexpr):
-    """Ask the L2 for this program's own segment (of x, and r with a residual) of a "loop"
-    launch over dense rows of N = SPLIT x SEG elements, program t taking row t // SPLIT,
-    segment t % SPLIT: the ``l2_first`` of ``NormConfig``, issued before the kernel waits
+             COLS: tl.constexpr, N: tl.constexpr, LANES: tl.constexpr):
+    """Ask the L2 for the first COLS elements of this program's own segment (of x, and r
+    with a residual) of a "loop" launch over dense rows of N = SPLIT x SEG elements, program
+    t taking row t // SPLIT, segment t % SPLIT: ``NormConfig.l2_first``, issued before the kernel waits
     for the previous one under programmatic dependent launch. A prefetch to the L2 changes
     no value a later load sees (the L2 is where every SM's stores land), so it may go out
     while the previous kernel still writes those rows; what it buys is the previous
     kernel's tail, when few of its programs are left and HBM has room."""
     t = tl.program_id(0)
     col0 = (t % SPLIT) * SEG
-    l2_ahead(x_ptr, t // SPLIT, M, col0, N, SEG, LANES)
+    l2_ahead(x_ptr, t // SPLIT, M, col0, N, COLS, LANES)
     if HAS_RESIDUAL:
-        l2_ahead(r_ptr, t // SPLIT, M, col0, N, SEG, LANES)
+        l2_ahead(r_ptr, t // SPLIT, M, col0, N, COLS, LANES)
 
 
 def ahead_ok(seg_bytes: int, x: torch.Tensor, *others) -> bool:

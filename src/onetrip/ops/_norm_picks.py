@@ -18,7 +18,7 @@ class NormConfig:
     Split modes: chunks of ``block_n`` columns of one row each.
     """
 
-    mode: str  # "rows" | "coop" | "two_pass" | "loop"
+    mode: str  # "rows" | "coop" | "two_pass" | "loop" | "tasks"
     block_m: int
     block_n: int
     num_warps: int
@@ -39,7 +39,9 @@ class NormConfig:
     wb_pre: int = 0  # "loop": pass 2's first wb_pre chunks' weight and bias loaded before the exchange of sums (<= 4)
     wb_early: bool = False  # with wb_pre and the shelf: loaded as soon as the shelf's copies are issued
     pipe: int = 0  # "loop": chunk k + 1's loads issued before chunk k's stores (1: pass 1, 2: pass 2, 3: both)
-    l2_first: bool = False  # "loop", dense rows (Hopper, PDL): a program's own segment asked of the L2 before the wait
+    l2_first: int = 0  # "loop", dense rows (Hopper, PDL): chunks of a program's own segment asked of the L2 before the wait
+    per_sm: int = 1  # "tasks": persistent programs an SM (_norm_tasks.py)
+    lag: int = 8  # "tasks": rows between a row's pass 1 and its pass 2 (>= 1)
     carveout: int = -1  # % of the SM's L1 / shared memory asked as shared memory (-1: the driver's choice)
     maxnreg: int = 0  # ptxas's register cap (.maxnreg; 0: none), which also fixes how CUDA 13's ptxas schedules
 
@@ -50,7 +52,9 @@ class NormConfig:
             raise ValueError(f"NormConfig pipe={self.pipe} must be 0-3 (1: pass 1, 2: pass 2, 3: both)")
         if not 0 <= self.wb_pre <= 4:
             raise ValueError(f"NormConfig wb_pre={self.wb_pre} must be 0-4 chunks")
-        for name in ("pf", "pf_rows"):
+        if self.per_sm < 1 or self.lag < 1:  # lag 0 would put a row's pass 2 ahead of its pass 1's tickets
+            raise ValueError(f"NormConfig per_sm={self.per_sm} and lag={self.lag} must be >= 1")
+        for name in ("pf", "pf_rows", "l2_first"):
             if getattr(self, name) < 0:
                 raise ValueError(f"NormConfig {name}={getattr(self, name)} must be >= 0 (0: no read-ahead / no threshold)")
 

@@ -70,6 +70,7 @@ from ._common import (
     sm_count,
     use_triton,
 )
+from . import _norm_tasks
 from ._cluster import cluster_ok, launch_clusters
 from ._jit import pdl_start
 from ._l2_ahead import ahead_ok, l2_first
@@ -115,10 +116,10 @@ def _norm_kernel(
     PIPE: tl.constexpr = 0,     # "loop": chunk k+1's loads before chunk k's stores (1: pass 1, 2: pass 2, 3: both)
     TRACE: tl.constexpr = False,  # "loop" cluster: each program's phase stamps at part_ptr (_norm_jit._loop_row)
     PDL: tl.constexpr = 0,      # programmatic dependent launch (_common.pdl_mode says why)
-    FIRST: tl.constexpr = 0,    # "loop", EVEN, PDL: threads asking the L2 for the program's segment before the wait
+    FIRST: tl.constexpr = 0,    # "loop", EVEN, PDL: columns of the program's segment asked of the L2 before the wait
 ):
     if FIRST > 0:  # a hint, safe before the wait (_l2_ahead.l2_first)
-        l2_first(x_ptr, r_ptr, M, HAS_RESIDUAL, SPLIT, SEG_N, CONST_N, FIRST)
+        l2_first(x_ptr, r_ptr, M, HAS_RESIDUAL, SPLIT, SEG_N, FIRST, CONST_N, PF_LANES)
     pdl_start(PDL)  # wait for the previous kernel's writes, then let the next one's programs in
     # CONST_N > 0 ("loop", "rows"): the width (and so the dense rows' strides) as constants,
     # so the trip count, masks and row addresses are known to the compiler (each choice below
@@ -284,6 +285,8 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
         return None
     dense = all(t is None or t.stride(0) == N for t in (x, residual, y, h))
     cfg = config or norm_config(M, N, x.device, is_rms=is_rms, has_residual=residual is not None, dense=dense)
+    if cfg.mode == "tasks":
+        return _norm_tasks.launch(x, residual, weight, bias, y, h, eps, is_rms, gemma, cfg, pdl_args(x))
     C = triton.cdiv(N, cfg.block_n)
     split, seg = launch_segments(N, cfg)
     # A split row's programs wait on each other in one launch on a GPU; the interpreter
@@ -312,9 +315,9 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
         seg * x.element_size(), x, residual) else 0
     # cfg.l2_first likewise, and only under PDL (without it the program's own loads follow at once)
     # and where program t runs row t // split (a cluster, or one program a row: no tickets)
-    first = 32 * cfg.num_warps if (cfg.l2_first and cfg.mode == "loop" and cfg.block_m == 1 and even
-                                   and (cluster or split == 1) and pdl_args(x)
-                                   and ahead_ok(seg * x.element_size(), x, residual)) else 0
+    first = min(seg, cfg.l2_first * cfg.block_n)
+    first = first if (first and cfg.mode == "loop" and cfg.block_m == 1 and even and (cluster or split == 1)
+                      and pdl_args(x) and ahead_ok(first * x.element_size(), x, residual)) else 0
 
     def launch(phase, part_of_loop, part, sync, clusters):
         args = (x, residual if residual is not None else x, weight if weight is not None else x,
@@ -332,7 +335,7 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
             # (two launches: pass 2 cannot hold pass 1's registers; the shelf holds the whole segment)
             HOLD=cfg.hold if part_of_loop == 0 and not shelf else 0,
             DROP_Y=cfg.drop_y, CLUSTER=clusters, LATE_WB=cfg.late_wb, SHELF=shelf,
-            FOLD=cfg.fold, EVEN=even, PF=pf if part_of_loop == 0 else 0, PF_LANES=32 * cfg.num_warps if pf else 32,
+            FOLD=cfg.fold, EVEN=even, PF=pf if part_of_loop == 0 else 0, PF_LANES=32 * cfg.num_warps if pf or first else 32,
             WB_PRE=cfg.wb_pre if cfg.mode == "loop" and part_of_loop != 1 else 0, WB_EARLY=cfg.wb_early and shelf,
             PIPE=cfg.pipe if cfg.mode == "loop" else 0, **({"TRACE": True} if trace is not None else {}),
             **({"FIRST": first} if first and part_of_loop == 0 else {}),
