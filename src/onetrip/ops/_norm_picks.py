@@ -18,7 +18,7 @@ class NormConfig:
     Split modes: chunks of ``block_n`` columns of one row each.
     """
 
-    mode: str  # "rows" | "coop" | "two_pass" | "loop" | "tasks"
+    mode: str  # "rows" | "coop" | "two_pass" | "loop"
     block_m: int
     block_n: int
     num_warps: int
@@ -40,8 +40,6 @@ class NormConfig:
     wb_early: bool = False  # with wb_pre and the shelf: loaded as soon as the shelf's copies are issued
     pipe: int = 0  # "loop": chunk k + 1's loads issued before chunk k's stores (1: pass 1, 2: pass 2, 3: both)
     l2_first: int = 0  # "loop", dense rows (Hopper, PDL): chunks of a program's own segment asked of the L2 before the wait
-    per_sm: int = 1  # "tasks": persistent programs an SM (_norm_tasks.py)
-    lag: int = 8  # "tasks": rows between a row's pass 1 and its pass 2 (>= 1)
     carveout: int = -1  # % of the SM's L1 / shared memory asked as shared memory (-1: the driver's choice)
     maxnreg: int = 0  # ptxas's register cap (.maxnreg; 0: none), which also fixes how CUDA 13's ptxas schedules
 
@@ -52,8 +50,6 @@ class NormConfig:
             raise ValueError(f"NormConfig pipe={self.pipe} must be 0-3 (1: pass 1, 2: pass 2, 3: both)")
         if not 0 <= self.wb_pre <= 4:
             raise ValueError(f"NormConfig wb_pre={self.wb_pre} must be 0-4 chunks")
-        if self.per_sm < 1 or self.lag < 1:  # lag 0 would put a row's pass 2 ahead of its pass 1's tickets
-            raise ValueError(f"NormConfig per_sm={self.per_sm} and lag={self.lag} must be >= 1")
         for name in ("pf", "pf_rows", "l2_first"):
             if getattr(self, name) < 0:
                 raise ValueError(f"NormConfig {name}={getattr(self, name)} must be >= 0 (0: no read-ahead / no threshold)")
@@ -305,6 +301,17 @@ LOOP_PICKS = {
 #   (late_wb or const_n with it 94.8 / 96.9; a row at 8 warps 97.4); the ops bench, rounds base new
 #   new base (results/ops-layer8k-ab-h100-20261127-session32-*.json): 97.5 / 97.3 -> 98.3 / 98.4%,
 #   1.002 / 0.999 -> 1.011 / 1.010x torch.compile, the other cells within 0.2.
+# - The 256K picks ask the L2 for their segment's first chunks before they wait for the previous
+#   kernel (``l2_first``, thirty-fourth session): under PDL the next call's first wave is resident
+#   while this call's tail runs, and 4-9 MB asked then start it from L2 (the whole segment, 17-64 MB,
+#   delayed the previous call's drain instead: rms_norm 64 x 256K -1.5, add_layer_norm's cluster of
+#   2 -14). tune_ops (run 5, 64 x 256K, chunks asked 0 / 1 / 2 / 4): rms_norm 89.0 / 93.4 / 92.8 /
+#   86.3, layer_norm 80.9 / 84.1 / 85.5 / 81.8, add_rms_norm 91.5 / 93.2 / 91.6 / 91.5,
+#   add_layer_norm's cluster of 2 88.5 / 88.8 / 87.2 / 84.2; add_layer_norm's 16-rank cluster (its
+#   two chunks) 94.0 -> 94.5 at 256 rows, 95.1 -> 95.8 at 512. Ops bench, rounds new base base new
+#   (results/ops-l2first-chunks-ab-h100-20261127-session34-*.json): 64 x 256K rms_norm 92.8 / 88.0 /
+#   88.2 / 92.6%, add_rms_norm 92.4 / 90.8 / 91.0 / 92.5, layer_norm 83.9 / 80.9 / 80.4 / 84.2,
+#   add_layer_norm 90.0 / 89.6 / 89.8 / 90.2; 256 x 256K +0.6-1.4; the rest within 0.5.
 _CLUSTER = dict(hints=True, vec=True, const_n=True, cluster=True)
 _CLUSTER_NH = dict(_CLUSTER, hints=False)
 PICKS_GPU = {
@@ -314,15 +321,17 @@ PICKS_GPU = {
         ("loop", True, False, 131072): _loop(4096, 8, split=8, shelf=True, maxnreg=48, wb_pre=2, wb_early=True,
                                              pipe=2, **_CLUSTER_NH),
         ("loop", True, False, 262144): _loop(4096, 8, split=16, shelf=True, maxnreg=48, wb_pre=2, wb_early=True,
-                                             pipe=2, **_CLUSTER_NH),
+                                             pipe=2, l2_first=1, **_CLUSTER_NH),
         ("loop", False, False, 131072): _loop(4096, 8, split=8, shelf=True, fold=True, maxnreg=48, pf=32,
                                               pf_rows=384, wb_pre=1, wb_early=True, **_CLUSTER_NH),
-        ("loop", False, False, 262144): _loop(4096, 8, split=16, shelf=True, fold=True, maxnreg=48, **_CLUSTER_NH),
+        ("loop", False, False, 262144): _loop(4096, 8, split=16, shelf=True, fold=True, maxnreg=48, l2_first=2,
+                                              **_CLUSTER_NH),
         ("loop", True, True, 131072): _loop(4096, 8, stash=True, split=16, **_CLUSTER_NH),
         ("loop", False, True, 131072): _loop(4096, 8, stash=True, split=16, fold=True, **_CLUSTER_NH),
         ("loop", False, True, 262144): _loop(8192, 16, stash=True, split=16, fold=True, wb_pre=2, pipe=1,
-                                             **_CLUSTER_NH),
-        ("loop", True, True, 262144): _loop(8192, 16, stash=True, split=16, hold=2, wb_pre=2, pipe=1, **_CLUSTER_NH),
+                                             l2_first=2, **_CLUSTER_NH),
+        ("loop", True, True, 262144): _loop(8192, 16, stash=True, split=16, hold=2, wb_pre=2, pipe=1, l2_first=1,
+                                            **_CLUSTER_NH),
         ("rows", False, False, 4096): NormConfig("rows", 1, 4096, 8, const_n=True),
         ("rows", False, False, 8192): NormConfig("rows", 1, 8192, 4),
         ("rows", True, False, 1024): NormConfig("rows", 2, 1024, 8, const_n=True),
@@ -360,7 +369,7 @@ PICKS_GPU = {
 FEW_ROWS_GPU = {
     "H100": {
         ("loop", False, True, 262144): (128, _loop(16384, 32, stash=True, split=2, drop_y=True, pipe=2, unroll=2,
-                                                   **_CLUSTER)),
+                                                   l2_first=1, **_CLUSTER)),
     },
 }
 

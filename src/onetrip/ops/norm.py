@@ -70,7 +70,6 @@ from ._common import (
     sm_count,
     use_triton,
 )
-from . import _norm_tasks
 from ._cluster import cluster_ok, launch_clusters
 from ._jit import pdl_start
 from ._l2_ahead import ahead_ok, l2_first
@@ -285,8 +284,6 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
         return None
     dense = all(t is None or t.stride(0) == N for t in (x, residual, y, h))
     cfg = config or norm_config(M, N, x.device, is_rms=is_rms, has_residual=residual is not None, dense=dense)
-    if cfg.mode == "tasks":
-        return _norm_tasks.launch(x, residual, weight, bias, y, h, eps, is_rms, gemma, cfg, pdl_args(x))
     C = triton.cdiv(N, cfg.block_n)
     split, seg = launch_segments(N, cfg)
     # A split row's programs wait on each other in one launch on a GPU; the interpreter
