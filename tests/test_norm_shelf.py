@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from onetrip.ops import norm as norm_mod
+from onetrip.ops._common import pdl_mode
 from onetrip.ops._norm_picks import FEW_ROWS_GPU, PICKS_GPU
 from onetrip.ops._shelf import SHELF_BYTES, shelf_fits
 from onetrip.ops.norm import NormConfig
@@ -129,5 +130,7 @@ def test_shelf_picks_register_cap(gen, is_rms, width, pick):
         kernel = norm_mod._launch(x, None, w, b, y, None, 1e-6, is_rms, False, cfg)
         _check(kind, x, None, w, b, 1e-6, y, None)
         assert ".maxnreg 48" in kernel.asm["ptx"]
-        assert ("cp.async.bulk.prefetch.L2" in kernel.asm["ptx"]) == (cfg.pf_rows <= 4 and cfg.pf > 0)
+        # the read-ahead from pf_rows rows, or the first chunks asked before the PDL wait (l2_first)
+        asks = (cfg.pf_rows <= 4 and cfg.pf > 0) or (cfg.l2_first > 0 and pdl_mode() == 1)
+        assert ("cp.async.bulk.prefetch.L2" in kernel.asm["ptx"]) == asks
         assert kernel.n_regs <= 48 and kernel.n_spills == 0
