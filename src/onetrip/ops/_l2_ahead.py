@@ -72,3 +72,21 @@ def ahead_ok(seg_bytes: int, x: torch.Tensor, *others) -> bool:
     if is_interpreting() or seg_bytes % REQUEST.value or not hopper_or_newer(x):
         return False
     return all(t is None or t.data_ptr() % 16 == 0 for t in (x, *others))
+
+
+def requests(cfg, x: torch.Tensor, residual, rows: int, seg: int, even: bool, ticketless: bool,
+             pdl: bool) -> tuple[int, int]:
+    """(pf, columns asked first) of a launch of norm config ``cfg`` over ``rows`` rows cut into
+    segments of ``seg`` columns: ``cfg.pf`` on a compiled Hopper kernel of mode "loop", a row
+    a program, over dense, evenly cut rows (``even``; at least ``cfg.pf_rows`` of them: the
+    shape, fixed at capture, not a value) whose segments start on 16 bytes and are whole 4 KB
+    requests (``ahead_ok``); ``cfg.l2_first`` chunks likewise, and only under PDL (``pdl``:
+    without it the program's own loads follow at once) where program t runs row t // split
+    (``ticketless``: a cluster, or one program a row). 0 where no request is made."""
+    if cfg.mode != "loop" or cfg.block_m != 1 or not even:
+        return 0, 0
+    pf = cfg.pf if cfg.pf and rows >= cfg.pf_rows and ahead_ok(seg * x.element_size(), x, residual) else 0
+    first = min(seg, cfg.l2_first * cfg.block_n)
+    if not (first and ticketless and pdl and ahead_ok(first * x.element_size(), x, residual)):
+        first = 0
+    return pf, first

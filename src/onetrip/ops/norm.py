@@ -72,7 +72,8 @@ from ._common import (
 )
 from ._cluster import cluster_ok, launch_clusters
 from ._jit import pdl_start
-from ._l2_ahead import ahead_ok, l2_first
+from ._l2_ahead import l2_first
+from ._l2_ahead import requests as l2_requests
 from ._norm_chunk import _chunk_stats, _load_h, _load_wb, _mean_rstd, _store_y
 from ._norm_jit import _loop_row, _wait_row
 from ._norm_picks import FEW_ROWS_GPU, LOOP_PICKS, PICKS_GPU, ROWS_PICKS, NormConfig, launch_segments
@@ -305,16 +306,8 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
              and not is_interpreting() and (split == 1 or wait) and even
              and x.data_ptr() % 16 == 0 and y.data_ptr() % 16 == 0
              and shelf_fits(seg, cfg.block_n, cfg.num_warps, x.element_size()))
-    # cfg.pf on a compiled Hopper kernel over dense, evenly cut rows (at least cfg.pf_rows of
-    # them: the shape, fixed at capture, not a value) whose segments start on 16 bytes and are
-    # whole 4 KB requests (_l2_ahead.ahead_ok); elsewhere no request.
-    pf = cfg.pf if cfg.pf and cfg.mode == "loop" and cfg.block_m == 1 and even and M >= cfg.pf_rows and ahead_ok(
-        seg * x.element_size(), x, residual) else 0
-    # cfg.l2_first likewise, and only under PDL (without it the program's own loads follow at once)
-    # and where program t runs row t // split (a cluster, or one program a row: no tickets)
-    first = min(seg, cfg.l2_first * cfg.block_n)
-    first = first if (first and cfg.mode == "loop" and cfg.block_m == 1 and even and (cluster or split == 1)
-                      and pdl_args(x) and ahead_ok(first * x.element_size(), x, residual)) else 0
+    # the L2 requests: cfg.pf after pass 1, cfg.l2_first before the PDL wait (_l2_ahead.requests)
+    pf, first = l2_requests(cfg, x, residual, M, seg, even, cluster or split == 1, bool(pdl_args(x)))
 
     def launch(phase, part_of_loop, part, sync, clusters):
         args = (x, residual if residual is not None else x, weight if weight is not None else x,
