@@ -116,7 +116,7 @@ def _first_taken(kernel) -> bool:
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("cfg", FIRST_CFGS, ids=["cluster-shelf", "cluster-hold", "row"])
 def test_first_gpu(gen, kind, residual, cfg, monkeypatch):
-    """``l2_first``: each program asks the L2 for its own segment (x, and r) before it waits
+    """``l2_first``: each program asks the L2 for its first chunks (x, and r) before it waits
     for the previous kernel, here the same launch writing that x (9 rows of 64K): the
     outputs are bitwise those without it, eagerly and replayed from a CUDA graph with new
     inputs."""

@@ -21,6 +21,15 @@ A program issues one 4 KB request a lane, from as many lanes as its segment has 
 pieces (a 16384-column bf16 segment: 8), none past the last row. The requests are hints
 and change no result; under the interpreter (no inline PTX) and off Hopper the launcher
 passes pf = 0.
+
+``l2_first`` (``NormConfig.l2_first``): a program asks for the first chunks of its own
+segment before it waits for the previous kernel (``griddepcontrol.wait``). Under PDL the
+next launch's first wave sits on the SMs this launch's tail frees, so a few MB asked then
+start that wave from L2. On an H100 (NOTES.md, thirty-fourth session; ops bench, 64 x 256K):
+rms_norm 88 -> 92.6-92.8% of copy with one 8 KB chunk a program (4.5 MB a launch),
+layer_norm 80.4-80.9 -> 83.9-84.2 with two, add_rms_norm 90.8-91.0 -> 92.4-92.5 with one;
+the whole segment (17-64 MB) lost 1.5-14 points instead: those reads go to HBM ahead of
+the previous launch's last stores, whose drain the wait waits for.
 """
 
 from __future__ import annotations
@@ -53,11 +62,11 @@ def l2_first(x_ptr, r_ptr, M, HAS_RESIDUAL: tl.constexpr, SPLIT: tl.constexpr, S
              COLS: tl.constexpr, N: tl.constexpr, LANES: tl.constexpr):
     """Ask the L2 for the first COLS elements of this program's own segment (of x, and r
     with a residual) of a "loop" launch over dense rows of N = SPLIT x SEG elements, program
-    t taking row t // SPLIT, segment t % SPLIT: ``NormConfig.l2_first``, issued before the kernel waits
-    for the previous one under programmatic dependent launch. A prefetch to the L2 changes
-    no value a later load sees (the L2 is where every SM's stores land), so it may go out
-    while the previous kernel still writes those rows; what it buys is the previous
-    kernel's tail, when few of its programs are left and HBM has room."""
+    t taking row t // SPLIT, segment t % SPLIT: ``NormConfig.l2_first``, issued before the
+    kernel waits for the previous one under programmatic dependent launch (see the module
+    docstring). A prefetch to the L2 changes no value a later load sees (the L2 is where
+    every SM's stores land), so it may go out while the previous kernel still writes those
+    rows."""
     t = tl.program_id(0)
     col0 = (t % SPLIT) * SEG
     l2_ahead(x_ptr, t // SPLIT, M, col0, N, COLS, LANES)

@@ -39,7 +39,7 @@ class NormConfig:
     wb_pre: int = 0  # "loop": pass 2's first wb_pre chunks' weight and bias loaded before the exchange of sums (<= 4)
     wb_early: bool = False  # with wb_pre and the shelf: loaded as soon as the shelf's copies are issued
     pipe: int = 0  # "loop": chunk k + 1's loads issued before chunk k's stores (1: pass 1, 2: pass 2, 3: both)
-    l2_first: int = 0  # "loop", dense rows (Hopper, PDL): chunks of a program's own segment asked of the L2 before the wait
+    l2_first: int = 0  # "loop", dense rows (Hopper, PDL): a program's first chunks asked of the L2 before the wait
     carveout: int = -1  # % of the SM's L1 / shared memory asked as shared memory (-1: the driver's choice)
     maxnreg: int = 0  # ptxas's register cap (.maxnreg; 0: none), which also fixes how CUDA 13's ptxas schedules
 

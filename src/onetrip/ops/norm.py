@@ -34,7 +34,8 @@ How rows are covered (``NormConfig.mode``):
     distributed shared memory, not global atomics (``_cluster.py``); with ``shelf`` (no
     residual) a program copies its segment into shared memory and both passes read it
     there (``_shelf.py``); with ``pf`` (Hopper) each program, its own reads done, asks
-    the L2 for its segment of a later row (``_l2_ahead.py``); with ``wb_pre`` and ``pipe``
+    the L2 for its segment of a later row, with ``l2_first`` for its own first chunks
+    before it waits for the previous kernel (``_l2_ahead.py``); with ``wb_pre`` and ``pipe``
     the loads of pass 2's weight and of each next chunk go out ahead of the stores that
     would otherwise hold them back (a store may alias them). Chosen where
     ``LOOP_PICKS`` has the width (8K RMSNorm and from 16K wide without a residual, 32K-256K
@@ -325,7 +326,8 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
             # (two launches: pass 2 cannot hold pass 1's registers; the shelf holds the whole segment)
             HOLD=cfg.hold if part_of_loop == 0 and not shelf else 0,
             DROP_Y=cfg.drop_y, CLUSTER=clusters, LATE_WB=cfg.late_wb, SHELF=shelf,
-            FOLD=cfg.fold, EVEN=even, PF=pf if part_of_loop == 0 else 0, PF_LANES=32 * cfg.num_warps if pf or first else 32,
+            FOLD=cfg.fold, EVEN=even, PF=pf if part_of_loop == 0 else 0,
+            PF_LANES=32 * cfg.num_warps if pf or first else 32,
             WB_PRE=cfg.wb_pre if cfg.mode == "loop" and part_of_loop != 1 else 0, WB_EARLY=cfg.wb_early and shelf,
             PIPE=cfg.pipe if cfg.mode == "loop" else 0, **({"TRACE": True} if trace is not None else {}),
             **({"FIRST": first} if first and part_of_loop == 0 else {}),
