@@ -144,8 +144,7 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
 
     SHELF (one row a program, dense 16-bit rows without a residual, EVEN; ``_shelf``): the
     segment is copied into shared memory at once, the statistics and pass 2 read it there:
-    nothing of the row is read twice, and HOLD does not apply. SHELF == 2: copied past the
-    L1 (``cp.async.cg``), which is then left to pass 2's weight and bias.
+    nothing of the row is read twice, and HOLD does not apply.
 
     WB_PRE (0-4): the weight (and bias) of pass 2's first WB_PRE chunks are loaded before
     the exchange of sums (WB_EARLY, with the shelf: right after its copies are issued), so
@@ -214,7 +213,7 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
                 # thread's load of c is performed before any thread's store (bar.sync orders them).
                 tl.debug_barrier()
         if SHELF:  # every copy issued, then one wait; the sums read back from the shelf
-            shelf_copy(base, x_ptr + row.to(tl.int64) * stride_xm + col0, SEG, BLOCK_N, SHELF == 2)
+            shelf_copy(base, x_ptr + row.to(tl.int64) * stride_xm + col0, SEG, BLOCK_N)
             if WB_EARLY:
                 wb = _pre_wb(w_ptr, b_ptr, col0, N, BLOCK_N, EVEN, HAS_WEIGHT, HAS_BIAS, WB_PRE)
             s1, s2 = shelf_sums(base, c, shelf_wait(row), x_ptr, SEG, BLOCK_N)

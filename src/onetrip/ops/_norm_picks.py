@@ -33,7 +33,6 @@ class NormConfig:
     cluster: bool = False  # "loop" split (Hopper): a row's programs one cluster, sums through shared memory
     late_wb: bool = False  # "rows": the weight (and bias) loaded after the statistics, not live during them
     shelf: bool = False  # "loop", no residual: the segment copied into shared memory, both passes read it there
-    shelf_cg: bool = False  # with shelf: the copies past the L1 (cp.async.cg), left to pass 2's weight and bias
     fold: bool = False  # "loop" LayerNorm, 16-bit y: the affine as FMAs, y = (h - mean) * (rstd * w) + b
     pf: int = 0  # "loop", dense rows (Hopper): after pass 1 a program asks the L2 for its segment of the row pf rows on
     pf_rows: int = 0  # with pf: only where there are at least this many rows (fewer: no read-ahead)

@@ -59,7 +59,6 @@ def _load_asm() -> str:
 BASE_ASM = tl.constexpr("{\n.shared .align 16 .b8 oshelf[" + str(SHELF_BYTES) + "];\nmov.u32 $0, oshelf;\n}")
 FETCH8_ASM = tl.constexpr("cp.async.ca.shared.global [$1], [$2], 8;\nmov.u32 $0, 0;")
 FETCH16_ASM = tl.constexpr("cp.async.ca.shared.global [$1], [$2], 16;\nmov.u32 $0, 0;")
-FETCH16_CG_ASM = tl.constexpr("cp.async.cg.shared.global [$1], [$2], 16;\nmov.u32 $0, 0;")  # past the L1
 WAIT_ASM = tl.constexpr("cp.async.wait_all;\nbar.sync 0;\nmov.b32 $0, 0;")
 LOAD_ASM = tl.constexpr(_load_asm())
 LOAD_CONSTRAINTS = tl.constexpr("=r,=r,=r,=r," + ",".join(["r"] * 8 + ["f"] * 8))  # values; addresses; ``after``
@@ -72,15 +71,12 @@ def shelf_base(pid):
 
 
 @triton.jit
-def shelf_fetch(addr, quad_ptrs, BYTES: tl.constexpr, PAST_L1: tl.constexpr = False):
+def shelf_fetch(addr, quad_ptrs, BYTES: tl.constexpr):
     """Start copying BYTES (8 or 16) from each global int64 ``quad_ptrs`` to the shared
-    ``addr`` (int32); both BYTES-aligned. (The library copies 16; benchmarks/' experiments 8.)
-    PAST_L1 (16 bytes): ``cp.async.cg``, which leaves the L1 to other loads."""
+    ``addr`` (int32); both BYTES-aligned. (The library copies 16; benchmarks/' experiments 8.)"""
     tl.static_assert(BYTES == 8 or BYTES == 16, "cp.async copies 8 or 16 bytes here")
-    tl.static_assert(not PAST_L1 or BYTES == 16, "cp.async.cg copies 16 bytes")
-    ASM: tl.constexpr = FETCH16_CG_ASM if PAST_L1 else (FETCH8_ASM if BYTES == 8 else FETCH16_ASM)
-    tl.inline_asm_elementwise(ASM, "=r,r,l", [addr, quad_ptrs.to(tl.int64, bitcast=True)], dtype=tl.int32,
-                              is_pure=False, pack=1)
+    tl.inline_asm_elementwise(FETCH8_ASM if BYTES == 8 else FETCH16_ASM, "=r,r,l",
+                              [addr, quad_ptrs.to(tl.int64, bitcast=True)], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -119,14 +115,14 @@ def shelf_load(addr, after, like_ptr):
 
 
 @triton.jit
-def shelf_copy(dst, src_ptr, SEG: tl.constexpr, BLOCK_N: tl.constexpr, PAST_L1: tl.constexpr = False):
+def shelf_copy(dst, src_ptr, SEG: tl.constexpr, BLOCK_N: tl.constexpr):
     """Start copying SEG 16-bit elements from global ``src_ptr`` (16-byte aligned) to the
     shared address ``dst``, BLOCK_N a step in 16-byte copies; every copy is issued before
-    any is waited on (``shelf_wait``). PAST_L1: as ``cp.async.cg``."""
+    any is waited on (``shelf_wait``)."""
     octs = tl.arange(0, BLOCK_N // 8)[None, :]  # (1, BLOCK_N / 8): 8 elements (16 bytes) each
     q_ptr = src_ptr.to(tl.pointer_type(tl.int64), bitcast=True)
     for i in tl.range(0, SEG, BLOCK_N):
-        shelf_fetch(dst + 2 * i + 16 * octs, q_ptr + i // 4 + 2 * octs, 16, PAST_L1)
+        shelf_fetch(dst + 2 * i + 16 * octs, q_ptr + i // 4 + 2 * octs, 16)
 
 
 @triton.jit
