@@ -111,7 +111,7 @@ def _norm_kernel(
     FOLD: tl.constexpr = False,  # "loop" LayerNorm, 16-bit y: the affine as FMAs (_store_y)
     EVEN: tl.constexpr = False,  # "loop": dense rows of CONST_N cut into SPLIT segments of whole chunks (no masks)
     PF: tl.constexpr = 0,       # "loop", EVEN: after pass 1, the segment of the row PF rows on asked of the L2
-    PF_LANES: tl.constexpr = 32,  # with PF: the program's threads (a lane each, so no request is issued twice)
+    PF_LANES: tl.constexpr = 32,  # with PF or FIRST: the program's threads (a lane each, no request issued twice)
     WB_PRE: tl.constexpr = 0,   # "loop": pass 2's first WB_PRE chunks' weight and bias loaded before the exchange
     WB_EARLY: tl.constexpr = False,  # with SHELF and WB_PRE: loaded right after the shelf's copies are issued
     PIPE: tl.constexpr = 0,     # "loop": chunk k+1's loads before chunk k's stores (1: pass 1, 2: pass 2, 3: both)
@@ -308,7 +308,8 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
              and x.data_ptr() % 16 == 0 and y.data_ptr() % 16 == 0
              and shelf_fits(seg, cfg.block_n, cfg.num_warps, x.element_size()))
     # the L2 requests: cfg.pf after pass 1, cfg.l2_first before the PDL wait (_l2_ahead.requests)
-    pf, first = l2_requests(cfg, x, residual, M, seg, even, cluster or split == 1, bool(pdl_args(x)))
+    pdl = pdl_args(x)  # the launch's PDL arguments, also whether l2_first may ask before the wait
+    pf, first = l2_requests(cfg, x, residual, M, seg, even, cluster or split == 1, bool(pdl))
 
     def launch(phase, part_of_loop, part, sync, clusters):
         args = (x, residual if residual is not None else x, weight if weight is not None else x,
@@ -329,9 +330,7 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
             FOLD=cfg.fold, EVEN=even, PF=pf if part_of_loop == 0 else 0,
             PF_LANES=32 * cfg.num_warps if pf or first else 32,
             WB_PRE=cfg.wb_pre if cfg.mode == "loop" and part_of_loop != 1 else 0, WB_EARLY=cfg.wb_early and shelf,
-            PIPE=cfg.pipe if cfg.mode == "loop" else 0, **({"TRACE": True} if trace is not None else {}),
-            **({"FIRST": first} if first and part_of_loop == 0 else {}),
-            **pdl_args(x),
+            PIPE=cfg.pipe if cfg.mode == "loop" else 0, TRACE=trace is not None, FIRST=first, **pdl,
             num_warps=cfg.num_warps, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
         )
         if clusters:  # None when this Triton's launcher cannot be given a cluster size
