@@ -41,7 +41,6 @@ import triton.language as tl
 from ._common import hopper_or_newer, is_interpreting
 
 REQUEST = tl.constexpr(4096)  # bytes a request asks for (the asm's size)
-LINE = tl.constexpr(128)  # bytes of an L1 line, what one ``prefetch.global.L1`` brings
 AHEAD_ASM = tl.constexpr("{\n.reg .pred %sp;\nsetp.lt.s32 %sp, $2, $3;\n"
                          "@%sp cp.async.bulk.prefetch.L2.global [$1], 4096;\nmov.u32 $0, 0;\n}")
 
@@ -56,24 +55,6 @@ def l2_ahead(ptr, row, M, col0, stride_m, SEG: tl.constexpr, LANES: tl.constexpr
     count = tl.where(row < M, SEG // ELEMS, 0)
     p = ptr + row.to(tl.int64) * stride_m + col0 + tl.minimum(lane, SEG // ELEMS - 1) * ELEMS
     tl.inline_asm_elementwise(AHEAD_ASM, "=r,l,r,r", [p, lane, count], dtype=tl.int32, is_pure=False, pack=1)
-
-
-L1_ASM = tl.constexpr("{\n.reg .pred %sp;\nsetp.lt.s32 %sp, $2, $3;\n@%sp prefetch.global.L1 [$1];\nmov.u32 $0, 0;\n}")
-
-
-@triton.jit
-def l1_ahead(ptr, col, ok, COLS: tl.constexpr, LANES: tl.constexpr):
-    """Ask this SM's L1 for the COLS elements of ``ptr`` from ``col`` (a line-aligned start;
-    nothing unless ``ok``): one ``prefetch.global.L1`` a 128-byte line, a lane a line. No
-    register waits for it, so pass 2 may ask for a chunk's weight and bias ahead without
-    the registers a load ahead holds (``NormConfig.wb_l1``)."""
-    LINES: tl.constexpr = COLS * ptr.dtype.element_ty.primitive_bitwidth // 8 // LINE
-    ELEMS: tl.constexpr = LINE * 8 // ptr.dtype.element_ty.primitive_bitwidth  # elements a line
-    for k in tl.static_range(0, LINES, LANES):
-        lane = k + tl.arange(0, LANES)  # (LANES,): one line a thread
-        count = tl.where(ok, LINES, 0)
-        p = ptr + col + tl.minimum(lane, LINES - 1) * ELEMS
-        tl.inline_asm_elementwise(L1_ASM, "=r,l,r,r", [p, lane, count], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -103,21 +84,18 @@ def ahead_ok(seg_bytes: int, x: torch.Tensor, *others) -> bool:
 
 
 def requests(cfg, x: torch.Tensor, residual, rows: int, seg: int, even: bool, ticketless: bool,
-             pdl: bool) -> tuple[int, int, int]:
+             pdl: bool) -> tuple[int, int]:
     """(pf, columns asked first) of a launch of norm config ``cfg`` over ``rows`` rows cut into
     segments of ``seg`` columns: ``cfg.pf`` on a compiled Hopper kernel of mode "loop", a row
     a program, over dense, evenly cut rows (``even``; at least ``cfg.pf_rows`` of them: the
     shape, fixed at capture, not a value) whose segments start on 16 bytes and are whole 4 KB
     requests (``ahead_ok``); ``cfg.l2_first`` chunks likewise, and only under PDL (``pdl``:
     without it the program's own loads follow at once) where program t runs row t // split
-    (``ticketless``: a cluster, or one program a row); ``cfg.wb_l1`` (the L1 asked for pass 2's
-    weight and bias ahead) on a compiled kernel (the interpreter runs no inline PTX) over
-    ``even`` rows. 0 where no request is made."""
+    (``ticketless``: a cluster, or one program a row). 0 where no request is made."""
     if cfg.mode != "loop" or cfg.block_m != 1 or not even:
-        return 0, 0, 0
+        return 0, 0
     pf = cfg.pf if cfg.pf and rows >= cfg.pf_rows and ahead_ok(seg * x.element_size(), x, residual) else 0
     first = min(seg, cfg.l2_first * cfg.block_n)
     if not (first and ticketless and pdl and ahead_ok(first * x.element_size(), x, residual)):
         first = 0
-    wb_l1 = cfg.wb_l1 if x.is_cuda and not is_interpreting() else 0
-    return pf, first, wb_l1
+    return pf, first

@@ -7,7 +7,7 @@ import triton.language as tl
 
 from ._cluster import cluster_arrive, share3, smem_load
 from ._jit import cast_out
-from ._l2_ahead import l1_ahead, l2_ahead
+from ._l2_ahead import l2_ahead
 from ._norm_chunk import (_accumulate, _ahead_cols, _chunk_cols, _held_pass1, _load_h, _load_wb, _load_xr, _pass1_h,
                           _pass2_chunk, _pass2_src, _pre_wb, _row_sums, _tile_mask)
 from ._shelf import shelf_base, shelf_copy, shelf_sums, shelf_wait
@@ -97,17 +97,6 @@ def _ahead(x_ptr, r_ptr, row, M, col0, stride_xm, stride_rm, HAS_RESIDUAL: tl.co
 
 
 @triton.jit
-def _wb_l1(w_ptr, b_ptr, col, ok, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
-           BLOCK_N: tl.constexpr, LANES: tl.constexpr):
-    """Ask the L1 for the weight and bias of the BLOCK_N columns from ``col`` (if ``ok``)."""
-    tl.static_assert(EVEN, "the L1 is asked for whole chunks of dense rows only")
-    if HAS_WEIGHT:
-        l1_ahead(w_ptr, col, ok, BLOCK_N, LANES)
-    if HAS_BIAS:
-        l1_ahead(b_ptr, col, ok, BLOCK_N, LANES)
-
-
-@triton.jit
 def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row, seg, M, N, SEG,
               stride_xm, stride_rm, stride_ym, stride_hm, eps,
               IS_RMS: tl.constexpr, GEMMA: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
@@ -117,7 +106,7 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
               DROP_Y: tl.constexpr = False, CLUSTER: tl.constexpr = False, SHELF: tl.constexpr = False,
               FOLD: tl.constexpr = False, PF: tl.constexpr = 0, PF_LANES: tl.constexpr = 32,
               WB_PRE: tl.constexpr = 0, WB_EARLY: tl.constexpr = False, PIPE: tl.constexpr = 0,
-              TRACE: tl.constexpr = False, WB_L1: tl.constexpr = 0):
+              TRACE: tl.constexpr = False):
     """Mode "loop": a program per BLOCK_M rows (per segment of SEG columns of a row with
     SPLIT > 1), two passes over its chunks of BLOCK_N. Pass 1 sums the statistics; pass 2
     reads each chunk again, which a row of <= 512 KB finds in L2 (two programs an SM hold
@@ -179,13 +168,6 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
     session): add_rms_norm 256K 94.6 -> 96.4% (pass 1's), add_layer_norm 256K 91.8 -> 93.5,
     rms_norm's shelf 85.8 -> 87.1 on 64 rows (pass 2's); the registers it adds cost a CTA an
     SM or spill elsewhere (the 32-register clusters, LayerNorm's shelf).
-
-    WB_L1 (EVEN, compiled on a GPU): pass 2 asks the L1 for the weight (and bias) of the
-    chunk WB_L1 chunks ahead of the one it loads (``_l2_ahead.l1_ahead``, a prefetch: no
-    register held), the first WB_L1 chunks' before the exchange of sums, so that a chunk's
-    loads find their lines in the L1 instead of one L2 round trip each after the previous
-    chunk's stores. (LayerNorm's shelf, whose cap of 48 registers has no room for WB_PRE
-    or PIPE.)
 
     LayerNorm sums d = h - c around c = the segment's first h (the shifted-data algorithm):
     with c within a few standard deviations of the mean, sum(d^2) - sum(d)^2 / N does not
@@ -288,9 +270,6 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
         _ahead(x_ptr, r_ptr, row + PF, M, col0, stride_xm, stride_rm, HAS_RESIDUAL, EVEN, BLOCK_M, SEG, PF_LANES)
     if LOOP_PART != 1 and not (SHELF and WB_EARLY):  # pass 2's first weights travel while the sums do
         wb = _pre_wb(w_ptr, b_ptr, col0, N, BLOCK_N, EVEN, HAS_WEIGHT, HAS_BIAS, WB_PRE)
-    PEEL: tl.constexpr = HOLD if HOLD > WB_PRE else WB_PRE
-    for k in tl.static_range(PEEL, PEEL + WB_L1):  # the first streamed chunks' weight and bias, into the L1
-        _wb_l1(w_ptr, b_ptr, col0 + k * BLOCK_N, k * BLOCK_N < SEG, HAS_WEIGHT, HAS_BIAS, EVEN, BLOCK_N, PF_LANES)
     if SPLIT > 1 and CLUSTER:  # the row's programs are one cluster: sums through shared memory
         c, s1, s2 = _split_combine(share3(c, s1, s2, SPLIT, xbuf), row, N, SEG, SPLIT, BLOCK_S, IS_RMS, True)
     elif SPLIT > 1:
@@ -310,6 +289,7 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
         stamp_phase(part_ptr, row * SPLIT + seg, 2, rstd)
     if STASH:
         tl.debug_barrier()  # pass 2 reads h as this program's other threads stored it
+    PEEL: tl.constexpr = HOLD if HOLD > WB_PRE else WB_PRE
     if PIPE >= 2:  # the first streamed chunk's loads, before the peeled chunks' stores
         cols, col_ok = _ahead_cols(col0, PEEL * BLOCK_N, N, SEG, BLOCK_N, EVEN)
         mask = _tile_mask(rows, M, col_ok, BLOCK_M)
@@ -327,9 +307,6 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
                      HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, EVEN, k < HOLD, SHELF, STASH, DROP,
                      DROP_STREAMED_Y, FOLD)
     for i in tl.range(PEEL * BLOCK_N, SEG, BLOCK_N, loop_unroll_factor=UNROLL):
-        if WB_L1 > 0:
-            ahead = i + WB_L1 * BLOCK_N
-            _wb_l1(w_ptr, b_ptr, col0 + ahead, ahead < SEG, HAS_WEIGHT, HAS_BIAS, EVEN, BLOCK_N, PF_LANES)
         if PIPE >= 2:  # this chunk's loads came in the last iteration; the next one's go out before y's store
             w = wn
             b = bn

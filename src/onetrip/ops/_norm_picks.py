@@ -40,7 +40,6 @@ class NormConfig:
     wb_early: bool = False  # with wb_pre and the shelf: loaded as soon as the shelf's copies are issued
     pipe: int = 0  # "loop": chunk k + 1's loads issued before chunk k's stores (1: pass 1, 2: pass 2, 3: both)
     l2_first: int = 0  # "loop", dense rows (Hopper, PDL): a program's first chunks asked of the L2 before the wait
-    wb_l1: int = 0  # "loop", dense rows: pass 2's weight and bias asked of the L1 this many chunks ahead (<= 4)
     carveout: int = -1  # % of the SM's L1 / shared memory asked as shared memory (-1: the driver's choice)
     maxnreg: int = 0  # ptxas's register cap (.maxnreg; 0: none), which also fixes how CUDA 13's ptxas schedules
 
@@ -49,9 +48,8 @@ class NormConfig:
             raise ValueError(f"NormConfig maxnreg={self.maxnreg} must be 0 (no cap) or 16-255 registers")
         if not 0 <= self.pipe <= 3:
             raise ValueError(f"NormConfig pipe={self.pipe} must be 0-3 (1: pass 1, 2: pass 2, 3: both)")
-        for name in ("wb_pre", "wb_l1"):
-            if not 0 <= getattr(self, name) <= 4:
-                raise ValueError(f"NormConfig {name}={getattr(self, name)} must be 0-4 chunks")
+        if not 0 <= self.wb_pre <= 4:
+            raise ValueError(f"NormConfig wb_pre={self.wb_pre} must be 0-4 chunks")
         for name in ("pf", "pf_rows", "l2_first"):
             if getattr(self, name) < 0:
                 raise ValueError(f"NormConfig {name}={getattr(self, name)} must be >= 0 (0: no read-ahead / no threshold)")

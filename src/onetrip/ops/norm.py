@@ -118,7 +118,6 @@ def _norm_kernel(
     TRACE: tl.constexpr = False,  # "loop" cluster: each program's phase stamps at part_ptr (_norm_jit._loop_row)
     PDL: tl.constexpr = 0,      # programmatic dependent launch (_common.pdl_mode says why)
     FIRST: tl.constexpr = 0,    # "loop", EVEN, PDL: columns of the program's segment asked of the L2 before the wait
-    WB_L1: tl.constexpr = 0,    # "loop", EVEN: pass 2's weight and bias asked of the L1 WB_L1 chunks ahead
 ):
     if FIRST > 0:  # a hint, safe before the wait (_l2_ahead.l2_first)
         l2_first(x_ptr, r_ptr, M, HAS_RESIDUAL, SPLIT, SEG_N, FIRST, CONST_N, PF_LANES)
@@ -141,7 +140,7 @@ def _norm_kernel(
         _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, t // SPLIT, t % SPLIT, M, n, seg_cols,
                   sx, sr, sy, sh, eps, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, HINTS,
                   STASH, VEC, UNROLL, SPLIT, BLOCK_S, LOOP_PART,
-                  EVEN, HOLD, DROP_Y, CLUSTER, SHELF, FOLD, PF, PF_LANES, WB_PRE, WB_EARLY, PIPE, TRACE, WB_L1)
+                  EVEN, HOLD, DROP_Y, CLUSTER, SHELF, FOLD, PF, PF_LANES, WB_PRE, WB_EARLY, PIPE, TRACE)
         return
     # -- which chunk of columns (and, split, which row) this program owns -------------------
     if PHASE == 1:
@@ -310,7 +309,7 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
              and shelf_fits(seg, cfg.block_n, cfg.num_warps, x.element_size()))
     # the L2 requests: cfg.pf after pass 1, cfg.l2_first before the PDL wait (_l2_ahead.requests)
     pdl = pdl_args(x)  # the launch's PDL arguments, also whether l2_first may ask before the wait
-    pf, first, wb_l1 = l2_requests(cfg, x, residual, M, seg, even, cluster or split == 1, bool(pdl))
+    pf, first = l2_requests(cfg, x, residual, M, seg, even, cluster or split == 1, bool(pdl))
 
     def launch(phase, part_of_loop, part, sync, clusters):
         args = (x, residual if residual is not None else x, weight if weight is not None else x,
@@ -329,10 +328,9 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
             HOLD=cfg.hold if part_of_loop == 0 and not shelf else 0,
             DROP_Y=cfg.drop_y, CLUSTER=clusters, LATE_WB=cfg.late_wb, SHELF=shelf,
             FOLD=cfg.fold, EVEN=even, PF=pf if part_of_loop == 0 else 0,
-            PF_LANES=32 * cfg.num_warps if pf or first or wb_l1 else 32,
+            PF_LANES=32 * cfg.num_warps if pf or first else 32,
             WB_PRE=cfg.wb_pre if cfg.mode == "loop" and part_of_loop != 1 else 0, WB_EARLY=cfg.wb_early and shelf,
-            PIPE=cfg.pipe if cfg.mode == "loop" else 0, TRACE=trace is not None, FIRST=first,
-            WB_L1=wb_l1 if part_of_loop != 1 else 0, **pdl,
+            PIPE=cfg.pipe if cfg.mode == "loop" else 0, TRACE=trace is not None, FIRST=first, **pdl,
             num_warps=cfg.num_warps, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
         )
         if clusters:  # None when this Triton's launcher cannot be given a cluster size
