@@ -13,7 +13,9 @@ with them: the profile to compare against); ``tiles`` / ``add_tiles`` run
 ``norm_tiles.tiles_norm`` (rms_norm / add_rms_norm in two launches, 4 x 8192 tiles in chunks
 of 2048, 8 warps): profile both launches of the third call with ``--cache-control none``,
 to see whether launch 2 finds launch 1's bytes in L2. ``ONETRIP_DIAG_CONFIG``: a
-``NormConfig(...)`` repr launched in place of the picks.
+``NormConfig(...)`` repr launched in place of the picks. ``ONETRIP_DIAG_BIAS``: ``weight`` (the
+bias is the weight tensor: does the L1 merge the second load of each line, or does the L2 see
+both?) or ``none`` (no bias); otherwise a bias of its own.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ def main(argv: list[str]) -> int:
         r = torch.randn_like(x) if res else None
         w = torch.randn(width, device=dev, dtype=torch.bfloat16)
         bias = torch.randn(width, device=dev, dtype=torch.bfloat16)  # not w: that would halve their L2 traffic
+        bias = {"weight": w, "none": None}.get(os.environ.get("ONETRIP_DIAG_BIAS", ""), bias)
         y, h = torch.empty_like(x), (torch.empty_like(x) if res else None)
         if fam == "copy":
             for _ in range(3):

@@ -164,7 +164,7 @@ def plot(cell, calls, path):
     plt.close(fig)
 
 
-def run_cell(family, rows, width, n_calls, reps, device, copy_gbs):
+def run_cell(family, rows, width, n_calls, reps, device, copy_gbs, bias="own"):
     is_rms, residual = FAMILIES[family]
     cfg = norm.norm_config(rows, width, device, is_rms=is_rms, has_residual=residual, dense=True)
     split, _ = launch_segments(width, cfg)
@@ -172,6 +172,7 @@ def run_cell(family, rows, width, n_calls, reps, device, copy_gbs):
         return {"family": family, "rows": rows, "width": width, "config": repr(cfg), "skipped": "not a cluster pick"}, None
     w = torch.randn(width, device=device, dtype=torch.bfloat16)
     b = None if is_rms else torch.randn(width, device=device, dtype=torch.bfloat16)
+    b = {"weight": w, "none": None}.get(bias, b)  # LayerNorm's bias: its own, the weight tensor, or none
     sets = _sets(rows, width, residual, n_calls, device)
     traces = [torch.zeros(rows * split, len(STAMP_FIELDS), dtype=torch.int64, device=device) for _ in sets]
     nbytes = (4 if residual else 2) * rows * width * 2 + (1 if is_rms else 2) * width * 2
@@ -211,6 +212,8 @@ def main():
     ap.add_argument("--calls", type=int, default=4, help="launches a replay, over as many copies of the inputs")
     ap.add_argument("--reps", type=int, default=9, help="traced replays read; the median span's kept")
     ap.add_argument("--tag", default="", help="appended to the output files' names")
+    ap.add_argument("--bias", choices=("own", "weight", "none"), default="own",
+                    help="LayerNorm's bias: a tensor of its own, the weight tensor, or none (what the bias costs)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -223,7 +226,7 @@ def main():
     results = []
     for family in args.families.split(","):
         for rows in (int(r) for r in args.rows.split(",")):
-            rec, median = run_cell(family, rows, args.width, args.calls, args.reps, device, copy_gbs)
+            rec, median = run_cell(family, rows, args.width, args.calls, args.reps, device, copy_gbs, args.bias)
             results.append(rec)
             if median is None:
                 print(f"{family} {rows} x {args.width}: {rec['skipped']}", flush=True)
