@@ -261,7 +261,7 @@ def test_gpu_model_picks(monkeypatch):
     cpu = torch.device("cpu")
     h100 = norm_picks.PICKS_GPU["H100"]
     def config(name, is_rms, residual, width):
-        monkeypatch.setattr(norm_mod, "gpu_name", lambda device: name)
+        monkeypatch.setattr(norm_picks, "gpu_name", lambda device: name)
         return norm_mod.norm_config(256, width, cpu, is_rms=is_rms, has_residual=residual)
     for (mode, is_rms, residual, width), pick in h100.items():
         assert pick.mode == mode
@@ -283,8 +283,8 @@ def test_gpu_few_rows_picks(monkeypatch):
     count only, and launch as their mode needs (clusters of 2-8 or 16, the row cut into
     exactly that many)."""
     cpu = torch.device("cpu")
-    monkeypatch.setattr(norm_mod, "gpu_name", lambda device: "NVIDIA H100 80GB HBM3")
-    monkeypatch.setattr(norm_mod, "sm_count", lambda device: 132)
+    monkeypatch.setattr(norm_picks, "gpu_name", lambda device: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(norm_picks, "sm_count", lambda device: 132)
     for (mode, is_rms, residual, width), (rows, few) in norm_picks.FEW_ROWS_GPU["H100"].items():
         assert mode == "loop" == few.mode and width in norm_mod.LOOP_PICKS[(is_rms, residual)]
         if few.cluster:

@@ -1,13 +1,17 @@
 """Launch configs of the residual-add + norm kernel (``norm.py``): ``NormConfig``, how a
 config cuts a row into segments (``segments``, checked against the width by
-``launch_segments``), and the tables of measured picks that ``norm.norm_config`` consults,
-kept apart from the kernel so that each table can carry the sweeps behind it."""
+``launch_segments``), the tables of measured picks, and ``norm_config``, which chooses from
+them; kept apart from the kernel so that each table can carry the sweeps behind it."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
+import torch
 import triton
+
+from ._common import gpu_name, gpu_table_entry, is_interpreting, sm_count
 
 
 @dataclass(frozen=True)
@@ -395,3 +399,55 @@ ROWS_PICKS = {
     (True, True): _RESIDUAL_ROWS,
     (False, True): _RESIDUAL_ROWS,
 }
+
+
+def _can_wait(device: torch.device) -> bool:
+    """Programs may spin on a sibling's counter ("coop", a split "loop" row): on a GPU,
+    not under the interpreter, which runs programs one after another."""
+    return not is_interpreting() and device.type == "cuda"
+
+
+def norm_config(rows: int, width: int, device: torch.device, *, is_rms: bool = True,
+                has_residual: bool = True, chunk: int = 8192, chunk_warps: int = 4,
+                dense: bool = True) -> NormConfig:
+    """A program per row ("loop") where ``LOOP_PICKS`` has the width and there is a row for
+    every SM (for a row split over programs, half the SMs' worth of programs); else whole
+    rows up to 16K elements (32K for RMSNorm), ``ROWS_PICKS`` where it has the width; else
+    chunks of ``chunk`` ("coop", "two_pass"). On a GPU model that ``PICKS_GPU`` names, its
+    own "loop" and "rows" picks come first, and ``FEW_ROWS_GPU``'s under their row counts.
+
+    Whole rows: 94-99% of copy up to 16K wide with tiles of two rows up to 4K (LayerNorm to
+    16K; one row from 2K to 8K where ROWS_PICKS says) and ~32 elements a thread; add +
+    RMSNorm 96% at 32K with 32 warps; wider single-row programs spill (17-62%). "loop"
+    needs a row for every SM: 64 rows of 256K (64 programs on 132 SMs) fell 41% -> 27%
+    (ops-nvidia-h200-bf16-20261121-layer_norm-loop.json),
+    so fewer rows take coop (or whole rows where they fit); split over 2-8 programs, the
+    same 64 rows ran at 50-81% against coop's 44-71% (tune-ops-split-h200-20261122-b.json).
+    ``dense``: every row stride equals the width. The 8K pick gains only with the width a
+    constant, which strided rows do not get (a runtime width ran at 88% against whole
+    rows' 95%), so strided rows of 8K stay whole.
+    """
+    block_n = triton.next_power_of_2(max(width, 1))
+    picks = LOOP_PICKS[(is_rms, has_residual)]
+    key = block_n if has_residual else min(block_n, max(picks))
+    gpu = gpu_name(device)
+    pick = gpu_table_entry(PICKS_GPU, gpu, ("loop", is_rms, has_residual, key)) or picks.get(key)
+    few = gpu_table_entry(FEW_ROWS_GPU, gpu, ("loop", is_rms, has_residual, key))
+    if few is not None and rows < few[0]:
+        pick = few[1]
+    sms = sm_count(device)
+    if pick is not None and rows * pick.split >= (sms if pick.split == 1 else sms // 2) \
+            and (dense or block_n > 8192):
+        return pick
+    if block_n <= 16384 or (block_n == 32768 and is_rms):
+        row_pick = (gpu_table_entry(PICKS_GPU, gpu, ("rows", is_rms, has_residual, block_n))
+                    or ROWS_PICKS[(is_rms, has_residual)].get(block_n))
+        if row_pick is not None:
+            return dataclasses.replace(row_pick, block_m=min(row_pick.block_m, triton.next_power_of_2(max(rows, 1))))
+        pair = 2 if block_n <= 4096 or not is_rms else 1
+        block_m = max(1, min(triton.next_power_of_2(max(rows, 1)), max(pair, 2048 // block_n)))
+        warps = max(4, min(16 if block_n <= 16384 else 32, block_m * block_n // 1024))
+        return NormConfig("rows", block_m, block_n, warps)
+    n_chunks = triton.cdiv(width, chunk)
+    coop = _can_wait(device) and n_chunks <= sm_count(device)
+    return NormConfig("coop" if coop else "two_pass", 1, chunk, chunk_warps)

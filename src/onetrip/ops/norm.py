@@ -44,7 +44,6 @@ How rows are covered (``NormConfig.mode``):
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Optional
 
 import torch
@@ -61,14 +60,11 @@ from ._common import (
     check_same_device,
     check_shape,
     check_tensor,
-    gpu_name,
-    gpu_table_entry,
     is_interpreting,
     output,
     pdl_args,
     prefer_carveout,
     rows_out,
-    sm_count,
     use_triton,
 )
 from ._cluster import cluster_ok, launch_clusters
@@ -77,7 +73,8 @@ from ._l2_ahead import l2_first
 from ._l2_ahead import requests as l2_requests
 from ._norm_chunk import _chunk_stats, _load_h, _load_wb, _mean_rstd, _store_y
 from ._norm_jit import _loop_row, _wait_row
-from ._norm_picks import FEW_ROWS_GPU, LOOP_PICKS, PICKS_GPU, ROWS_PICKS, NormConfig, launch_segments
+from ._norm_picks import (FEW_ROWS_GPU, LOOP_PICKS, PICKS_GPU, ROWS_PICKS, NormConfig, _can_wait, launch_segments,
+                          norm_config)
 from ._shelf import shelf_fits
 from ._stamp import check_trace
 
@@ -219,58 +216,6 @@ def _norm_kernel(
             dm = p0 - mean
             rstd = tl.rsqrt(tl.sum(p1 + n_c * dm * dm) / N + eps)
         _store_y(y_ptr, h, mean, rstd, w, b, rows, cols, mask, stride_ym, IS_RMS, GEMMA, HAS_WEIGHT, HAS_BIAS)
-
-
-def _can_wait(device: torch.device) -> bool:
-    """Programs may spin on a sibling's counter ("coop", a split "loop" row): on a GPU,
-    not under the interpreter, which runs programs one after another."""
-    return not is_interpreting() and device.type == "cuda"
-
-
-def norm_config(rows: int, width: int, device: torch.device, *, is_rms: bool = True,
-                has_residual: bool = True, chunk: int = 8192, chunk_warps: int = 4,
-                dense: bool = True) -> NormConfig:
-    """A program per row ("loop") where ``LOOP_PICKS`` has the width and there is a row for
-    every SM (for a row split over programs, half the SMs' worth of programs); else whole
-    rows up to 16K elements (32K for RMSNorm), ``ROWS_PICKS`` where it has the width; else
-    chunks of ``chunk`` ("coop", "two_pass"). On a GPU model that ``PICKS_GPU`` names, its
-    own "loop" and "rows" picks come first, and ``FEW_ROWS_GPU``'s under their row counts.
-
-    Whole rows: 94-99% of copy up to 16K wide with tiles of two rows up to 4K (LayerNorm to
-    16K; one row from 2K to 8K where ROWS_PICKS says) and ~32 elements a thread; add +
-    RMSNorm 96% at 32K with 32 warps; wider single-row programs spill (17-62%). "loop"
-    needs a row for every SM: 64 rows of 256K (64 programs on 132 SMs) fell 41% -> 27%
-    (ops-nvidia-h200-bf16-20261121-layer_norm-loop.json),
-    so fewer rows take coop (or whole rows where they fit); split over 2-8 programs, the
-    same 64 rows ran at 50-81% against coop's 44-71% (tune-ops-split-h200-20261122-b.json).
-    ``dense``: every row stride equals the width. The 8K pick gains only with the width a
-    constant, which strided rows do not get (a runtime width ran at 88% against whole
-    rows' 95%), so strided rows of 8K stay whole.
-    """
-    block_n = triton.next_power_of_2(max(width, 1))
-    picks = LOOP_PICKS[(is_rms, has_residual)]
-    key = block_n if has_residual else min(block_n, max(picks))
-    gpu = gpu_name(device)
-    pick = gpu_table_entry(PICKS_GPU, gpu, ("loop", is_rms, has_residual, key)) or picks.get(key)
-    few = gpu_table_entry(FEW_ROWS_GPU, gpu, ("loop", is_rms, has_residual, key))
-    if few is not None and rows < few[0]:
-        pick = few[1]
-    sms = sm_count(device)
-    if pick is not None and rows * pick.split >= (sms if pick.split == 1 else sms // 2) \
-            and (dense or block_n > 8192):
-        return pick
-    if block_n <= 16384 or (block_n == 32768 and is_rms):
-        row_pick = (gpu_table_entry(PICKS_GPU, gpu, ("rows", is_rms, has_residual, block_n))
-                    or ROWS_PICKS[(is_rms, has_residual)].get(block_n))
-        if row_pick is not None:
-            return dataclasses.replace(row_pick, block_m=min(row_pick.block_m, triton.next_power_of_2(max(rows, 1))))
-        pair = 2 if block_n <= 4096 or not is_rms else 1
-        block_m = max(1, min(triton.next_power_of_2(max(rows, 1)), max(pair, 2048 // block_n)))
-        warps = max(4, min(16 if block_n <= 16384 else 32, block_m * block_n // 1024))
-        return NormConfig("rows", block_m, block_n, warps)
-    n_chunks = triton.cdiv(width, chunk)
-    coop = _can_wait(device) and n_chunks <= sm_count(device)
-    return NormConfig("coop" if coop else "two_pass", 1, chunk, chunk_warps)
 
 
 def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bool,
@@ -501,3 +446,9 @@ def add_layer_norm_ref(x, residual, weight, bias, eps=1e-5):
 
 def layer_norm_ref(x, weight, bias, eps=1e-5):
     return add_layer_norm_ref(x, None, weight, bias, eps)[0]
+
+
+# the ops and references, and (for tests and benchmarks) the config chooser and its tables
+__all__ = ["add_rms_norm", "add_rms_norm_ref", "rms_norm", "rms_norm_ref", "add_layer_norm", "add_layer_norm_ref",
+           "layer_norm", "layer_norm_ref", "norm_config", "NormConfig", "LOOP_PICKS", "ROWS_PICKS", "PICKS_GPU",
+           "FEW_ROWS_GPU"]
