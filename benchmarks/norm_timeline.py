@@ -15,6 +15,9 @@ program as a bar on its SM (pass 1 / wait / pass 2 in three colours) over the pr
 running in each phase.
 
     python benchmarks/norm_timeline.py --out DIR [--families rms_norm,...] [--rows 64,256]
+                                         [--bias own|weight|none] [--tag=-NAME]
+(``--bias``: LayerNorm's bias as a tensor of its own, the weight tensor, or none; a tag that
+starts with "-" takes the "=" form, or argparse reads it as an option.)
 """
 
 from __future__ import annotations

@@ -7,7 +7,10 @@ then the weight) frees it and the time falls; if not, the time stays.
 
 The library's own kernels and picks, timed as ``onetrip bench ops`` times them (a replay of
 back-to-back calls over input sets that pass 256 MiB), with the weight and bias present or
-None; bytes counted as if present (so the % compares time alone).
+None, and (LayerNorm) with the bias at the weight's address: the same kernel, whose L2 then
+serves half the weight-and-bias bytes (the L1 merges the second load of a line; thirty-fifth
+session: as few L2 sectors as no bias, and the time of its own bias). Bytes counted as if
+present (so the % compares time alone).
 
     python benchmarks/norm_wb.py --out DIR      # on an H100/H200
     python benchmarks/norm_wb.py --out DIR --residual --shapes 256x262144 64x262144
