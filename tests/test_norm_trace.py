@@ -16,6 +16,8 @@ from onetrip.testing import poison_
 from conftest import ON_GPU
 from test_norm import _check, _params
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # norm_timeline, as other tests of scripts
+
 HOPPER = ON_GPU and torch.cuda.get_device_capability()[0] >= 9
 
 
@@ -72,7 +74,6 @@ def _prog(smid, g0, g1, g2, g3):
 def test_timeline_call_stats(tmp_path):
     """benchmarks/norm_timeline.py's figures of a call, on programs laid out by hand: two SMs,
     one running two programs back to back, the other one program that ends early."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import norm_timeline as nt
 
     progs = [_prog(0, 0.0, 2.0, 3.0, 5.0), _prog(0, 5.0, 6.0, 6.5, 10.0), _prog(7, 0.5, 1.0, 1.5, 4.0)]
