@@ -7,7 +7,6 @@ import torch
 
 from onetrip.ops import norm as norm_mod
 from onetrip.ops._common import pdl_mode
-from onetrip.ops._norm_bshelf import bshelf_fits
 from onetrip.ops._norm_picks import FEW_ROWS_GPU, PICKS_GPU
 from onetrip.ops._shelf import SHELF_BYTES, shelf_fits
 from onetrip.ops.norm import NormConfig
@@ -88,55 +87,6 @@ def test_shelf_gpu(gen, kind, dtype, width, chunk, warps, split, cluster):
     w1, b1 = _params(kind, width - 8, dtype, device, gen)
     _run(torch.randn(5, width - 8, generator=gen, device=device).to(dtype), None, w1, b1, kind, cfg, False)
     _run(x.float(), None, w.float(), b.float() if b is not None else None, kind, cfg, False)
-
-
-def _run_bias(x, w, b, cfg, taken):
-    """LayerNorm of ``x`` by ``cfg`` on a poisoned output; checks the result, and that the
-    bias went through the shelf (its area in the kernel) or not."""
-    y = poison_(torch.empty(x.shape, dtype=x.dtype, device=x.device))
-    kernel = norm_mod._launch(x, None, w, b, y, None, 1e-6, False, False, cfg)
-    assert ("obias" in kernel.asm["ptx"]) == taken
-    _check("layer", x, None, w, b, 1e-6, y, None)
-
-
-def test_bshelf_fits():
-    """Three steps of the bias fit the 12 KB area up to 2048 bf16 columns a step."""
-    assert bshelf_fits(2048) and bshelf_fits(512)
-    assert not bshelf_fits(4096)
-
-
-@pytest.mark.skipif(not ON_GPU, reason="the shelf is inline PTX: a GPU")
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("width, chunk, warps, split, cluster", [
-    (4096, 1024, 4, 1, False),  # a row a program: 4 steps (the bias of the fourth in slot 0)
-    (6144, 1024, 4, 3, False),  # 3 programs a row through global memory, 2 steps each (no slot reused)
-    (40960, 2048, 8, 4, True),  # a cluster of 4 segments of 5 steps
-    (262144, 2048, 8, 16, True)])  # a cluster of 16 segments of 8 steps (LayerNorm's 256K form)
-def test_bias_shelf_gpu(gen, dtype, width, chunk, warps, split, cluster):
-    """``bshelf``: LayerNorm's bias comes through shared memory (the area is in the kernel)
-    and y is right, with and without a weight, eagerly and replayed from a CUDA graph with a
-    new bias; the bias is read from global memory as without it, and y right still, with a
-    bias of another dtype than x's, or not 16-byte aligned, or without a bias."""
-    device = torch.device("cuda")
-    cfg = NormConfig("loop", 1, chunk, warps, vec=True, const_n=True, split=split, cluster=cluster and HOPPER,
-                     shelf=True, fold=True, bshelf=True)
-    x = torch.randn(5, width, generator=gen, device=device).to(dtype)
-    w, b = _params("layer", width, dtype, device, gen)
-    _run_bias(x, w, b, cfg, True)
-    _run_bias(x, None, b, cfg, True)
-    y = poison_(torch.empty_like(x))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        norm_mod._launch(x, None, w, b, y, None, 1e-6, False, False, cfg)
-    b.copy_(torch.randn(width, generator=gen, device=device))
-    poison_(y)
-    graph.replay()
-    torch.cuda.synchronize()
-    _check("layer", x, None, w, b, 1e-6, y, None)
-    _run_bias(x, w, b.float(), cfg, False)
-    flat = torch.randn(width + 1, generator=gen, device=device).to(dtype)
-    _run_bias(x, w, flat[1:], cfg, False)  # 2 bytes past a 16-byte boundary
-    _run_bias(x, w, None, cfg, False)
 
 
 def test_maxnreg_runs_anywhere(device, gen):

@@ -8,7 +8,6 @@ import triton.language as tl
 from ._cluster import cluster_arrive, share3, smem_load
 from ._jit import cast_out
 from ._l2_ahead import l2_ahead
-from ._norm_bshelf import bias_base, bias_first, bshelf_pass2
 from ._norm_chunk import (_accumulate, _ahead_cols, _chunk_cols, _held_pass1, _load_h, _load_wb, _load_xr, _pass1_h,
                           _pass2_chunk, _pass2_src, _pre_wb, _row_sums, _tile_mask)
 from ._shelf import shelf_base, shelf_copy, shelf_sums, shelf_wait
@@ -107,7 +106,7 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
               DROP_Y: tl.constexpr = False, CLUSTER: tl.constexpr = False, SHELF: tl.constexpr = False,
               FOLD: tl.constexpr = False, PF: tl.constexpr = 0, PF_LANES: tl.constexpr = 32,
               WB_PRE: tl.constexpr = 0, WB_EARLY: tl.constexpr = False, PIPE: tl.constexpr = 0,
-              TRACE: tl.constexpr = False, BSHELF: tl.constexpr = 0):
+              TRACE: tl.constexpr = False):
     """Mode "loop": a program per BLOCK_M rows (per segment of SEG columns of a row with
     SPLIT > 1), two passes over its chunks of BLOCK_N. Pass 1 sums the statistics; pass 2
     reads each chunk again, which a row of <= 512 KB finds in L2 (two programs an SM hold
@@ -145,9 +144,7 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
 
     SHELF (one row a program, dense 16-bit rows without a residual, EVEN; ``_shelf``): the
     segment is copied into shared memory at once, the statistics and pass 2 read it there:
-    nothing of the row is read twice, and HOLD does not apply. BSHELF (the segment's chunks, >= 2;
-    LayerNorm with a bias, WB_PRE >= 2): pass 2's bias comes through shared memory too, copied two steps ahead, and
-    its weight from registers two steps ahead (``_norm_bshelf``).
+    nothing of the row is read twice, and HOLD does not apply.
 
     WB_PRE (0-4): the weight (and bias) of pass 2's first WB_PRE chunks are loaded before
     the exchange of sums (WB_EARLY, with the shelf: right after its copies are issued), so
@@ -189,9 +186,6 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
     tl.static_assert(not SHELF or (BLOCK_M == 1 and not HAS_RESIDUAL and EVEN and HOLD == 0),
                      "the shelf takes a dense row's segment of whole chunks, no residual, nothing held")
     DROP_STREAMED_Y: tl.constexpr = "evict_first" if HINTS and DROP_Y else ""
-    tl.static_assert(BSHELF == 0 or (SHELF and HAS_BIAS and not IS_RMS and WB_PRE >= 2 and BSHELF >= 2),
-                     "the bias through the shelf: LayerNorm's shelf with a bias, the weight of two steps loaded")
-    WB_BIAS: tl.constexpr = HAS_BIAS and BSHELF == 0  # BSHELF: the bias comes through shared memory
     tl.static_assert(SPLIT == 1 or BLOCK_M == 1, "a split row is one row a program")
     if CLUSTER:
         xbuf = cluster_arrive(row)  # first thing: share3's wait pairs with this arrival
@@ -201,11 +195,8 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
     rows = row * BLOCK_M + tl.arange(0, BLOCK_M)
     col0 = seg * SEG
     base = 0
-    bbase = 0
     if SHELF:
         base = shelf_base(row)  # column col0 + j of the row at base + 2 j
-    if BSHELF > 0:
-        bbase = bias_base(row)  # the bias of steps 0-2 (_norm_bshelf)
     c = 0.0
     s1 = 0.0
     s2 = 0.0
@@ -223,10 +214,8 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
                 tl.debug_barrier()
         if SHELF:  # every copy issued, then one wait; the sums read back from the shelf
             shelf_copy(base, x_ptr + row.to(tl.int64) * stride_xm + col0, SEG, BLOCK_N)
-            if BSHELF > 0:
-                bias_first(bbase, b_ptr, col0, BSHELF, BLOCK_N)
             if WB_EARLY:
-                wb = _pre_wb(w_ptr, b_ptr, col0, N, BLOCK_N, EVEN, HAS_WEIGHT, WB_BIAS, WB_PRE)
+                wb = _pre_wb(w_ptr, b_ptr, col0, N, BLOCK_N, EVEN, HAS_WEIGHT, HAS_BIAS, WB_PRE)
             s1, s2 = shelf_sums(base, c, shelf_wait(row), x_ptr, SEG, BLOCK_N)
         else:
             if VEC:  # per-lane partial sums, reduced once after the loop
@@ -280,7 +269,7 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
     if PF > 0:  # pass 1's reads are in: the HBM reads ahead while the sums travel and y is written
         _ahead(x_ptr, r_ptr, row + PF, M, col0, stride_xm, stride_rm, HAS_RESIDUAL, EVEN, BLOCK_M, SEG, PF_LANES)
     if LOOP_PART != 1 and not (SHELF and WB_EARLY):  # pass 2's first weights travel while the sums do
-        wb = _pre_wb(w_ptr, b_ptr, col0, N, BLOCK_N, EVEN, HAS_WEIGHT, WB_BIAS, WB_PRE)
+        wb = _pre_wb(w_ptr, b_ptr, col0, N, BLOCK_N, EVEN, HAS_WEIGHT, HAS_BIAS, WB_PRE)
     if SPLIT > 1 and CLUSTER:  # the row's programs are one cluster: sums through shared memory
         c, s1, s2 = _split_combine(share3(c, s1, s2, SPLIT, xbuf), row, N, SEG, SPLIT, BLOCK_S, IS_RMS, True)
     elif SPLIT > 1:
@@ -298,45 +287,41 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
     mean_lo, rstd = _sums_rstd(s1, s2, N, eps, IS_RMS)
     if TRACE:
         stamp_phase(part_ptr, row * SPLIT + seg, 2, rstd)
-    if BSHELF > 0:
-        bshelf_pass2(w_ptr, b_ptr, y_ptr, x_ptr, base, bbase, wb, row, rows, M, col0, N, c, rstd, mean_lo, stride_ym,
-                     HAS_WEIGHT, BSHELF, BLOCK_N, EVEN, DROP_STREAMED_Y, FOLD)
-    else:
-        if STASH:
-            tl.debug_barrier()  # pass 2 reads h as this program's other threads stored it
-        PEEL: tl.constexpr = HOLD if HOLD > WB_PRE else WB_PRE
-        if PIPE >= 2:  # the first streamed chunk's loads, before the peeled chunks' stores
-            cols, col_ok = _ahead_cols(col0, PEEL * BLOCK_N, N, SEG, BLOCK_N, EVEN)
+    if STASH:
+        tl.debug_barrier()  # pass 2 reads h as this program's other threads stored it
+    PEEL: tl.constexpr = HOLD if HOLD > WB_PRE else WB_PRE
+    if PIPE >= 2:  # the first streamed chunk's loads, before the peeled chunks' stores
+        cols, col_ok = _ahead_cols(col0, PEEL * BLOCK_N, N, SEG, BLOCK_N, EVEN)
+        mask = _tile_mask(rows, M, col_ok, BLOCK_M)
+        wn, bn = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS)
+        xn, rn = _pass2_src(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL,
+                            SHELF, STASH, DROP)
+    for k in tl.static_range(PEEL):  # the held chunks and those whose weight is in already
+        if k < WB_PRE:
+            w, b = wb[k]
+        else:
+            cols, col_ok = _chunk_cols(col0, k * BLOCK_N, N, BLOCK_N, EVEN)
+            w, b = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS)
+        _pass2_chunk(x_ptr, r_ptr, y_ptr, h_ptr, w, b, held[k] if k < HOLD else 0.0, base, rows, M, col0,
+                     k * BLOCK_N, N, c, rstd, mean_lo, stride_xm, stride_rm, stride_ym, stride_hm, IS_RMS, GEMMA,
+                     HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, EVEN, k < HOLD, SHELF, STASH, DROP,
+                     DROP_STREAMED_Y, FOLD)
+    for i in tl.range(PEEL * BLOCK_N, SEG, BLOCK_N, loop_unroll_factor=UNROLL):
+        if PIPE >= 2:  # this chunk's loads came in the last iteration; the next one's go out before y's store
+            w = wn
+            b = bn
+            src = (xn, rn)
+            cols, col_ok = _ahead_cols(col0, i + BLOCK_N, N, SEG, BLOCK_N, EVEN)
             mask = _tile_mask(rows, M, col_ok, BLOCK_M)
             wn, bn = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS)
             xn, rn = _pass2_src(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL,
                                 SHELF, STASH, DROP)
-        for k in tl.static_range(PEEL):  # the held chunks and those whose weight is in already
-            if k < WB_PRE:
-                w, b = wb[k]
-            else:
-                cols, col_ok = _chunk_cols(col0, k * BLOCK_N, N, BLOCK_N, EVEN)
-                w, b = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS)
-            _pass2_chunk(x_ptr, r_ptr, y_ptr, h_ptr, w, b, held[k] if k < HOLD else 0.0, base, rows, M, col0,
-                         k * BLOCK_N, N, c, rstd, mean_lo, stride_xm, stride_rm, stride_ym, stride_hm, IS_RMS, GEMMA,
-                         HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, EVEN, k < HOLD, SHELF, STASH, DROP,
-                         DROP_STREAMED_Y, FOLD)
-        for i in tl.range(PEEL * BLOCK_N, SEG, BLOCK_N, loop_unroll_factor=UNROLL):
-            if PIPE >= 2:  # this chunk's loads came in the last iteration; the next one's go out before y's store
-                w = wn
-                b = bn
-                src = (xn, rn)
-                cols, col_ok = _ahead_cols(col0, i + BLOCK_N, N, SEG, BLOCK_N, EVEN)
-                mask = _tile_mask(rows, M, col_ok, BLOCK_M)
-                wn, bn = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS)
-                xn, rn = _pass2_src(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL,
-                                    SHELF, STASH, DROP)
-            else:  # _pass2_chunk loads the chunk's h (or x and r) itself
-                cols, col_ok = _chunk_cols(col0, i, N, BLOCK_N, EVEN)
-                w, b = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS)
-                src = 0.0
-            _pass2_chunk(x_ptr, r_ptr, y_ptr, h_ptr, w, b, src, base, rows, M, col0, i, N, c, rstd, mean_lo,
-                         stride_xm, stride_rm, stride_ym, stride_hm, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS,
-                         BLOCK_M, BLOCK_N, EVEN, False, SHELF, STASH, DROP, DROP_STREAMED_Y, FOLD, PIPE >= 2)
+        else:  # _pass2_chunk loads the chunk's h (or x and r) itself
+            cols, col_ok = _chunk_cols(col0, i, N, BLOCK_N, EVEN)
+            w, b = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS)
+            src = 0.0
+        _pass2_chunk(x_ptr, r_ptr, y_ptr, h_ptr, w, b, src, base, rows, M, col0, i, N, c, rstd, mean_lo,
+                     stride_xm, stride_rm, stride_ym, stride_hm, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS,
+                     BLOCK_M, BLOCK_N, EVEN, False, SHELF, STASH, DROP, DROP_STREAMED_Y, FOLD, PIPE >= 2)
     if TRACE:
         stamp_phase(part_ptr, row * SPLIT + seg, 3, rstd)

@@ -45,7 +45,6 @@ class NormConfig:
     pipe: int = 0  # "loop": chunk k + 1's loads issued before chunk k's stores (1: pass 1, 2: pass 2, 3: both)
     l2_first: int = 0  # "loop", dense rows (Hopper, PDL): a program's first chunks asked of the L2 before the wait
     carveout: int = -1  # % of the SM's L1 / shared memory asked as shared memory (-1: the driver's choice)
-    bshelf: bool = False  # with the shelf, LayerNorm: pass 2's bias copied into shared memory steps ahead (block_n <= 2048)
     maxnreg: int = 0  # ptxas's register cap (.maxnreg; 0: none), which also fixes how CUDA 13's ptxas schedules
 
     def __post_init__(self):

@@ -71,7 +71,6 @@ from ._cluster import cluster_ok, launch_clusters
 from ._jit import pdl_start
 from ._l2_ahead import l2_first
 from ._l2_ahead import requests as l2_requests
-from ._norm_bshelf import bshelf_fits
 from ._norm_chunk import _chunk_stats, _load_h, _load_wb, _mean_rstd, _store_y
 from ._norm_jit import _loop_row, _wait_row
 from ._norm_picks import (FEW_ROWS_GPU, LOOP_PICKS, PICKS_GPU, ROWS_PICKS, NormConfig, _can_wait, launch_segments,
@@ -116,7 +115,6 @@ def _norm_kernel(
     TRACE: tl.constexpr = False,  # "loop" cluster: each program's phase stamps at part_ptr (_norm_jit._loop_row)
     PDL: tl.constexpr = 0,      # programmatic dependent launch (_common.pdl_mode says why)
     FIRST: tl.constexpr = 0,    # "loop", EVEN, PDL: columns of the program's segment asked of the L2 before the wait
-    BSHELF: tl.constexpr = False,  # "loop" LayerNorm's shelf: the bias through shared memory (_norm_bshelf)
 ):
     if FIRST > 0:  # a hint, safe before the wait (_l2_ahead.l2_first)
         l2_first(x_ptr, r_ptr, M, HAS_RESIDUAL, SPLIT, SEG_N, FIRST, CONST_N, PF_LANES)
@@ -139,8 +137,7 @@ def _norm_kernel(
         _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, t // SPLIT, t % SPLIT, M, n, seg_cols,
                   sx, sr, sy, sh, eps, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, HINTS,
                   STASH, VEC, UNROLL, SPLIT, BLOCK_S, LOOP_PART,
-                  EVEN, HOLD, DROP_Y, CLUSTER, SHELF, FOLD, PF, PF_LANES, WB_PRE, WB_EARLY, PIPE, TRACE,
-                  BSHELF * (SEG_N // BLOCK_N))
+                  EVEN, HOLD, DROP_Y, CLUSTER, SHELF, FOLD, PF, PF_LANES, WB_PRE, WB_EARLY, PIPE, TRACE)
         return
     # -- which chunk of columns (and, split, which row) this program owns -------------------
     if PHASE == 1:
@@ -255,10 +252,6 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
              and not is_interpreting() and (split == 1 or wait) and even
              and x.data_ptr() % 16 == 0 and y.data_ptr() % 16 == 0
              and shelf_fits(seg, cfg.block_n, cfg.num_warps, x.element_size()))
-    # cfg.bshelf: LayerNorm's bias (16-bit, x's dtype, 16-byte aligned) through the shelf too,
-    # pass 2 in at least two steps of <= 2048 columns (_norm_bshelf)
-    bshelf = (shelf and cfg.bshelf and not is_rms and bias is not None and bias.dtype == x.dtype
-              and bias.data_ptr() % 16 == 0 and bshelf_fits(cfg.block_n) and seg >= 2 * cfg.block_n)
     # the L2 requests: cfg.pf after pass 1, cfg.l2_first before the PDL wait (_l2_ahead.requests)
     pdl = pdl_args(x)  # the launch's PDL arguments, also whether l2_first may ask before the wait
     pf, first = l2_requests(cfg, x, residual, M, seg, even, cluster or split == 1, bool(pdl))
@@ -281,8 +274,7 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
             DROP_Y=cfg.drop_y, CLUSTER=clusters, LATE_WB=cfg.late_wb, SHELF=shelf,
             FOLD=cfg.fold, EVEN=even, PF=pf if part_of_loop == 0 else 0,
             PF_LANES=32 * cfg.num_warps if pf or first else 32,
-            WB_PRE=(max(cfg.wb_pre, 2) if bshelf else cfg.wb_pre) if cfg.mode == "loop" and part_of_loop != 1 else 0,
-            WB_EARLY=cfg.wb_early and shelf, BSHELF=bshelf,
+            WB_PRE=cfg.wb_pre if cfg.mode == "loop" and part_of_loop != 1 else 0, WB_EARLY=cfg.wb_early and shelf,
             PIPE=cfg.pipe if cfg.mode == "loop" else 0, TRACE=trace is not None, FIRST=first, **pdl,
             num_warps=cfg.num_warps, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
         )
