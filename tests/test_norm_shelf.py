@@ -8,7 +8,7 @@ import torch
 from onetrip.ops import norm as norm_mod
 from onetrip.ops._common import pdl_mode
 from onetrip.ops._norm_picks import FEW_ROWS_GPU, PICKS_GPU
-from onetrip.ops._shelf import SHELF_BYTES, SHELF_SMALL, shelf_fits
+from onetrip.ops._shelf import SHELF_BYTES, shelf_fits
 from onetrip.ops.norm import NormConfig
 from onetrip.testing import poison_, strided_like
 
@@ -87,39 +87,6 @@ def test_shelf_gpu(gen, kind, dtype, width, chunk, warps, split, cluster):
     w1, b1 = _params(kind, width - 8, dtype, device, gen)
     _run(torch.randn(5, width - 8, generator=gen, device=device).to(dtype), None, w1, b1, kind, cfg, False)
     _run(x.float(), None, w.float(), b.float() if b is not None else None, kind, cfg, False)
-
-
-@pytest.mark.skipif(not ON_GPU, reason="the shelf is inline PTX: a GPU")
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("width, chunk, warps, split, hold", [
-    (5120, 1024, 4, 1, 1),  # a row a program: 1 chunk held, 4 on the shelf
-    (65536, 2048, 8, 8, 2),  # a cluster of 8 segments: 2 chunks held, 2 on the shelf
-    (262144, 4096, 8, 16, 1)])  # the H100's 256K form: 1 held, 3 on the shelf
-def test_shelf_hold_gpu(gen, kind, width, chunk, warps, split, hold):
-    """``hold`` with the shelf: the segment's first chunks in registers, the rest on the 24 KB
-    shelf (its declaration in the kernel), y right eagerly and replayed from a CUDA graph with
-    new inputs; a segment whose rest passes 24 KB goes without the shelf, and right."""
-    device = torch.device("cuda")
-    cfg = NormConfig("loop", 1, chunk, warps, vec=True, const_n=True, split=split, cluster=split > 1 and HOPPER,
-                     shelf=True, fold=True, hold=hold)
-    w, b = _params(kind, width, torch.bfloat16, device, gen)
-    x = torch.randn(5, width, generator=gen, device=device).to(torch.bfloat16)
-    y = poison_(torch.empty_like(x))
-    kernel = norm_mod._launch(x, None, w, b, y, None, 1e-6, kind != "layer", kind == "gemma", cfg)
-    assert f"oshelf[{SHELF_SMALL}]" in kernel.asm["ptx"]
-    _check(kind, x, None, w, b, 1e-6, y, None)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        norm_mod._launch(x, None, w, b, y, None, 1e-6, kind != "layer", kind == "gemma", cfg)
-    x.copy_(torch.randn(5, width, generator=gen, device=device))
-    poison_(y)
-    graph.replay()
-    torch.cuda.synchronize()
-    _check(kind, x, None, w, b, 1e-6, y, None)
-    if split == 1:  # 12288 columns: 11 chunks on the shelf, 22 KB; at 14336, 26 KB: no shelf
-        for cols, taken in ((12288, True), (14336, False)):
-            w1, b1 = _params(kind, cols, torch.bfloat16, device, gen)
-            _run(torch.randn(3, cols, generator=gen, device=device).to(torch.bfloat16), None, w1, b1, kind, cfg, taken)
 
 
 def test_maxnreg_runs_anywhere(device, gen):

@@ -144,9 +144,7 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
 
     SHELF (one row a program, dense 16-bit rows without a residual, EVEN; ``_shelf``): the
     segment is copied into shared memory at once, the statistics and pass 2 read it there:
-    nothing of the row is read twice. With HOLD its first HOLD chunks are loaded into
-    registers instead (after the copies are issued), and the rest goes on a 24 KB shelf
-    (``_shelf.SHELF_SMALL``): less shared memory a CTA, so more of the SM's L1 left.
+    nothing of the row is read twice, and HOLD does not apply.
 
     WB_PRE (0-4): the weight (and bias) of pass 2's first WB_PRE chunks are loaded before
     the exchange of sums (WB_EARLY, with the shelf: right after its copies are issued), so
@@ -185,8 +183,8 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
     KEEP: tl.constexpr = "evict_last" if HINTS else ""
     MEAN_SHIFT: tl.constexpr = x_ptr.dtype.element_ty == tl.float32
     DROP: tl.constexpr = "evict_first" if HINTS else ""
-    tl.static_assert(not SHELF or (BLOCK_M == 1 and not HAS_RESIDUAL and EVEN),
-                     "the shelf takes a dense row's segment of whole chunks, no residual")
+    tl.static_assert(not SHELF or (BLOCK_M == 1 and not HAS_RESIDUAL and EVEN and HOLD == 0),
+                     "the shelf takes a dense row's segment of whole chunks, no residual, nothing held")
     DROP_STREAMED_Y: tl.constexpr = "evict_first" if HINTS and DROP_Y else ""
     tl.static_assert(SPLIT == 1 or BLOCK_M == 1, "a split row is one row a program")
     if CLUSTER:
@@ -197,8 +195,8 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
     rows = row * BLOCK_M + tl.arange(0, BLOCK_M)
     col0 = seg * SEG
     base = 0
-    if SHELF:  # column col0 + j of the row at base + 2 j (j past the HOLD chunks, which stay in registers)
-        base = shelf_base(row, HOLD > 0) - 2 * HOLD * BLOCK_N
+    if SHELF:
+        base = shelf_base(row)  # column col0 + j of the row at base + 2 j
     c = 0.0
     s1 = 0.0
     s2 = 0.0
@@ -210,27 +208,15 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
             # peeled off the loop, measured -4 to +3 points: 16K / 32K wide, H200.)
             c = _loop_shift(x_ptr, r_ptr, h_ptr, rows, M, col0, N, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL,
                             STASH, BLOCK_M, BLOCK_N if MEAN_SHIFT else 1)
-            if STASH or (HOLD > 0 and not SHELF):
+            if STASH or HOLD > 0:
                 # Pass 1 may store h over the residual (residual_out=residual) at col0: every
                 # thread's load of c is performed before any thread's store (bar.sync orders them).
                 tl.debug_barrier()
         if SHELF:  # every copy issued, then one wait; the sums read back from the shelf
-            skip = HOLD * BLOCK_N  # the held chunks' columns, loaded into registers after the copies
-            shelf_copy(base + 2 * skip, x_ptr + row.to(tl.int64) * stride_xm + col0 + skip, SEG - skip, BLOCK_N)
+            shelf_copy(base, x_ptr + row.to(tl.int64) * stride_xm + col0, SEG, BLOCK_N)
             if WB_EARLY:
                 wb = _pre_wb(w_ptr, b_ptr, col0, N, BLOCK_N, EVEN, HAS_WEIGHT, HAS_BIAS, WB_PRE)
-            h1 = 0.0
-            h2 = 0.0
-            for k in tl.static_range(HOLD):
-                hk, d = _held_pass1(x_ptr, r_ptr, h_ptr, rows, M, col0, k * BLOCK_N, N, c, stride_xm, stride_rm,
-                                    stride_hm, HAS_RESIDUAL, STASH, BLOCK_M, BLOCK_N, EVEN, DROP)
-                held = held + (hk,)
-                h1 += tl.sum(d)
-                h2 += tl.sum(d * d)
-            s1, s2 = shelf_sums(base + 2 * skip, c, shelf_wait(row), x_ptr, SEG - skip, BLOCK_N)
-            if HOLD > 0:
-                s1 += h1
-                s2 += h2
+            s1, s2 = shelf_sums(base, c, shelf_wait(row), x_ptr, SEG, BLOCK_N)
         else:
             if VEC:  # per-lane partial sums, reduced once after the loop
                 v1 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)

@@ -46,9 +46,6 @@ import triton
 import triton.language as tl
 
 SHELF_BYTES = 32768  # a 16384-column segment of bf16: 256K rows in 16 programs, 128K in 8
-# With a chunk held in registers (``NormConfig.hold``) the rest of such a segment: five CTAs of
-# 24 + 1 KB leave the SM's L1 124 KB instead of 60 (thirty-sixth session)
-SHELF_SMALL = 24576
 
 
 def _load_asm() -> str:
@@ -60,7 +57,6 @@ def _load_asm() -> str:
 
 
 BASE_ASM = tl.constexpr("{\n.shared .align 16 .b8 oshelf[" + str(SHELF_BYTES) + "];\nmov.u32 $0, oshelf;\n}")
-BASE_SMALL_ASM = tl.constexpr("{\n.shared .align 16 .b8 oshelf[" + str(SHELF_SMALL) + "];\nmov.u32 $0, oshelf;\n}")
 FETCH8_ASM = tl.constexpr("cp.async.ca.shared.global [$1], [$2], 8;\nmov.u32 $0, 0;")
 FETCH16_ASM = tl.constexpr("cp.async.ca.shared.global [$1], [$2], 16;\nmov.u32 $0, 0;")
 WAIT_ASM = tl.constexpr("cp.async.wait_all;\nbar.sync 0;\nmov.b32 $0, 0;")
@@ -69,14 +65,9 @@ LOAD_CONSTRAINTS = tl.constexpr("=r,=r,=r,=r," + ",".join(["r"] * 8 + ["f"] * 8)
 
 
 @triton.jit
-def shelf_base(pid, SMALL: tl.constexpr = False):
-    """The shared address of this CTA's shelf (SHELF_BYTES, SMALL: SHELF_SMALL; int32).
-    ``pid``: any int32 scalar."""
-    if SMALL:
-        base = tl.inline_asm_elementwise(BASE_SMALL_ASM, "=r,r", [pid], dtype=tl.int32, is_pure=False, pack=1)
-    else:
-        base = tl.inline_asm_elementwise(BASE_ASM, "=r,r", [pid], dtype=tl.int32, is_pure=False, pack=1)
-    return base
+def shelf_base(pid):
+    """The shared address of this CTA's shelf (SHELF_BYTES; int32). ``pid``: any int32 scalar."""
+    return tl.inline_asm_elementwise(BASE_ASM, "=r,r", [pid], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -150,10 +141,10 @@ def shelf_sums(base, c, after, like_ptr, SEG: tl.constexpr, BLOCK_N: tl.constexp
     return tl.sum(v1), tl.sum(v2)
 
 
-def shelf_fits(seg_cols: int, block_n: int, num_warps: int, itemsize: int, nbytes: int = SHELF_BYTES) -> bool:
+def shelf_fits(seg_cols: int, block_n: int, num_warps: int, itemsize: int) -> bool:
     """A "loop" program's segment of ``seg_cols`` columns, a whole number of chunks of
-    ``block_n``, fits a shelf of ``nbytes``, and each thread of a chunk has whole runs of 8
-    elements (>= 8, a multiple of 8: the 16-byte reads above; the shelf takes 16-bit dtypes)."""
+    ``block_n``, fits the shelf, and each thread of a chunk has whole runs of 8 elements
+    (>= 8, a multiple of 8: the 16-byte reads above; the shelf takes 16-bit dtypes)."""
     per_thread, rem = divmod(block_n, 32 * num_warps)
     return (itemsize == 2 and rem == 0 and per_thread % 8 == 0 and seg_cols % block_n == 0
-            and seg_cols * itemsize <= nbytes)
+            and seg_cols * itemsize <= SHELF_BYTES)

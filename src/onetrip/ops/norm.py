@@ -75,7 +75,7 @@ from ._norm_chunk import _chunk_stats, _load_h, _load_wb, _mean_rstd, _store_y
 from ._norm_jit import _loop_row, _wait_row
 from ._norm_picks import (FEW_ROWS_GPU, LOOP_PICKS, PICKS_GPU, ROWS_PICKS, NormConfig, _can_wait, launch_segments,
                           norm_config)
-from ._shelf import SHELF_BYTES, SHELF_SMALL, shelf_fits
+from ._shelf import shelf_fits
 from ._stamp import check_trace
 
 _ROWS, _COOP, _STATS, _APPLY, _LOOP = 0, 1, 2, 3, 4  # the kernel's PHASE
@@ -251,8 +251,7 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
     shelf = (cfg.shelf and cfg.mode == "loop" and cfg.block_m == 1 and residual is None and x.is_cuda
              and not is_interpreting() and (split == 1 or wait) and even
              and x.data_ptr() % 16 == 0 and y.data_ptr() % 16 == 0
-             and shelf_fits(seg - cfg.hold * cfg.block_n, cfg.block_n, cfg.num_warps, x.element_size(),
-                            SHELF_SMALL if cfg.hold else SHELF_BYTES))
+             and shelf_fits(seg, cfg.block_n, cfg.num_warps, x.element_size()))
     # the L2 requests: cfg.pf after pass 1, cfg.l2_first before the PDL wait (_l2_ahead.requests)
     pdl = pdl_args(x)  # the launch's PDL arguments, also whether l2_first may ask before the wait
     pf, first = l2_requests(cfg, x, residual, M, seg, even, cluster or split == 1, bool(pdl))
@@ -270,9 +269,8 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
             PHASE=phase, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_C=max(2, triton.next_power_of_2(C)),
             HINTS=cfg.hints, STASH=cfg.stash and residual is not None, VEC=cfg.vec,
             UNROLL=cfg.unroll, CONST_N=const_n, SPLIT=split, SEG_N=seg if const_n else 0, LOOP_PART=part_of_loop,
-            # (two launches: pass 2 cannot hold pass 1's registers; with the shelf the rest of the segment
-            # goes on a smaller one, _shelf.SHELF_SMALL)
-            HOLD=cfg.hold if part_of_loop == 0 else 0,
+            # (two launches: pass 2 cannot hold pass 1's registers; the shelf holds the whole segment)
+            HOLD=cfg.hold if part_of_loop == 0 and not shelf else 0,
             DROP_Y=cfg.drop_y, CLUSTER=clusters, LATE_WB=cfg.late_wb, SHELF=shelf,
             FOLD=cfg.fold, EVEN=even, PF=pf if part_of_loop == 0 else 0,
             PF_LANES=32 * cfg.num_warps if pf or first else 32,
