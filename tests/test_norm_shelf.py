@@ -30,14 +30,16 @@ def test_shelf_fits():
     assert SHELF_BYTES == 32768
 
 
-def test_shelf_falls_back(device, gen):
+@pytest.mark.parametrize("shelf_pipe", [False, True])
+def test_shelf_falls_back(device, gen, shelf_pipe):
     """Where the shelf cannot serve (the interpreter, a chunk of one element a thread), the
-    config runs as without it, and right."""
+    config runs as without it (``shelf_pipe`` too), and right."""
     x = strided_like((5, 1024), torch.bfloat16, device, generator=gen)
     w, b = _params("layer", 1024, torch.bfloat16, device, gen)
     y = poison_(torch.empty_like(x))
     kernel = norm_mod._launch(x, None, w, b, y, None, 1e-6, False, False,
-                              NormConfig("loop", 1, 128, 4, hints=True, vec=True, const_n=True, split=4, shelf=True))
+                              NormConfig("loop", 1, 128, 4, hints=True, vec=True, const_n=True, split=4, shelf=True,
+                                         shelf_pipe=shelf_pipe))
     _check("layer", x, None, w, b, 1e-6, y, None)
     if kernel is not None:
         assert "oshelf" not in kernel.asm["ptx"]
@@ -87,6 +89,34 @@ def test_shelf_gpu(gen, kind, dtype, width, chunk, warps, split, cluster):
     w1, b1 = _params(kind, width - 8, dtype, device, gen)
     _run(torch.randn(5, width - 8, generator=gen, device=device).to(dtype), None, w1, b1, kind, cfg, False)
     _run(x.float(), None, w.float(), b.float() if b is not None else None, kind, cfg, False)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the shelf is inline PTX: a GPU")
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("width, chunk, warps, split", [
+    (5120, 1024, 4, 1),  # a row a program: 5 chunks, more than the 4 groups a wait names
+    (65536, 2048, 8, 8),  # a cluster of 8 segments of 4 chunks
+    (262144, 4096, 8, 16)])  # the H100's 256K form
+def test_shelf_pipe_gpu(gen, kind, width, chunk, warps, split):
+    """``shelf_pipe``: each chunk's copies a group, summed as it lands (its wait in the
+    kernel); y right, eagerly and replayed from a CUDA graph with new inputs."""
+    device = torch.device("cuda")
+    cfg = NormConfig("loop", 1, chunk, warps, vec=True, const_n=True, split=split, cluster=split > 1 and HOPPER,
+                     shelf=True, fold=True, shelf_pipe=True)
+    w, b = _params(kind, width, torch.bfloat16, device, gen)
+    x = torch.randn(5, width, generator=gen, device=device).to(torch.bfloat16)
+    y = poison_(torch.empty_like(x))
+    kernel = norm_mod._launch(x, None, w, b, y, None, 1e-6, kind != "layer", kind == "gemma", cfg)
+    assert "cp.async.wait_group 0" in kernel.asm["ptx"]
+    _check(kind, x, None, w, b, 1e-6, y, None)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        norm_mod._launch(x, None, w, b, y, None, 1e-6, kind != "layer", kind == "gemma", cfg)
+    x.copy_(torch.randn(5, width, generator=gen, device=device))
+    poison_(y)
+    graph.replay()
+    torch.cuda.synchronize()
+    _check(kind, x, None, w, b, 1e-6, y, None)
 
 
 def test_maxnreg_runs_anywhere(device, gen):

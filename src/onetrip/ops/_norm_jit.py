@@ -10,7 +10,7 @@ from ._jit import cast_out
 from ._l2_ahead import l2_ahead
 from ._norm_chunk import (_accumulate, _ahead_cols, _chunk_cols, _held_pass1, _load_h, _load_wb, _load_xr, _pass1_h,
                           _pass2_chunk, _pass2_src, _pre_wb, _row_sums, _tile_mask)
-from ._shelf import shelf_base, shelf_copy, shelf_sums, shelf_wait
+from ._shelf import shelf_base, shelf_copy, shelf_sums, shelf_sums_piped, shelf_wait
 from ._stamp import stamp_phase, stamp_start
 
 
@@ -106,7 +106,7 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
               DROP_Y: tl.constexpr = False, CLUSTER: tl.constexpr = False, SHELF: tl.constexpr = False,
               FOLD: tl.constexpr = False, PF: tl.constexpr = 0, PF_LANES: tl.constexpr = 32,
               WB_PRE: tl.constexpr = 0, WB_EARLY: tl.constexpr = False, PIPE: tl.constexpr = 0,
-              TRACE: tl.constexpr = False):
+              TRACE: tl.constexpr = False, SHELF_PIPE: tl.constexpr = 0):
     """Mode "loop": a program per BLOCK_M rows (per segment of SEG columns of a row with
     SPLIT > 1), two passes over its chunks of BLOCK_N. Pass 1 sums the statistics; pass 2
     reads each chunk again, which a row of <= 512 KB finds in L2 (two programs an SM hold
@@ -144,7 +144,8 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
 
     SHELF (one row a program, dense 16-bit rows without a residual, EVEN; ``_shelf``): the
     segment is copied into shared memory at once, the statistics and pass 2 read it there:
-    nothing of the row is read twice, and HOLD does not apply.
+    nothing of the row is read twice, and HOLD does not apply. SHELF_PIPE (the segment's
+    chunks, 0: off): each chunk's copies are a group, summed as soon as it lands.
 
     WB_PRE (0-4): the weight (and bias) of pass 2's first WB_PRE chunks are loaded before
     the exchange of sums (WB_EARLY, with the shelf: right after its copies are issued), so
@@ -213,10 +214,13 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
                 # thread's load of c is performed before any thread's store (bar.sync orders them).
                 tl.debug_barrier()
         if SHELF:  # every copy issued, then one wait; the sums read back from the shelf
-            shelf_copy(base, x_ptr + row.to(tl.int64) * stride_xm + col0, SEG, BLOCK_N)
+            shelf_copy(base, x_ptr + row.to(tl.int64) * stride_xm + col0, SEG, BLOCK_N, SHELF_PIPE > 0)
             if WB_EARLY:
                 wb = _pre_wb(w_ptr, b_ptr, col0, N, BLOCK_N, EVEN, HAS_WEIGHT, HAS_BIAS, WB_PRE)
-            s1, s2 = shelf_sums(base, c, shelf_wait(row), x_ptr, SEG, BLOCK_N)
+            if SHELF_PIPE > 0:  # each chunk summed as it lands
+                s1, s2 = shelf_sums_piped(base, c, row, x_ptr, SHELF_PIPE, BLOCK_N)
+            else:
+                s1, s2 = shelf_sums(base, c, shelf_wait(row), x_ptr, SEG, BLOCK_N)
         else:
             if VEC:  # per-lane partial sums, reduced once after the loop
                 v1 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)

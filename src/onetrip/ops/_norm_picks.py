@@ -45,6 +45,7 @@ class NormConfig:
     pipe: int = 0  # "loop": chunk k + 1's loads issued before chunk k's stores (1: pass 1, 2: pass 2, 3: both)
     l2_first: int = 0  # "loop", dense rows (Hopper, PDL): a program's first chunks asked of the L2 before the wait
     carveout: int = -1  # % of the SM's L1 / shared memory asked as shared memory (-1: the driver's choice)
+    shelf_pipe: bool = False  # with the shelf: each chunk's statistics summed as soon as its copies land
     maxnreg: int = 0  # ptxas's register cap (.maxnreg; 0: none), which also fixes how CUDA 13's ptxas schedules
 
     def __post_init__(self):
@@ -316,6 +317,11 @@ LOOP_PICKS = {
 #   (results/ops-l2first-chunks-ab-h100-20261127-session34-*.json): 64 x 256K rms_norm 92.8 / 88.0 /
 #   88.2 / 92.6%, add_rms_norm 92.4 / 90.8 / 91.0 / 92.5, layer_norm 83.9 / 80.9 / 80.4 / 84.2,
 #   add_layer_norm 90.0 / 89.6 / 89.8 / 90.2; 256 x 256K +0.6-1.4; the rest within 0.5.
+# - layer_norm 256K's shelf summing each chunk as its copies land (``shelf_pipe``) with its first
+#   chunk's weight and bias asked for with the copies (``wb_pre=1, wb_early``), thirty-sixth
+#   session: tune_ops (runs 6-7) 64 x 256K 85.9-86.0 -> 87.4-87.5%, 256 x 256K 93.1-93.2 ->
+#   94.6-94.8 (either alone +0.3-0.9); ops bench, rounds new base base new (results/ops-layer-
+#   shelfpipe-ab-h100-20261127-session36-*.json): 84.4 / 84.5 -> 86.4 / 86.6, 92.5 / 92.7 -> 94.3 / 94.4.
 _CLUSTER = dict(hints=True, vec=True, const_n=True, cluster=True)
 _CLUSTER_NH = dict(_CLUSTER, hints=False)
 PICKS_GPU = {
@@ -329,7 +335,7 @@ PICKS_GPU = {
         ("loop", False, False, 131072): _loop(4096, 8, split=8, shelf=True, fold=True, maxnreg=48, pf=32,
                                               pf_rows=384, wb_pre=1, wb_early=True, **_CLUSTER_NH),
         ("loop", False, False, 262144): _loop(4096, 8, split=16, shelf=True, fold=True, maxnreg=48, l2_first=2,
-                                              **_CLUSTER_NH),
+                                              shelf_pipe=True, wb_pre=1, wb_early=True, **_CLUSTER_NH),
         ("loop", True, True, 131072): _loop(4096, 8, stash=True, split=16, **_CLUSTER_NH),
         ("loop", False, True, 131072): _loop(4096, 8, stash=True, split=16, fold=True, **_CLUSTER_NH),
         ("loop", False, True, 262144): _loop(8192, 16, stash=True, split=16, fold=True, wb_pre=2, pipe=1,

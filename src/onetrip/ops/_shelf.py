@@ -32,7 +32,10 @@ exchange buffer, a static ``.shared`` array is declared in inline PTX (``shelf_b
   * ``shelf_quads``: the statistics' reads, int64 quads, pack=1 (any layout);
     ``quad_lane`` unpacks one 16-bit lane to float32.
   * ``shelf_copy`` and ``shelf_sums``: a whole segment's copies, and its sums of d and
-    d^2 read back (the library's pass 1, in ``_norm_jit._loop_row``).
+    d^2 read back (the library's pass 1, in ``_norm_jit._loop_row``). ``shelf_sums_piped``
+    (with ``shelf_copy``'s GROUPS: each chunk's copies committed as a ``cp.async`` group)
+    sums chunk k once its own group is in (``cp.async.wait_group``, then a CTA barrier),
+    while the later chunks still arrive, instead of after the last one.
   * ``shelf_load``: pass 2's reads, pack=8 16-bit elements with one 16-byte ``ld.shared.v4``,
     in the layout of y's coalesced store (Triton gives a pure asm its users' layout): the 8
     must be a thread's contiguous run, which needs 16-byte aligned rows and >= 8 elements
@@ -60,6 +63,13 @@ BASE_ASM = tl.constexpr("{\n.shared .align 16 .b8 oshelf[" + str(SHELF_BYTES) + 
 FETCH8_ASM = tl.constexpr("cp.async.ca.shared.global [$1], [$2], 8;\nmov.u32 $0, 0;")
 FETCH16_ASM = tl.constexpr("cp.async.ca.shared.global [$1], [$2], 16;\nmov.u32 $0, 0;")
 WAIT_ASM = tl.constexpr("cp.async.wait_all;\nbar.sync 0;\nmov.b32 $0, 0;")
+COMMIT_ASM = tl.constexpr("cp.async.commit_group;\nmov.u32 $0, 0;")
+
+# wait until at most P of this thread's groups are pending, then the CTA's barrier (P = 0-3)
+GROUP_WAIT0 = tl.constexpr("cp.async.wait_group 0;\nbar.sync 0;\nmov.b32 $0, 0;")
+GROUP_WAIT1 = tl.constexpr("cp.async.wait_group 1;\nbar.sync 0;\nmov.b32 $0, 0;")
+GROUP_WAIT2 = tl.constexpr("cp.async.wait_group 2;\nbar.sync 0;\nmov.b32 $0, 0;")
+GROUP_WAIT3 = tl.constexpr("cp.async.wait_group 3;\nbar.sync 0;\nmov.b32 $0, 0;")
 LOAD_ASM = tl.constexpr(_load_asm())
 LOAD_CONSTRAINTS = tl.constexpr("=r,=r,=r,=r," + ",".join(["r"] * 8 + ["f"] * 8))  # values; addresses; ``after``
 
@@ -115,14 +125,17 @@ def shelf_load(addr, after, like_ptr):
 
 
 @triton.jit
-def shelf_copy(dst, src_ptr, SEG: tl.constexpr, BLOCK_N: tl.constexpr):
+def shelf_copy(dst, src_ptr, SEG: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr = False):
     """Start copying SEG 16-bit elements from global ``src_ptr`` (16-byte aligned) to the
     shared address ``dst``, BLOCK_N a step in 16-byte copies; every copy is issued before
-    any is waited on (``shelf_wait``)."""
+    any is waited on (``shelf_wait``; GROUPS: each step's copies committed as a group, for
+    ``shelf_sums_piped``)."""
     octs = tl.arange(0, BLOCK_N // 8)[None, :]  # (1, BLOCK_N / 8): 8 elements (16 bytes) each
     q_ptr = src_ptr.to(tl.pointer_type(tl.int64), bitcast=True)
     for i in tl.range(0, SEG, BLOCK_N):
         shelf_fetch(dst + 2 * i + 16 * octs, q_ptr + i // 4 + 2 * octs, 16)
+        if GROUPS:
+            tl.inline_asm_elementwise(COMMIT_ASM, "=r,r", [i], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -136,6 +149,39 @@ def shelf_sums(base, c, after, like_ptr, SEG: tl.constexpr, BLOCK_N: tl.constexp
         q = shelf_quads(base + 2 * i + 8 * quads, after)
         for k in tl.static_range(4):
             d = quad_lane(q, k, like_ptr) - c
+            v1 += d
+            v2 += d * d
+    return tl.sum(v1), tl.sum(v2)
+
+
+@triton.jit
+def group_wait(pid, PENDING: tl.constexpr):
+    """Wait until at most PENDING (0-3; more waits as for 3) of this thread's copy groups are
+    pending, then for the CTA (a barrier); returns float32 0.0 for the reads' ``after``.
+    (ptxas may schedule the sums of the chunk before after the wait: they depend on no
+    memory operation. Passing the sums through the asm did not keep them before it.)"""
+    if PENDING == 0:
+        g = tl.inline_asm_elementwise(GROUP_WAIT0, "=r,r", [pid], dtype=tl.int32, is_pure=False, pack=1)
+    elif PENDING == 1:
+        g = tl.inline_asm_elementwise(GROUP_WAIT1, "=r,r", [pid], dtype=tl.int32, is_pure=False, pack=1)
+    elif PENDING == 2:
+        g = tl.inline_asm_elementwise(GROUP_WAIT2, "=r,r", [pid], dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        g = tl.inline_asm_elementwise(GROUP_WAIT3, "=r,r", [pid], dtype=tl.int32, is_pure=False, pack=1)
+    return g.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def shelf_sums_piped(base, c, pid, like_ptr, CHUNKS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``shelf_sums`` of CHUNKS steps of BLOCK_N copied by ``shelf_copy`` with GROUPS: step k
+    read once its group is in, while steps k + 1 on may still be arriving."""
+    quads = tl.arange(0, BLOCK_N // 4)[None, :]
+    v1 = tl.zeros((1, BLOCK_N // 4), tl.float32)
+    v2 = tl.zeros((1, BLOCK_N // 4), tl.float32)
+    for k in tl.static_range(CHUNKS):
+        q = shelf_quads(base + 2 * k * BLOCK_N + 8 * quads, group_wait(pid, CHUNKS - 1 - k))
+        for j in tl.static_range(4):
+            d = quad_lane(q, j, like_ptr) - c
             v1 += d
             v2 += d * d
     return tl.sum(v1), tl.sum(v2)
