@@ -45,6 +45,20 @@ def test_shelf_falls_back(device, gen, shelf_pipe):
         assert "oshelf" not in kernel.asm["ptx"]
 
 
+def _replays(x, w, b, kind, cfg, gen):
+    """``cfg`` captured in a CUDA graph on ``x`` (no residual), then replayed on new values of
+    x into a poisoned y, and the result checked."""
+    y = poison_(torch.empty_like(x))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        norm_mod._launch(x, None, w, b, y, None, 1e-6, kind != "layer", kind == "gemma", cfg)
+    x.copy_(torch.randn(x.shape, generator=gen, device=x.device))
+    poison_(y)
+    graph.replay()
+    torch.cuda.synchronize()
+    _check(kind, x, None, w, b, 1e-6, y, None)
+
+
 def _run(x, r, w, b, kind, cfg, taken):
     """Launch ``cfg`` on poisoned outputs, check that the shelf was taken or not, and the result."""
     y = poison_(torch.empty(x.shape, dtype=x.dtype, device=x.device))
@@ -73,15 +87,7 @@ def test_shelf_gpu(gen, kind, dtype, width, chunk, warps, split, cluster):
     w, b = _params(kind, width, dtype, device, gen)
     x = torch.randn(5, width, generator=gen, device=device).to(dtype)
     _run(x, None, w, b, kind, cfg, True)
-    y = poison_(torch.empty_like(x))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        norm_mod._launch(x, None, w, b, y, None, 1e-6, kind != "layer", kind == "gemma", cfg)
-    x.copy_(torch.randn(5, width, generator=gen, device=device))
-    poison_(y)
-    graph.replay()
-    torch.cuda.synchronize()
-    _check(kind, x, None, w, b, 1e-6, y, None)
+    _replays(x, w, b, kind, cfg, gen)
     _run(x, torch.randn_like(x), w, b, kind, cfg, False)  # a residual
     _run(strided_like((5, width), dtype, device, "rows", generator=gen), None, w, b, kind, cfg, False)
     flat = torch.randn(5 * width + 1, generator=gen, device=device).to(dtype)
@@ -109,14 +115,7 @@ def test_shelf_pipe_gpu(gen, kind, width, chunk, warps, split):
     kernel = norm_mod._launch(x, None, w, b, y, None, 1e-6, kind != "layer", kind == "gemma", cfg)
     assert "cp.async.wait_group 0" in kernel.asm["ptx"]
     _check(kind, x, None, w, b, 1e-6, y, None)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        norm_mod._launch(x, None, w, b, y, None, 1e-6, kind != "layer", kind == "gemma", cfg)
-    x.copy_(torch.randn(5, width, generator=gen, device=device))
-    poison_(y)
-    graph.replay()
-    torch.cuda.synchronize()
-    _check(kind, x, None, w, b, 1e-6, y, None)
+    _replays(x, w, b, kind, cfg, gen)
 
 
 def test_maxnreg_runs_anywhere(device, gen):

@@ -213,7 +213,7 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
                 # Pass 1 may store h over the residual (residual_out=residual) at col0: every
                 # thread's load of c is performed before any thread's store (bar.sync orders them).
                 tl.debug_barrier()
-        if SHELF:  # every copy issued, then one wait; the sums read back from the shelf
+        if SHELF:  # every copy issued, then one wait (SHELF_PIPE: one a chunk); the sums read back from the shelf
             shelf_copy(base, x_ptr + row.to(tl.int64) * stride_xm + col0, SEG, BLOCK_N, SHELF_PIPE > 0)
             if WB_EARLY:
                 wb = _pre_wb(w_ptr, b_ptr, col0, N, BLOCK_N, EVEN, HAS_WEIGHT, HAS_BIAS, WB_PRE)

@@ -158,8 +158,9 @@ def shelf_sums(base, c, after, like_ptr, SEG: tl.constexpr, BLOCK_N: tl.constexp
 def group_wait(pid, PENDING: tl.constexpr):
     """Wait until at most PENDING (0-3; more waits as for 3) of this thread's copy groups are
     pending, then for the CTA (a barrier); returns float32 0.0 for the reads' ``after``.
-    (ptxas may schedule the sums of the chunk before after the wait: they depend on no
-    memory operation. Passing the sums through the asm did not keep them before it.)"""
+    (ptxas schedules the previous chunk's sums after this wait: they touch no memory. A
+    shared store under a never-true predicate that depends on them keeps them before it, and
+    bought nothing on an H100: NOTES.md, thirty-sixth session, run 11.)"""
     if PENDING == 0:
         g = tl.inline_asm_elementwise(GROUP_WAIT0, "=r,r", [pid], dtype=tl.int32, is_pure=False, pack=1)
     elif PENDING == 1:
