@@ -65,11 +65,10 @@ FETCH16_ASM = tl.constexpr("cp.async.ca.shared.global [$1], [$2], 16;\nmov.u32 $
 WAIT_ASM = tl.constexpr("cp.async.wait_all;\nbar.sync 0;\nmov.b32 $0, 0;")
 COMMIT_ASM = tl.constexpr("cp.async.commit_group;\nmov.u32 $0, 0;")
 
-# wait until at most P of this thread's groups are pending, then the CTA's barrier (P = 0-3)
-GROUP_WAIT0 = tl.constexpr("cp.async.wait_group 0;\nbar.sync 0;\nmov.b32 $0, 0;")
-GROUP_WAIT1 = tl.constexpr("cp.async.wait_group 1;\nbar.sync 0;\nmov.b32 $0, 0;")
-GROUP_WAIT2 = tl.constexpr("cp.async.wait_group 2;\nbar.sync 0;\nmov.b32 $0, 0;")
-GROUP_WAIT3 = tl.constexpr("cp.async.wait_group 3;\nbar.sync 0;\nmov.b32 $0, 0;")
+# wait until at most P of this thread's groups are pending, then the CTA's barrier (P = 0-3;
+# the count is an immediate, so one string each)
+GROUP_WAIT0, GROUP_WAIT1, GROUP_WAIT2, GROUP_WAIT3 = (
+    tl.constexpr(f"cp.async.wait_group {p};\nbar.sync 0;\nmov.b32 $0, 0;") for p in range(4))
 LOAD_ASM = tl.constexpr(_load_asm())
 LOAD_CONSTRAINTS = tl.constexpr("=r,=r,=r,=r," + ",".join(["r"] * 8 + ["f"] * 8))  # values; addresses; ``after``
 
@@ -146,12 +145,18 @@ def shelf_sums(base, c, after, like_ptr, SEG: tl.constexpr, BLOCK_N: tl.constexp
     v1 = tl.zeros((1, BLOCK_N // 4), tl.float32)
     v2 = tl.zeros((1, BLOCK_N // 4), tl.float32)
     for i in tl.range(0, SEG, BLOCK_N):
-        q = shelf_quads(base + 2 * i + 8 * quads, after)
-        for k in tl.static_range(4):
-            d = quad_lane(q, k, like_ptr) - c
-            v1 += d
-            v2 += d * d
+        v1, v2 = _add_quads(shelf_quads(base + 2 * i + 8 * quads, after), c, v1, v2, like_ptr)
     return tl.sum(v1), tl.sum(v2)
+
+
+@triton.jit
+def _add_quads(q, c, v1, v2, like_ptr):
+    """The running sums (v1, v2) of d and d^2 over the four 16-bit lanes of quads ``q``, d = x - c."""
+    for k in tl.static_range(4):
+        d = quad_lane(q, k, like_ptr) - c
+        v1 += d
+        v2 += d * d
+    return v1, v2
 
 
 @triton.jit
@@ -181,10 +186,7 @@ def shelf_sums_piped(base, c, pid, like_ptr, CHUNKS: tl.constexpr, BLOCK_N: tl.c
     v2 = tl.zeros((1, BLOCK_N // 4), tl.float32)
     for k in tl.static_range(CHUNKS):
         q = shelf_quads(base + 2 * k * BLOCK_N + 8 * quads, group_wait(pid, CHUNKS - 1 - k))
-        for j in tl.static_range(4):
-            d = quad_lane(q, j, like_ptr) - c
-            v1 += d
-            v2 += d * d
+        v1, v2 = _add_quads(q, c, v1, v2, like_ptr)
     return tl.sum(v1), tl.sum(v2)
 
 
