@@ -52,25 +52,21 @@ MAX_RANKS = 16  # cluster sizes 2-8 are portable; 16 is allowed on H100 / H200 (
 XBUF_VALUES = 16  # the exchange buffer: the mbarrier (8 bytes), padding, then the values (3 x 16 floats)
 
 
-XSLOT = tl.constexpr(XBUF_VALUES + 12 * MAX_RANKS)  # bytes of one exchange (its mbarrier and values)
-
-
-def _arm_asm(slots: int = 1) -> str:
+def _arm_asm() -> str:
     """PTX: output $0 (the exchange buffer's shared address); input $1 unused. Thread 0 arms
-    this CTA's mbarrier (one a slot, XSLOT bytes apart) for 12 bytes from every rank; every
-    thread arrives (relaxed) on the cluster barrier, which ``share3`` waits on before it
-    writes into any sibling."""
-    lines = ["{", ".reg .b32 %xb, %xn;", ".reg .pred %xp;", f".shared .align 16 .b8 xbuf[{XSLOT.value * slots}];",
-             "mov.u32 %xb, xbuf;", "mov.u32 %xn, %tid.x;", "setp.eq.u32 %xp, %xn, 0;",
-             "mov.u32 %xn, %cluster_nctarank;", "mul.lo.u32 %xn, %xn, 12;"]
-    for k in range(slots):
-        lines += [f"@%xp mbarrier.init.shared::cta.b64 [%xb+{XSLOT.value * k}], 1;",
-                  f"@%xp mbarrier.arrive.expect_tx.shared::cta.b64 _, [%xb+{XSLOT.value * k}], %xn;"]
-    return "\n".join(lines + ["@%xp fence.mbarrier_init.release.cluster;",
-                               "barrier.cluster.arrive.relaxed.aligned;", "mov.u32 $0, %xb;", "}"])
+    this CTA's mbarrier for 12 bytes from every rank; every thread arrives (relaxed) on the
+    cluster barrier, which ``share3`` waits on before it writes into any sibling."""
+    return "\n".join(["{", ".reg .b32 %xb, %xn;", ".reg .pred %xp;",
+                      f".shared .align 16 .b8 xbuf[{XBUF_VALUES + 12 * MAX_RANKS}];",
+                      "mov.u32 %xb, xbuf;", "mov.u32 %xn, %tid.x;", "setp.eq.u32 %xp, %xn, 0;",
+                      "mov.u32 %xn, %cluster_nctarank;", "mul.lo.u32 %xn, %xn, 12;",
+                      "@%xp mbarrier.init.shared::cta.b64 [%xb], 1;",
+                      "@%xp mbarrier.arrive.expect_tx.shared::cta.b64 _, [%xb], %xn;",
+                      "@%xp fence.mbarrier_init.release.cluster;",
+                      "barrier.cluster.arrive.relaxed.aligned;", "mov.u32 $0, %xb;", "}"])
 
 
-def _share_asm(wait: bool = True) -> str:
+def _share_asm() -> str:
     """PTX: outputs $0 (the address of value 0 of rank 0); inputs $1-$3 (this CTA's three
     values), $4 (the cluster size the kernel was built for), $5 (``cluster_arrive``'s buffer).
     Value k of rank r at values[k * 16 + r]. Thread r < ranks sends this CTA's three values
@@ -79,7 +75,7 @@ def _share_asm(wait: bool = True) -> str:
     a second call would find phase 0 complete and read the first call's values."""
     lines = ["{", ".reg .b32 %qv, %qr, %qt, %qn, %qd, %qm;", ".reg .pred %qp, %qs;",
              "mov.u32 %qn, %cluster_nctarank;", "setp.ne.u32 %qp, %qn, $4;", "@%qp trap;",
-             *(["barrier.cluster.wait.aligned;"] if wait else []),  # pairs with cluster_arrive: siblings armed
+             "barrier.cluster.wait.aligned;",  # pairs with cluster_arrive: every sibling's mbarrier is armed
              f"add.u32 %qv, $5, {XBUF_VALUES};", "mov.u32 %qr, %cluster_ctarank;", "mov.u32 %qt, %tid.x;",
              "setp.lt.u32 %qs, %qt, %qn;", "shl.b32 %qr, %qr, 2;", "add.u32 %qr, %qv, %qr;",
              "@%qs mapa.shared::cluster.u32 %qm, $5, %qt;", "@%qs mapa.shared::cluster.u32 %qd, %qr, %qt;"]
@@ -92,30 +88,22 @@ def _share_asm(wait: bool = True) -> str:
 
 
 SHARE_ASM = tl.constexpr(_share_asm())
-SHARE_NOWAIT_ASM = tl.constexpr(_share_asm(False))  # a second exchange: the first's wait saw every sibling armed
 ARM_ASM = tl.constexpr(_arm_asm())
-ARM2_ASM = tl.constexpr(_arm_asm(2))
 
 
 @triton.jit
-def cluster_arrive(pid, SLOTS: tl.constexpr = 1):
-    """Arm this CTA's exchange (its mbarrier; SLOTS 2: two exchanges, the second's buffer
-    XSLOT bytes on) and arrive (relaxed) on the cluster barrier; ``share3`` waits on it.
-    Call first thing. Returns the exchange buffer's shared address."""
-    if SLOTS == 2:
-        return tl.inline_asm_elementwise(ARM2_ASM, "=r,r", [pid], dtype=tl.int32, is_pure=False, pack=1)
+def cluster_arrive(pid):
+    """Arm this CTA's exchange (its mbarrier) and arrive (relaxed) on the cluster barrier;
+    ``share3`` waits on it. Call first thing. Returns the exchange buffer's shared address."""
     return tl.inline_asm_elementwise(ARM_ASM, "=r,r", [pid], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
-def share3(a, b, c, ranks: tl.constexpr, xbuf, WAIT: tl.constexpr = True):
+def share3(a, b, c, ranks: tl.constexpr, xbuf):
     """Every CTA of the cluster gets every CTA's (a, b, c) (float32 scalars); ``xbuf``:
     ``cluster_arrive``'s buffer. Returns the shared address of the (3, 16) float32 values
     (value k of rank r at 4 * (16 k + r))."""
-    if WAIT:
-        return tl.inline_asm_elementwise(SHARE_ASM, "=r,f,f,f,r,r", [a, b, c, ranks, xbuf], dtype=tl.int32,
-                                         is_pure=False, pack=1)
-    return tl.inline_asm_elementwise(SHARE_NOWAIT_ASM, "=r,f,f,f,r,r", [a, b, c, ranks, xbuf], dtype=tl.int32,
+    return tl.inline_asm_elementwise(SHARE_ASM, "=r,f,f,f,r,r", [a, b, c, ranks, xbuf], dtype=tl.int32,
                                      is_pure=False, pack=1)
 
 

@@ -5,12 +5,12 @@ modes); a chunk's loads, stores and passes are in ``_norm_chunk.py``."""
 import triton
 import triton.language as tl
 
-from ._cluster import XSLOT, cluster_arrive, share3, smem_load
+from ._cluster import cluster_arrive, share3, smem_load
 from ._jit import cast_out
 from ._l2_ahead import l2_ahead
 from ._norm_chunk import (_accumulate, _ahead_cols, _chunk_cols, _held_pass1, _load_h, _load_wb, _load_xr, _pass1_h,
                           _pass2_chunk, _pass2_src, _pre_wb, _row_sums, _tile_mask)
-from ._shelf import shelf_base, shelf_copy, shelf_copy_chunk, shelf_sums, shelf_sums_piped, shelf_wait
+from ._shelf import shelf_base, shelf_copy, shelf_sums, shelf_sums_piped, shelf_wait
 from ._stamp import stamp_phase, stamp_start
 
 
@@ -87,16 +87,6 @@ def _wait_row(counter_ptr, count):
 
 
 @triton.jit
-def _feed(base, x_ptr, next_row, next_ok, col0, i, stride_xm, BLOCK_N: tl.constexpr):
-    """A pair's first row has stored chunk i's y from the shelf: once every thread has (the
-    barrier; each store needed its chunk's shelf read), the next row's chunk i is copied
-    into the same place, a group of its own."""
-    tl.debug_barrier()
-    if next_ok:
-        shelf_copy_chunk(base + 2 * i, x_ptr + next_row.to(tl.int64) * stride_xm + col0 + i, BLOCK_N)
-
-
-@triton.jit
 def _ahead(x_ptr, r_ptr, row, M, col0, stride_xm, stride_rm, HAS_RESIDUAL: tl.constexpr, EVEN: tl.constexpr,
            BLOCK_M: tl.constexpr, SEG: tl.constexpr, LANES: tl.constexpr):
     """Ask the L2 for the segment of x (and r) of row ``row`` (``_l2_ahead``)."""
@@ -116,8 +106,7 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
               DROP_Y: tl.constexpr = False, CLUSTER: tl.constexpr = False, SHELF: tl.constexpr = False,
               FOLD: tl.constexpr = False, PF: tl.constexpr = 0, PF_LANES: tl.constexpr = 32,
               WB_PRE: tl.constexpr = 0, WB_EARLY: tl.constexpr = False, PIPE: tl.constexpr = 0,
-              TRACE: tl.constexpr = False, SHELF_PIPE: tl.constexpr = 0, PAIR: tl.constexpr = 0, xbuf_in=0,
-              shelf_in=0, next_row=0, next_ok=False):
+              TRACE: tl.constexpr = False, SHELF_PIPE: tl.constexpr = 0):
     """Mode "loop": a program per BLOCK_M rows (per segment of SEG columns of a row with
     SPLIT > 1), two passes over its chunks of BLOCK_N. Pass 1 sums the statistics; pass 2
     reads each chunk again, which a row of <= 512 KB finds in L2 (two programs an SM hold
@@ -199,10 +188,7 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
                      "the shelf takes a dense row's segment of whole chunks, no residual, nothing held")
     DROP_STREAMED_Y: tl.constexpr = "evict_first" if HINTS and DROP_Y else ""
     tl.static_assert(SPLIT == 1 or BLOCK_M == 1, "a split row is one row a program")
-    tl.static_assert(PAIR == 0 or (CLUSTER and SHELF and not TRACE), "a pair of rows takes the shelf, a cluster")
-    if PAIR > 0:  # the caller armed two exchanges; the second row takes the second
-        xbuf = xbuf_in + (XSLOT if PAIR == 2 else 0)
-    elif CLUSTER:
+    if CLUSTER:
         xbuf = cluster_arrive(row)  # first thing: share3's wait pairs with this arrival
     tl.static_assert(not TRACE or CLUSTER, "stamps are stored where a cluster's programs keep no partials")
     if TRACE:
@@ -210,9 +196,7 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
     rows = row * BLOCK_M + tl.arange(0, BLOCK_M)
     col0 = seg * SEG
     base = 0
-    if PAIR > 0:  # one shelf for both rows of a pair (each asm declaring it would make its own)
-        base = shelf_in
-    elif SHELF:
+    if SHELF:
         base = shelf_base(row)  # column col0 + j of the row at base + 2 j
     c = 0.0
     s1 = 0.0
@@ -230,8 +214,7 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
                 # thread's load of c is performed before any thread's store (bar.sync orders them).
                 tl.debug_barrier()
         if SHELF:  # every copy issued, then one wait (SHELF_PIPE: one a chunk); the sums read back from the shelf
-            if PAIR != 2:  # (the second row of a pair was copied in as the first's pass 2 read its chunks)
-                shelf_copy(base, x_ptr + row.to(tl.int64) * stride_xm + col0, SEG, BLOCK_N, SHELF_PIPE > 0)
+            shelf_copy(base, x_ptr + row.to(tl.int64) * stride_xm + col0, SEG, BLOCK_N, SHELF_PIPE > 0)
             if WB_EARLY:
                 wb = _pre_wb(w_ptr, b_ptr, col0, N, BLOCK_N, EVEN, HAS_WEIGHT, HAS_BIAS, WB_PRE)
             if SHELF_PIPE > 0:  # each chunk summed as it lands
@@ -292,8 +275,7 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
     if LOOP_PART != 1 and not (SHELF and WB_EARLY):  # pass 2's first weights travel while the sums do
         wb = _pre_wb(w_ptr, b_ptr, col0, N, BLOCK_N, EVEN, HAS_WEIGHT, HAS_BIAS, WB_PRE)
     if SPLIT > 1 and CLUSTER:  # the row's programs are one cluster: sums through shared memory
-        c, s1, s2 = _split_combine(share3(c, s1, s2, SPLIT, xbuf, PAIR != 2), row, N, SEG, SPLIT, BLOCK_S, IS_RMS,
-                                   True)
+        c, s1, s2 = _split_combine(share3(c, s1, s2, SPLIT, xbuf), row, N, SEG, SPLIT, BLOCK_S, IS_RMS, True)
     elif SPLIT > 1:
         if LOOP_PART != 2:
             part = part_ptr + (row.to(tl.int64) * SPLIT + seg) * 3
@@ -328,8 +310,6 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
                      k * BLOCK_N, N, c, rstd, mean_lo, stride_xm, stride_rm, stride_ym, stride_hm, IS_RMS, GEMMA,
                      HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, EVEN, k < HOLD, SHELF, STASH, DROP,
                      DROP_STREAMED_Y, FOLD)
-        if PAIR == 1:
-            _feed(base, x_ptr, next_row, next_ok, col0, k * BLOCK_N, stride_xm, BLOCK_N)
     for i in tl.range(PEEL * BLOCK_N, SEG, BLOCK_N, loop_unroll_factor=UNROLL):
         if PIPE >= 2:  # this chunk's loads came in the last iteration; the next one's go out before y's store
             w = wn
@@ -347,7 +327,5 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
         _pass2_chunk(x_ptr, r_ptr, y_ptr, h_ptr, w, b, src, base, rows, M, col0, i, N, c, rstd, mean_lo,
                      stride_xm, stride_rm, stride_ym, stride_hm, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS,
                      BLOCK_M, BLOCK_N, EVEN, False, SHELF, STASH, DROP, DROP_STREAMED_Y, FOLD, PIPE >= 2)
-        if PAIR == 1:
-            _feed(base, x_ptr, next_row, next_ok, col0, i, stride_xm, BLOCK_N)
     if TRACE:
         stamp_phase(part_ptr, row * SPLIT + seg, 3, rstd)

@@ -138,14 +138,6 @@ def shelf_copy(dst, src_ptr, SEG: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: t
 
 
 @triton.jit
-def shelf_copy_chunk(dst, src_ptr, BLOCK_N: tl.constexpr):
-    """``shelf_copy`` of one step of BLOCK_N elements, committed as a group of its own."""
-    octs = tl.arange(0, BLOCK_N // 8)[None, :]
-    shelf_fetch(dst + 16 * octs, src_ptr.to(tl.pointer_type(tl.int64), bitcast=True) + 2 * octs, 16)
-    tl.inline_asm_elementwise(COMMIT_ASM, "=r,r", [dst], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def shelf_sums(base, c, after, like_ptr, SEG: tl.constexpr, BLOCK_N: tl.constexpr):
     """(sum d, sum d^2) of d = x - c over the SEG 16-bit elements (of ``like_ptr``'s type)
     on the shelf at ``base``, read after ``after``, BLOCK_N a step as int64 quads."""

@@ -67,7 +67,7 @@ from ._common import (
     rows_out,
     use_triton,
 )
-from ._cluster import cluster_arrive, cluster_ok, launch_clusters
+from ._cluster import cluster_ok, launch_clusters
 from ._jit import pdl_start
 from ._l2_ahead import l2_first
 from ._l2_ahead import requests as l2_requests
@@ -75,7 +75,7 @@ from ._norm_chunk import _chunk_stats, _load_h, _load_wb, _mean_rstd, _store_y
 from ._norm_jit import _loop_row, _wait_row
 from ._norm_picks import (FEW_ROWS_GPU, LOOP_PICKS, PICKS_GPU, ROWS_PICKS, NormConfig, _can_wait, launch_segments,
                           norm_config)
-from ._shelf import shelf_base, shelf_fits
+from ._shelf import shelf_fits
 from ._stamp import check_trace
 
 _ROWS, _COOP, _STATS, _APPLY, _LOOP = 0, 1, 2, 3, 4  # the kernel's PHASE
@@ -116,7 +116,6 @@ def _norm_kernel(
     PDL: tl.constexpr = 0,      # programmatic dependent launch (_common.pdl_mode says why)
     FIRST: tl.constexpr = 0,    # "loop", EVEN, PDL: columns of the program's segment asked of the L2 before the wait
     SHELF_PIPE: tl.constexpr = 0,  # with SHELF: the segment's chunks, each summed as it lands (0: off; _shelf)
-    PAIR: tl.constexpr = False,  # "loop" shelf clusters: a cluster takes rows c and c + clusters (_loop_row)
 ):
     if FIRST > 0:  # a hint, safe before the wait (_l2_ahead.l2_first)
         l2_first(x_ptr, r_ptr, M, HAS_RESIDUAL, SPLIT, SEG_N, FIRST, CONST_N, PF_LANES)
@@ -136,20 +135,6 @@ def _norm_kernel(
             t = tl.program_id(0)  # a cluster's ranks run together: no order to keep
         BLOCK_S: tl.constexpr = 2 if SPLIT <= 2 else (4 if SPLIT <= 4 else (8 if SPLIT <= 8 else 16))
         seg_cols = SEG_N if CONST_N > 0 else seg_n  # the segment as a constant too
-        if PAIR:
-            xb = cluster_arrive(t, 2)
-            sb = shelf_base(t)
-            row_b = t // SPLIT + tl.num_programs(0) // SPLIT
-            _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, t // SPLIT, t % SPLIT, M, n,
-                      seg_cols, sx, sr, sy, sh, eps, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_M,
-                      BLOCK_N, HINTS, STASH, VEC, UNROLL, SPLIT, BLOCK_S, LOOP_PART, EVEN, HOLD, DROP_Y, CLUSTER, SHELF,
-                      FOLD, PF, PF_LANES, WB_PRE, WB_EARLY, PIPE, TRACE, SHELF_PIPE, 1, xb, sb, row_b, row_b < M)
-            if row_b < M:
-                _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row_b, t % SPLIT, M, n,
-                          seg_cols, sx, sr, sy, sh, eps, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_M,
-                          BLOCK_N, HINTS, STASH, VEC, UNROLL, SPLIT, BLOCK_S, LOOP_PART, EVEN, HOLD, DROP_Y, CLUSTER,
-                          SHELF, FOLD, PF, PF_LANES, WB_PRE, WB_EARLY, PIPE, TRACE, SHELF_PIPE, 2, xb, sb)
-            return
         _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, t // SPLIT, t % SPLIT, M, n, seg_cols,
                   sx, sr, sy, sh, eps, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, HINTS,
                   STASH, VEC, UNROLL, SPLIT, BLOCK_S, LOOP_PART,
@@ -292,12 +277,11 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
             PF_LANES=32 * cfg.num_warps if pf or first else 32,
             WB_PRE=cfg.wb_pre if cfg.mode == "loop" and part_of_loop != 1 else 0, WB_EARLY=cfg.wb_early and shelf,
             SHELF_PIPE=seg // cfg.block_n if cfg.shelf_pipe and shelf else 0,
-            PAIR=cfg.pair and clusters and shelf,
             PIPE=cfg.pipe if cfg.mode == "loop" else 0, TRACE=trace is not None, FIRST=first, **pdl,
             num_warps=cfg.num_warps, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
         )
         if clusters:  # None when this Triton's launcher cannot be given a cluster size
-            kernel = launch_clusters(_norm_kernel, triton.cdiv(M, 2) if meta["PAIR"] else M, split, *args, **meta)
+            kernel = launch_clusters(_norm_kernel, M, split, *args, **meta)
         else:
             kernel = _norm_kernel[(triton.cdiv(M, cfg.block_m) * (split if cfg.mode == "loop" else C),)](*args, **meta)
         if x.is_cuda:
