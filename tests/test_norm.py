@@ -97,7 +97,7 @@ def test_no_weight_and_fp32_weight(device, gen, kind):
                                   "loop vec", "loop unroll", "loop const", "loop split", "loop split const",
                                   "loop 2 rows", "loop 4 rows const", "loop hold", "loop hold 2 const",
                                   "loop hold split", "loop split cluster", "loop fold", "loop wb_pre",
-                                  "loop wb_pre split"]
+                                  "loop wb_pre split", "loop wb_last"]
                          # (on the CPU a cluster config is the split above: one of them shows the fallback)
                          + (["coop", "loop split const cluster", "loop hold split cluster", "loop wb_pre cluster"]
                             if ON_GPU else []))
@@ -116,7 +116,8 @@ def test_modes(device, gen, kind, mode):
     memory (elsewhere the config falls back to the split above). "loop fold": LayerNorm's
     affine as FMAs, held and streamed chunks. "wb_pre": pass 2's first chunks' weight and
     bias loaded before the exchange of sums (more chunks than are held; the last segment
-    has fewer chunks than that, its extra ones past the row)."""
+    has fewer chunks than that, its extra ones past the row; "wb_last": those loads with an
+    L1 eviction hint)."""
     rows, width = 11, 1023
     x = strided_like((rows, width), torch.bfloat16, device, generator=gen)
     r = strided_like((rows, width), torch.bfloat16, device, generator=gen) + 2.0
@@ -147,6 +148,8 @@ def test_modes(device, gen, kind, mode):
            "loop wb_pre": NormConfig("loop", 2, 128, 4, hints=True, stash=True, vec=True, hold=1, wb_pre=3),
            "loop wb_pre split": NormConfig("loop", 1, 128, 4, stash=True, vec=True, split=3, hold=1, wb_pre=3,
                                            fold=True),
+           "loop wb_last": NormConfig("loop", 1, 128, 4, stash=True, vec=True, split=3, hold=1, wb_pre=3,
+                                      fold=True, wb_last=True),
            "loop wb_pre cluster": NormConfig("loop", 1, 128, 4, stash=True, vec=True, split=3, hold=1, wb_pre=3,
                                              cluster=True)}[mode]
     for res in (r, None):  # with and without the residual add
@@ -317,8 +320,9 @@ def test_chunks_past_segment(device):
 @pytest.mark.parametrize("is_rms, residual", [(True, False), (False, False), (True, True), (False, True)])
 def test_wb_pre_same_y(gen, width, is_rms, residual):
     """Pass 2's weight and bias loaded before the exchange (``wb_pre`` 1, 2, 4; with the
-    shelf also ``wb_early``), or each chunk's loads issued before the previous chunk's
-    stores (``pipe``), changes when they are asked for, not the arithmetic: y and h
+    shelf also ``wb_early``), each chunk's loads issued before the previous chunk's
+    stores (``pipe``), or their L1 eviction hint (``wb_last``) changes when they are asked
+    for or how long they are kept, not the arithmetic: y and h
     bitwise equal to the pick's without it, with the GPU's own picks at 7, 64 and 128 rows
     (FEW_ROWS_GPU's below 128, PICKS_GPU's from there), the pick itself within the rule."""
     device = torch.device("cuda")
@@ -334,6 +338,7 @@ def test_wb_pre_same_y(gen, width, is_rms, residual):
         variants = [dict(wb_pre=pre, wb_early=early) for pre, early in ((0, False), (1, False), (2, False),
                                                                          (2, True), (4, True))]
         variants += [dict(pipe=pipe) for pipe in (1, 2, 3)]  # the next chunk's loads ahead of the stores
+        variants += [dict(wb_last=not pick.wb_last)]  # the weight and bias's L1 hint
         for flags in variants:
             cfg = dataclasses.replace(pick, **flags)
             try:

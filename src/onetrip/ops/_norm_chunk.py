@@ -106,14 +106,16 @@ def _mean_rstd(h, mask, N, eps, CORRECTED: tl.constexpr):
 
 
 @triton.jit
-def _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """The weight and bias of columns ``cols`` (0.0 when absent)."""
+def _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+             EVICT: tl.constexpr = tl.constexpr("")):
+    """The weight and bias of columns ``cols`` (0.0 when absent), loaded with the eviction
+    hint EVICT ("" for none)."""
     w = 0.0
     b = 0.0
     if HAS_WEIGHT:
-        w = tl.load(w_ptr + cols, mask=col_ok, other=0.0)
+        w = tl.load(w_ptr + cols, mask=col_ok, other=0.0, eviction_policy=EVICT)
     if HAS_BIAS:
-        b = tl.load(b_ptr + cols, mask=col_ok, other=0.0)
+        b = tl.load(b_ptr + cols, mask=col_ok, other=0.0, eviction_policy=EVICT)
     return w, b
 
 
@@ -265,12 +267,12 @@ def _pass2_chunk(x_ptr, r_ptr, y_ptr, h_ptr, w, b, held, base, rows, M, col0, i,
 
 @triton.jit
 def _pre_wb(w_ptr, b_ptr, col0, N, BLOCK_N: tl.constexpr, EVEN: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-            HAS_BIAS: tl.constexpr, WB_PRE: tl.constexpr):
+            HAS_BIAS: tl.constexpr, WB_PRE: tl.constexpr, EVICT: tl.constexpr = tl.constexpr("")):
     """The (weight, bias) of a segment's first WB_PRE chunks, a tuple for pass 2, asked for
     just before the program waits (on the shelf's copies, or on the exchange of sums), so
     that their L2 round trip overlaps the wait (``_loop_row``'s WB_PRE)."""
     wb = ()
     for k in tl.static_range(WB_PRE):
         cols, col_ok = _chunk_cols(col0, k * BLOCK_N, N, BLOCK_N, EVEN)
-        wb = wb + (_load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS),)
+        wb = wb + (_load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS, EVICT),)
     return wb

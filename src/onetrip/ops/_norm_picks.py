@@ -46,6 +46,7 @@ class NormConfig:
     l2_first: int = 0  # "loop", dense rows (Hopper, PDL): a program's first chunks asked of the L2 before the wait
     carveout: int = -1  # % of the SM's L1 / shared memory asked as shared memory (-1: the driver's choice)
     shelf_pipe: bool = False  # with the shelf: each chunk's statistics summed as soon as its copies land
+    wb_last: bool = False  # "loop": the weight and bias loaded L1::evict_last, kept ahead of the shelf's copies
     maxnreg: int = 0  # ptxas's register cap (.maxnreg; 0: none), which also fixes how CUDA 13's ptxas schedules
 
     def __post_init__(self):
@@ -322,6 +323,10 @@ LOOP_PICKS = {
 #   session: tune_ops (runs 6-7) 64 x 256K 85.9-86.0 -> 87.4-87.5%, 256 x 256K 93.1-93.2 ->
 #   94.6-94.8 (either alone +0.3-0.9); ops bench, rounds new base base new (results/ops-layer-
 #   shelfpipe-ab-h100-20261127-session36-*.json): 84.4 / 84.5 -> 86.4 / 86.6, 92.5 / 92.7 -> 94.3 / 94.4.
+# - layer_norm 128K and 256K with pass 2's weight and bias loaded L1::evict_last (``wb_last``), kept ahead
+#   of the shelf's copies, which pass the L1 (thirty-seventh session): ops bench, rounds new base base
+#   new (results/ops-layer-wblast-ab-h100-20261127-session37-*.json): 64 x 256K 86.4 / 86.5 -> 87.6 / 87.7%,
+#   512 x 128K 95.7 / 95.8 -> 96.2 / 96.4, 256 x 256K 94.2 -> 94.4; rms_norm level in tune_ops (not taken).
 _CLUSTER = dict(hints=True, vec=True, const_n=True, cluster=True)
 _CLUSTER_NH = dict(_CLUSTER, hints=False)
 PICKS_GPU = {
@@ -333,9 +338,9 @@ PICKS_GPU = {
         ("loop", True, False, 262144): _loop(4096, 8, split=16, shelf=True, maxnreg=48, wb_pre=2, wb_early=True,
                                              pipe=2, l2_first=1, **_CLUSTER_NH),
         ("loop", False, False, 131072): _loop(4096, 8, split=8, shelf=True, fold=True, maxnreg=48, pf=32,
-                                              pf_rows=384, wb_pre=1, wb_early=True, **_CLUSTER_NH),
+                                              pf_rows=384, wb_pre=1, wb_early=True, wb_last=True, **_CLUSTER_NH),
         ("loop", False, False, 262144): _loop(4096, 8, split=16, shelf=True, fold=True, maxnreg=48, l2_first=2,
-                                              shelf_pipe=True, wb_pre=1, wb_early=True, **_CLUSTER_NH),
+                                              shelf_pipe=True, wb_pre=1, wb_early=True, wb_last=True, **_CLUSTER_NH),
         ("loop", True, True, 131072): _loop(4096, 8, stash=True, split=16, **_CLUSTER_NH),
         ("loop", False, True, 131072): _loop(4096, 8, stash=True, split=16, fold=True, **_CLUSTER_NH),
         ("loop", False, True, 262144): _loop(8192, 16, stash=True, split=16, fold=True, wb_pre=2, pipe=1,

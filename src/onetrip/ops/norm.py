@@ -116,6 +116,7 @@ def _norm_kernel(
     PDL: tl.constexpr = 0,      # programmatic dependent launch (_common.pdl_mode says why)
     FIRST: tl.constexpr = 0,    # "loop", EVEN, PDL: columns of the program's segment asked of the L2 before the wait
     SHELF_PIPE: tl.constexpr = 0,  # with SHELF: the segment's chunks, each summed as it lands (0: off; _shelf)
+    WB_LAST: tl.constexpr = False,  # "loop": the weight and bias loaded L1::evict_last (_loop_row)
 ):
     if FIRST > 0:  # a hint, safe before the wait (_l2_ahead.l2_first)
         l2_first(x_ptr, r_ptr, M, HAS_RESIDUAL, SPLIT, SEG_N, FIRST, CONST_N, PF_LANES)
@@ -138,7 +139,8 @@ def _norm_kernel(
         _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, t // SPLIT, t % SPLIT, M, n, seg_cols,
                   sx, sr, sy, sh, eps, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, HINTS,
                   STASH, VEC, UNROLL, SPLIT, BLOCK_S, LOOP_PART,
-                  EVEN, HOLD, DROP_Y, CLUSTER, SHELF, FOLD, PF, PF_LANES, WB_PRE, WB_EARLY, PIPE, TRACE, SHELF_PIPE)
+                  EVEN, HOLD, DROP_Y, CLUSTER, SHELF, FOLD, PF, PF_LANES, WB_PRE, WB_EARLY, PIPE, TRACE, SHELF_PIPE,
+                  WB_LAST)
         return
     # -- which chunk of columns (and, split, which row) this program owns -------------------
     if PHASE == 1:
@@ -277,6 +279,7 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
             PF_LANES=32 * cfg.num_warps if pf or first else 32,
             WB_PRE=cfg.wb_pre if cfg.mode == "loop" and part_of_loop != 1 else 0, WB_EARLY=cfg.wb_early and shelf,
             SHELF_PIPE=seg // cfg.block_n if cfg.shelf_pipe and shelf else 0,
+            WB_LAST=cfg.wb_last and cfg.mode == "loop",
             PIPE=cfg.pipe if cfg.mode == "loop" else 0, TRACE=trace is not None, FIRST=first, **pdl,
             num_warps=cfg.num_warps, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
         )
