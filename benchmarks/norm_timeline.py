@@ -15,14 +15,17 @@ program as a bar on its SM (pass 1 / wait / pass 2 in three colours) over the pr
 running in each phase.
 
     python benchmarks/norm_timeline.py --out DIR [--families rms_norm,...] [--rows 64,256]
-                                         [--bias own|weight|none] [--tag=-NAME]
-(``--bias``: LayerNorm's bias as a tensor of its own, the weight tensor, or none; a tag that
-starts with "-" takes the "=" form, or argparse reads it as an option.)
+                                         [--bias own|weight|none] [--set FIELD=VALUE ...] [--tag=-NAME]
+(``--bias``: LayerNorm's bias as a tensor of its own, the weight tensor, or none; ``--set``: a
+field of every pick replaced, e.g. ``--set wb_last=False``; a tag that starts with "-" takes
+the "=" form, or argparse reads it as an option.)
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import dataclasses
 import gzip
 import json
 import sys
@@ -36,7 +39,7 @@ from onetrip.bench import harness  # noqa: E402
 from onetrip.graphs import capture  # noqa: E402
 from onetrip.ops import norm  # noqa: E402
 from onetrip.ops._common import pdl_mode  # noqa: E402
-from onetrip.ops._norm_picks import launch_segments  # noqa: E402
+from onetrip.ops._norm_picks import NormConfig, launch_segments  # noqa: E402
 from onetrip.ops._stamp import STAMP_FIELDS  # noqa: E402
 
 FAMILIES = {"rms_norm": (True, False), "layer_norm": (False, False), "add_rms_norm": (True, True),
@@ -167,9 +170,10 @@ def plot(cell, calls, path):
     plt.close(fig)
 
 
-def run_cell(family, rows, width, n_calls, reps, device, copy_gbs, bias="own"):
+def run_cell(family, rows, width, n_calls, reps, device, copy_gbs, bias="own", sets_=()):
     is_rms, residual = FAMILIES[family]
     cfg = norm.norm_config(rows, width, device, is_rms=is_rms, has_residual=residual, dense=True)
+    cfg = dataclasses.replace(cfg, **dict(sets_))  # --set: the pick with these fields replaced
     split, _ = launch_segments(width, cfg)
     if not (cfg.mode == "loop" and cfg.cluster and split > 1):
         return {"family": family, "rows": rows, "width": width, "config": repr(cfg), "skipped": "not a cluster pick"}, None
@@ -207,6 +211,18 @@ def run_cell(family, rows, width, n_calls, reps, device, copy_gbs, bias="own"):
                        for progs in median]}, median
 
 
+def _parse_set(ap, arg):
+    """(field, value) of a ``--set FIELD=VALUE``; exits with argparse's error naming what is wrong."""
+    field, eq, text = arg.partition("=")
+    names = [f.name for f in dataclasses.fields(NormConfig)]
+    if not eq or field not in names:
+        ap.error(f"--set {arg!r}: expected FIELD=VALUE with FIELD one of {', '.join(names)}")
+    try:
+        return field, ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        ap.error(f"--set {arg!r}: the value must be a Python literal (e.g. 2, True, 'loop')")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--families", default=",".join(FAMILIES))
@@ -217,8 +233,11 @@ def main():
     ap.add_argument("--tag", default="", help="appended to the output files' names")
     ap.add_argument("--bias", choices=("own", "weight", "none"), default="own",
                     help="LayerNorm's bias: a tensor of its own, the weight tensor, or none (what the bias costs)")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="a NormConfig field of every pick replaced (repeatable, e.g. wb_last=False)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    sets_ = [_parse_set(ap, a) for a in args.set]
     if not torch.cuda.is_available():
         sys.exit("norm_timeline needs a GPU (the stamps are read from the SMs' clocks)")
     device = torch.device("cuda")
@@ -229,7 +248,8 @@ def main():
     results = []
     for family in args.families.split(","):
         for rows in (int(r) for r in args.rows.split(",")):
-            rec, median = run_cell(family, rows, args.width, args.calls, args.reps, device, copy_gbs, args.bias)
+            rec, median = run_cell(family, rows, args.width, args.calls, args.reps, device, copy_gbs, args.bias,
+                                   sets_)
             results.append(rec)
             if median is None:
                 print(f"{family} {rows} x {args.width}: {rec['skipped']}", flush=True)

@@ -85,3 +85,19 @@ def test_timeline_call_stats(tmp_path):
     assert rec["first_sums_us"] == 1.0 and rec["last_sums_us"] == 6.0 and rec["last_start_us"] == 5.0
     nt.plot("by hand", [progs, [_prog(1, 12.0, 13.0, 14.0, 15.0)]], tmp_path / "t.png")
     assert (tmp_path / "t.png").stat().st_size > 0
+
+
+def test_timeline_set_parsing():
+    """norm_timeline's ``--set FIELD=VALUE``: a NormConfig field and a Python literal, else
+    argparse's error (exit 2) naming the argument."""
+    import argparse
+
+    import norm_timeline as nt
+
+    ap = argparse.ArgumentParser()
+    assert nt._parse_set(ap, "wb_last=False") == ("wb_last", False)
+    assert nt._parse_set(ap, "pf=32") == ("pf", 32)
+    for bad in ("foo=1", "wb_last", "wb_last=maybe"):
+        with pytest.raises(SystemExit) as e:
+            nt._parse_set(ap, bad)
+        assert e.value.code == 2
