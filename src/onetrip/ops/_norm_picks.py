@@ -46,7 +46,7 @@ class NormConfig:
     l2_first: int = 0  # "loop", dense rows (Hopper, PDL): a program's first chunks asked of the L2 before the wait
     carveout: int = -1  # % of the SM's L1 / shared memory asked as shared memory (-1: the driver's choice)
     shelf_pipe: bool = False  # with the shelf: each chunk's statistics summed as soon as its copies land
-    wb_last: bool = False  # "loop": the weight and bias loaded L1::evict_last, kept ahead of the shelf's copies
+    wb_last: bool = False  # "loop": the weight and bias loaded L1::evict_last, kept ahead of the other lines (x, r, h)
     maxnreg: int = 0  # ptxas's register cap (.maxnreg; 0: none), which also fixes how CUDA 13's ptxas schedules
 
     def __post_init__(self):
