@@ -166,14 +166,9 @@ def group_wait(pid, PENDING: tl.constexpr):
     (ptxas schedules the previous chunk's sums after this wait: they touch no memory. A
     shared store under a never-true predicate that depends on them keeps them before it, and
     bought nothing on an H100: NOTES.md, thirty-sixth session, run 11.)"""
-    if PENDING == 0:
-        g = tl.inline_asm_elementwise(GROUP_WAIT0, "=r,r", [pid], dtype=tl.int32, is_pure=False, pack=1)
-    elif PENDING == 1:
-        g = tl.inline_asm_elementwise(GROUP_WAIT1, "=r,r", [pid], dtype=tl.int32, is_pure=False, pack=1)
-    elif PENDING == 2:
-        g = tl.inline_asm_elementwise(GROUP_WAIT2, "=r,r", [pid], dtype=tl.int32, is_pure=False, pack=1)
-    else:
-        g = tl.inline_asm_elementwise(GROUP_WAIT3, "=r,r", [pid], dtype=tl.int32, is_pure=False, pack=1)
+    ASM: tl.constexpr = GROUP_WAIT0 if PENDING == 0 else (
+        GROUP_WAIT1 if PENDING == 1 else (GROUP_WAIT2 if PENDING == 2 else GROUP_WAIT3))
+    g = tl.inline_asm_elementwise(ASM, "=r,r", [pid], dtype=tl.int32, is_pure=False, pack=1)
     return g.to(tl.float32, bitcast=True)
 
 
