@@ -259,8 +259,9 @@ def test_segments():
 
 
 def test_gpu_model_picks(monkeypatch):
-    """A GPU model's own picks replace LOOP_PICKS' / ROWS_PICKS' (or the rule's) on that
-    model only, under the same rows-per-SM rule; each fits its width."""
+    """A GPU model's own picks replace LOOP_PICKS' / ROWS_PICKS' (or the rule's) on the
+    models whose tables hold them (the H100's; the H200 shares its wide "loop" ones), under
+    the same rows-per-SM rule; each fits its width."""
     cpu = torch.device("cpu")
     h100 = norm_picks.PICKS_GPU["H100"]
     def config(name, is_rms, residual, width):
@@ -278,7 +279,11 @@ def test_gpu_model_picks(monkeypatch):
         else:
             assert pick.block_n == width
         assert config("NVIDIA H100 80GB HBM3", is_rms, residual, width) == pick
-        assert config("NVIDIA H200", is_rms, residual, width) != pick
+        # the H200 shares the wide "loop" picks (64K-256K), and only those
+        shared = (mode, is_rms, residual, width) in norm_picks.PICKS_GPU["H200"]
+        assert shared == (mode == "loop" and width >= 65536)
+        assert (config("NVIDIA H200", is_rms, residual, width) == pick) == shared
+        assert config("NVIDIA A100-SXM4-80GB", is_rms, residual, width) != pick
 
 
 def test_gpu_few_rows_picks(monkeypatch):
@@ -303,7 +308,7 @@ def test_gpu_few_rows_picks(monkeypatch):
 def test_chunks_past_segment(device):
     """A config whose held (``hold``) or early-weight (``wb_pre``) chunks would reach past
     a program's segment into the next program's columns is refused, naming both; the
-    range of ``wb_pre`` is checked when the config is made."""
+    range of ``wb_pre`` (and that ``wb_mix`` has ``wb_early``) is checked when the config is made."""
     x = torch.randn(2, 1024, device=device)
     w = torch.ones(1024, device=device)
     for cfg in (NormConfig("loop", 1, 128, 4, split=8, hold=2), NormConfig("loop", 1, 128, 4, split=4, wb_pre=3)):
@@ -313,6 +318,8 @@ def test_chunks_past_segment(device):
         NormConfig("loop", 1, 128, 4, wb_pre=5)
     with pytest.raises(ValueError, match=r"pipe=4 must be 0-3 \(1: pass 1, 2: pass 2, 3: both\)"):
         NormConfig("loop", 1, 128, 4, pipe=4)
+    with pytest.raises(ValueError, match="wb_mix=True needs wb_early=True"):
+        NormConfig("loop", 1, 128, 4, wb_pre=2, wb_mix=True)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="one launch with its programs waiting on each other: a GPU")
@@ -321,7 +328,8 @@ def test_chunks_past_segment(device):
 def test_wb_pre_same_y(gen, width, is_rms, residual):
     """Pass 2's weight and bias loaded before the exchange (``wb_pre`` 1, 2, 4; with the
     shelf also ``wb_early``), each chunk's loads issued before the previous chunk's
-    stores (``pipe``), or their L1 eviction hint (``wb_last``) changes when they are asked
+    stores (``pipe``), the early chunks split around the shelf's sums (``wb_mix``), or their
+    L1 eviction hint (``wb_last``) changes when they are asked
     for or how long they are kept, not the arithmetic: y and h
     bitwise equal to the pick's without it, with the GPU's own picks at 7, 64 and 128 rows
     (FEW_ROWS_GPU's below 128, PICKS_GPU's from there), the pick itself within the rule."""
@@ -335,10 +343,11 @@ def test_wb_pre_same_y(gen, width, is_rms, residual):
         r = torch.randn_like(x) if residual else None
         w, b = _params(kind, width, torch.bfloat16, device, gen)
         outs = []
-        variants = [dict(wb_pre=pre, wb_early=early) for pre, early in ((0, False), (1, False), (2, False),
-                                                                         (2, True), (4, True))]
+        variants = [dict(wb_pre=pre, wb_early=early, wb_mix=False) for pre, early in ((0, False), (1, False),
+                                                                                       (2, False), (2, True), (4, True))]
         variants += [dict(pipe=pipe) for pipe in (1, 2, 3)]  # the next chunk's loads ahead of the stores
         variants += [dict(wb_last=not pick.wb_last)]  # the weight and bias's L1 hint
+        variants += [dict(wb_pre=2, wb_early=True, wb_mix=True)]  # the second chunk's after the shelf's sums
         for flags in variants:
             cfg = dataclasses.replace(pick, **flags)
             try:

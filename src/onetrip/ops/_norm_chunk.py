@@ -267,13 +267,14 @@ def _pass2_chunk(x_ptr, r_ptr, y_ptr, h_ptr, w, b, held, base, rows, M, col0, i,
 
 @triton.jit
 def _pre_wb(w_ptr, b_ptr, col0, N, BLOCK_N: tl.constexpr, EVEN: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-            HAS_BIAS: tl.constexpr, WB_PRE: tl.constexpr, EVICT: tl.constexpr = tl.constexpr("")):
-    """The (weight, bias) of a segment's first WB_PRE chunks, a tuple for pass 2, asked for
-    just before the program waits (on the shelf's copies, or on the exchange of sums), so
+            HAS_BIAS: tl.constexpr, WB_PRE: tl.constexpr, EVICT: tl.constexpr = tl.constexpr(""),
+            START: tl.constexpr = 0):
+    """The (weight, bias) of a segment's chunks START .. WB_PRE - 1, a tuple for pass 2, asked
+    for just before the program waits (on the shelf's copies, or on the exchange of sums), so
     that their L2 round trip overlaps the wait (``_loop_row``'s WB_PRE); EVICT: ``_load_wb``'s
     hint (``_loop_row``'s WB_LAST)."""
     wb = ()
-    for k in tl.static_range(WB_PRE):
+    for k in tl.static_range(START, WB_PRE):
         cols, col_ok = _chunk_cols(col0, k * BLOCK_N, N, BLOCK_N, EVEN)
         wb = wb + (_load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS, EVICT),)
     return wb

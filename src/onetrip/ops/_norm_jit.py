@@ -106,7 +106,8 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
               DROP_Y: tl.constexpr = False, CLUSTER: tl.constexpr = False, SHELF: tl.constexpr = False,
               FOLD: tl.constexpr = False, PF: tl.constexpr = 0, PF_LANES: tl.constexpr = 32,
               WB_PRE: tl.constexpr = 0, WB_EARLY: tl.constexpr = False, PIPE: tl.constexpr = 0,
-              TRACE: tl.constexpr = False, SHELF_PIPE: tl.constexpr = 0, WB_LAST: tl.constexpr = False):
+              TRACE: tl.constexpr = False, SHELF_PIPE: tl.constexpr = 0, WB_LAST: tl.constexpr = False,
+              WB_MIX: tl.constexpr = False):
     """Mode "loop": a program per BLOCK_M rows (per segment of SEG columns of a row with
     SPLIT > 1), two passes over its chunks of BLOCK_N. Pass 1 sums the statistics; pass 2
     reads each chunk again, which a row of <= 512 KB finds in L2 (two programs an SM hold
@@ -159,6 +160,11 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
     of 16 with nothing held 88.3 -> 92.5 (two: beside a held chunk its weight and bias did
     not fit); LayerNorm's 64-row shelf lost 0.4-2.5 (its weight and bias take twice the
     registers under its cap of 48).
+
+    WB_MIX (with WB_EARLY): only the first chunk's weight and bias go out with the copies; the
+    others' once the shelf's sums are in, when pass 1's accumulators no longer hold registers.
+    LayerNorm's 256K shelf takes two chunks this way under its cap of 48 (both with the copies
+    spilled 6 bytes): 94.5 -> 95.1% at 256 x 256K, level on 64 rows (H100, thirty-ninth session).
 
     WB_LAST: every weight and bias load carries an L1::evict_last hint, so that the L1 gives up
     the row's own lines before them (the shelf's copies, ``cp.async.ca``, pass through it; so do
@@ -224,8 +230,9 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
                 tl.debug_barrier()
         if SHELF:  # every copy issued, then one wait (SHELF_PIPE: one a chunk); the sums read back from the shelf
             shelf_copy(base, x_ptr + row.to(tl.int64) * stride_xm + col0, SEG, BLOCK_N, SHELF_PIPE > 0)
-            if WB_EARLY:
-                wb = _pre_wb(w_ptr, b_ptr, col0, N, BLOCK_N, EVEN, HAS_WEIGHT, HAS_BIAS, WB_PRE, WB_EV)
+            if WB_EARLY:  # WB_MIX: the first chunk's now, the rest once the sums are in (below)
+                wb = _pre_wb(w_ptr, b_ptr, col0, N, BLOCK_N, EVEN, HAS_WEIGHT, HAS_BIAS, 1 if WB_MIX else WB_PRE,
+                             WB_EV)
             if SHELF_PIPE > 0:  # each chunk summed as it lands
                 s1, s2 = shelf_sums_piped(base, c, row, x_ptr, SHELF_PIPE, BLOCK_N)
             else:
@@ -283,6 +290,8 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
         _ahead(x_ptr, r_ptr, row + PF, M, col0, stride_xm, stride_rm, HAS_RESIDUAL, EVEN, BLOCK_M, SEG, PF_LANES)
     if LOOP_PART != 1 and not (SHELF and WB_EARLY):  # pass 2's first weights travel while the sums do
         wb = _pre_wb(w_ptr, b_ptr, col0, N, BLOCK_N, EVEN, HAS_WEIGHT, HAS_BIAS, WB_PRE, WB_EV)
+    elif LOOP_PART != 1 and WB_MIX:  # the shelf's sums are in: its accumulators' registers are free
+        wb = wb + _pre_wb(w_ptr, b_ptr, col0, N, BLOCK_N, EVEN, HAS_WEIGHT, HAS_BIAS, WB_PRE, WB_EV, 1)
     if SPLIT > 1 and CLUSTER:  # the row's programs are one cluster: sums through shared memory
         c, s1, s2 = _split_combine(share3(c, s1, s2, SPLIT, xbuf), row, N, SEG, SPLIT, BLOCK_S, IS_RMS, True)
     elif SPLIT > 1:

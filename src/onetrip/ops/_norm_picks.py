@@ -42,6 +42,7 @@ class NormConfig:
     pf_rows: int = 0  # with pf: only where there are at least this many rows (fewer: no read-ahead)
     wb_pre: int = 0  # "loop": pass 2's first wb_pre chunks' weight and bias loaded before the exchange of sums (<= 4)
     wb_early: bool = False  # with wb_pre and the shelf: loaded as soon as the shelf's copies are issued
+    wb_mix: bool = False  # with wb_early: only the first chunk's then, the others' once the shelf's sums are in
     pipe: int = 0  # "loop": chunk k + 1's loads issued before chunk k's stores (1: pass 1, 2: pass 2, 3: both)
     l2_first: int = 0  # "loop", dense rows (Hopper, PDL): a program's first chunks asked of the L2 before the wait
     carveout: int = -1  # % of the SM's L1 / shared memory asked as shared memory (-1: the driver's choice)
@@ -54,6 +55,8 @@ class NormConfig:
             raise ValueError(f"NormConfig maxnreg={self.maxnreg} must be 0 (no cap) or 16-255 registers")
         if not 0 <= self.pipe <= 3:
             raise ValueError(f"NormConfig pipe={self.pipe} must be 0-3 (1: pass 1, 2: pass 2, 3: both)")
+        if self.wb_mix and not self.wb_early:
+            raise ValueError("NormConfig wb_mix=True needs wb_early=True (it splits the early chunks' loads in two)")
         if not 0 <= self.wb_pre <= 4:
             raise ValueError(f"NormConfig wb_pre={self.wb_pre} must be 0-4 chunks")
         for name in ("pf", "pf_rows", "l2_first"):
@@ -333,6 +336,12 @@ LOOP_PICKS = {
 #   add_rms_norm 64 x 256K 92.8 / 92.7 -> 94.6 / 94.9%, 256 x 256K 98.1 / 98.0 -> 98.6 / 98.6, 512 x 128K
 #   97.9 -> 98.2 / 98.3; add_layer_norm 64 x 256K 89.4 / 89.9 -> 90.9 / 90.6, 256 x 256K 94.4 / 94.2 -> 94.8 /
 #   94.9, 512 x 128K 97.2 -> 97.8 / 97.7.
+# - layer_norm 256K's second chunk's weight and bias asked for once the shelf's sums are in (``wb_mix``; the
+#   first chunk's still with the copies), thirty-ninth session: two chunks early at once spill under the cap of
+#   48 (6 bytes, 77-84%), split so they do not (48 registers, y bitwise equal). tune_ops 94.6 -> 95.1% at 256
+#   rows, 87.8 -> 87.9 on 64; ops bench, rounds new old old new (results/ops-layer-wbmix-ab-h100-20261127-
+#   session39-*.json): 256 x 256K 94.5 / 94.6 -> 95.1 / 95.1%, 64 x 256K 87.7 / 88.0 -> 88.1 / 88.1. At 128K
+#   level (96.3-96.4 both; tune_ops -0.3 at 128 rows): not taken there.
 _CLUSTER = dict(hints=True, vec=True, const_n=True, cluster=True)
 _CLUSTER_NH = dict(_CLUSTER, hints=False)
 PICKS_GPU = {
@@ -346,7 +355,8 @@ PICKS_GPU = {
         ("loop", False, False, 131072): _loop(4096, 8, split=8, shelf=True, fold=True, maxnreg=48, pf=32,
                                               pf_rows=384, wb_pre=1, wb_early=True, wb_last=True, **_CLUSTER_NH),
         ("loop", False, False, 262144): _loop(4096, 8, split=16, shelf=True, fold=True, maxnreg=48, l2_first=2,
-                                              shelf_pipe=True, wb_pre=1, wb_early=True, wb_last=True, **_CLUSTER_NH),
+                                              shelf_pipe=True, wb_pre=2, wb_early=True, wb_mix=True, wb_last=True,
+                                              **_CLUSTER_NH),
         ("loop", True, True, 131072): _loop(4096, 8, stash=True, split=16, wb_last=True, **_CLUSTER_NH),
         ("loop", False, True, 131072): _loop(4096, 8, stash=True, split=16, fold=True, wb_last=True, **_CLUSTER_NH),
         ("loop", False, True, 262144): _loop(8192, 16, stash=True, split=16, fold=True, wb_pre=2, pipe=1,
@@ -393,6 +403,17 @@ FEW_ROWS_GPU = {
                                                    l2_first=1, wb_last=True, **_CLUSTER)),
     },
 }
+
+# The H200 takes the H100's wide "loop" picks (64K-256K; thirty-ninth session): its own, from the
+# fourteenth session's sweeps, take no clusters, shelves or L2 requests. tune_ops on an H200
+# (--rotate 4 --repeat 2, results/tune-ops-h200-h100picks-20261127-session39.tgz), % of copy, its
+# own -> the H100's: rms_norm 256K 75.3 -> 89.9 (256 rows), 63.0 -> 78.7 (64), 128K 85.1 -> 91.1 (512);
+# layer_norm 256K 68.2 -> 82.4, 59.0 -> 71.6, 128K 79.2 -> 85.6, 64K 81.0 -> 84.5 (1024 rows; 71.6 ->
+# 71.1 on 256); add_rms_norm 256K 81.6 -> 92.9, 76.8 -> 84.9, 128K 87.4 -> 91.7; add_layer_norm 256K
+# 77.7 -> 82.4, 72.0 -> 82.0, 128K 85.5 -> 89.5; at 128 rows of 128K (the H200's own pick there is
+# "coop") +11 to +23. The narrower picks and the "rows" ones stay the H200's.
+PICKS_GPU["H200"] = {key: cfg for key, cfg in PICKS_GPU["H100"].items() if key[0] == "loop" and key[3] >= 65536}
+FEW_ROWS_GPU["H200"] = dict(FEW_ROWS_GPU["H100"])
 
 
 # Mode "rows" where the rule in ``norm_config`` (two rows a program up to 4K, ~32 elements a

@@ -117,6 +117,7 @@ def _norm_kernel(
     FIRST: tl.constexpr = 0,    # "loop", EVEN, PDL: columns of the program's segment asked of the L2 before the wait
     SHELF_PIPE: tl.constexpr = 0,  # with SHELF: the segment's chunks, each summed as it lands (0: off; _shelf)
     WB_LAST: tl.constexpr = False,  # "loop": the weight and bias loaded L1::evict_last (_loop_row)
+    WB_MIX: tl.constexpr = False,  # with WB_EARLY: only the first chunk's with the copies, the rest after the sums
 ):
     if FIRST > 0:  # a hint, safe before the wait (_l2_ahead.l2_first)
         l2_first(x_ptr, r_ptr, M, HAS_RESIDUAL, SPLIT, SEG_N, FIRST, CONST_N, PF_LANES)
@@ -140,7 +141,7 @@ def _norm_kernel(
                   sx, sr, sy, sh, eps, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, HINTS,
                   STASH, VEC, UNROLL, SPLIT, BLOCK_S, LOOP_PART,
                   EVEN, HOLD, DROP_Y, CLUSTER, SHELF, FOLD, PF, PF_LANES, WB_PRE, WB_EARLY, PIPE, TRACE, SHELF_PIPE,
-                  WB_LAST)
+                  WB_LAST, WB_MIX)
         return
     # -- which chunk of columns (and, split, which row) this program owns -------------------
     if PHASE == 1:
@@ -278,6 +279,7 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
             FOLD=cfg.fold, EVEN=even, PF=pf if part_of_loop == 0 else 0,
             PF_LANES=32 * cfg.num_warps if pf or first else 32,
             WB_PRE=cfg.wb_pre if cfg.mode == "loop" and part_of_loop != 1 else 0, WB_EARLY=cfg.wb_early and shelf,
+            WB_MIX=cfg.wb_mix and cfg.wb_early and shelf,
             SHELF_PIPE=seg // cfg.block_n if cfg.shelf_pipe and shelf else 0,
             WB_LAST=cfg.wb_last and cfg.mode == "loop",
             PIPE=cfg.pipe if cfg.mode == "loop" else 0, TRACE=trace is not None, FIRST=first, **pdl,
