@@ -291,7 +291,7 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
     if LOOP_PART != 1 and not (SHELF and WB_EARLY):  # pass 2's first weights travel while the sums do
         wb = _pre_wb(w_ptr, b_ptr, col0, N, BLOCK_N, EVEN, HAS_WEIGHT, HAS_BIAS, WB_PRE, WB_EV)
     elif LOOP_PART != 1 and WB_MIX:  # the shelf's sums are in: its accumulators' registers are free
-        wb = wb + _pre_wb(w_ptr, b_ptr, col0, N, BLOCK_N, EVEN, HAS_WEIGHT, HAS_BIAS, WB_PRE, WB_EV, 1)
+        wb = wb + _pre_wb(w_ptr, b_ptr, col0, N, BLOCK_N, EVEN, HAS_WEIGHT, HAS_BIAS, WB_PRE, WB_EV, START=1)
     if SPLIT > 1 and CLUSTER:  # the row's programs are one cluster: sums through shared memory
         c, s1, s2 = _split_combine(share3(c, s1, s2, SPLIT, xbuf), row, N, SEG, SPLIT, BLOCK_S, IS_RMS, True)
     elif SPLIT > 1:

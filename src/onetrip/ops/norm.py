@@ -279,7 +279,7 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
             FOLD=cfg.fold, EVEN=even, PF=pf if part_of_loop == 0 else 0,
             PF_LANES=32 * cfg.num_warps if pf or first else 32,
             WB_PRE=cfg.wb_pre if cfg.mode == "loop" and part_of_loop != 1 else 0, WB_EARLY=cfg.wb_early and shelf,
-            WB_MIX=cfg.wb_mix and cfg.wb_early and shelf,
+            WB_MIX=cfg.wb_mix and shelf,  # (NormConfig refuses wb_mix without wb_early)
             SHELF_PIPE=seg // cfg.block_n if cfg.shelf_pipe and shelf else 0,
             WB_LAST=cfg.wb_last and cfg.mode == "loop",
             PIPE=cfg.pipe if cfg.mode == "loop" else 0, TRACE=trace is not None, FIRST=first, **pdl,
