@@ -107,7 +107,7 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
               FOLD: tl.constexpr = False, PF: tl.constexpr = 0, PF_LANES: tl.constexpr = 32,
               WB_PRE: tl.constexpr = 0, WB_EARLY: tl.constexpr = False, PIPE: tl.constexpr = 0,
               TRACE: tl.constexpr = False, SHELF_PIPE: tl.constexpr = 0, WB_LAST: tl.constexpr = False,
-              WB_MIX: tl.constexpr = False):
+              WB_MIX: tl.constexpr = False, HALF_STEPS: tl.constexpr = 0):
     """Mode "loop": a program per BLOCK_M rows (per segment of SEG columns of a row with
     SPLIT > 1), two passes over its chunks of BLOCK_N. Pass 1 sums the statistics; pass 2
     reads each chunk again, which a row of <= 512 KB finds in L2 (two programs an SM hold
@@ -166,6 +166,14 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
     LayerNorm's 256K shelf takes two chunks this way under its cap of 48 (both with the copies
     spilled 6 bytes): 94.5 -> 95.1% at 256 x 256K, level on 64 rows (H100, thirty-ninth session).
 
+    HALF_STEPS (the shelf, no WB_MIX, HOLD or pass 2's PIPE; 0: off): pass 2 walks the segment in
+    HALF_STEPS steps of BLOCK_N / 2 and asks for each step's weight and bias 2 x WB_PRE steps
+    ahead (the early ones, WB_PRE chunks' worth, are then loaded as half steps too), before the
+    stores of the steps between. The same look-ahead as pipe 2's next chunk, in registers a step
+    wide instead of a chunk: LayerNorm's 256K shelf keeps 48 registers, no spills (pipe 2 needs
+    56). On an H100 (thirty-ninth session, ops bench) layer_norm 64 x 256K 87.9-88.0 -> 89.4%,
+    256 x 256K 95.0-95.1 -> 95.3.
+
     WB_LAST: every weight and bias load carries an L1::evict_last hint, so that the L1 gives up
     the row's own lines before them (the shelf's copies, ``cp.async.ca``, pass through it; so do
     x, r and h's loads): on an H100 (ops bench) layer_norm 64 x 256K 86.4 -> 87.6%, 512 x 128K
@@ -195,6 +203,10 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
     Chan combine of chunk means instead drew 2.8x PyTorch's float32 error on rows 100
     standard deviations from zero (5000 wide, chunks of 128: ~40 roundings of a mean near
     100)."""
+    WB_N: tl.constexpr = BLOCK_N // 2 if HALF_STEPS > 0 else BLOCK_N  # the early weight and bias loads' width
+    WB_K: tl.constexpr = 2 * WB_PRE if HALF_STEPS > 0 else WB_PRE  # and how many
+    tl.static_assert(HALF_STEPS == 0 or (SHELF and not WB_MIX and HOLD == 0 and PIPE < 2),
+                     "half steps are the shelf's pass 2, without wb_mix, held chunks or pass 2's pipe")
     KEEP: tl.constexpr = "evict_last" if HINTS else ""
     WB_EV: tl.constexpr = "evict_last" if WB_LAST else ""  # the weight and bias's loads
     MEAN_SHIFT: tl.constexpr = x_ptr.dtype.element_ty == tl.float32
@@ -231,7 +243,7 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
         if SHELF:  # every copy issued, then one wait (SHELF_PIPE: one a chunk); the sums read back from the shelf
             shelf_copy(base, x_ptr + row.to(tl.int64) * stride_xm + col0, SEG, BLOCK_N, SHELF_PIPE > 0)
             if WB_EARLY:  # WB_MIX: the first chunk's now, the rest once the sums are in (below)
-                wb = _pre_wb(w_ptr, b_ptr, col0, N, BLOCK_N, EVEN, HAS_WEIGHT, HAS_BIAS, 1 if WB_MIX else WB_PRE,
+                wb = _pre_wb(w_ptr, b_ptr, col0, N, WB_N, EVEN, HAS_WEIGHT, HAS_BIAS, 1 if WB_MIX else WB_K,
                              WB_EV)
             if SHELF_PIPE > 0:  # each chunk summed as it lands
                 s1, s2 = shelf_sums_piped(base, c, row, x_ptr, SHELF_PIPE, BLOCK_N)
@@ -289,7 +301,7 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
     if PF > 0:  # pass 1's reads are in: the HBM reads ahead while the sums travel and y is written
         _ahead(x_ptr, r_ptr, row + PF, M, col0, stride_xm, stride_rm, HAS_RESIDUAL, EVEN, BLOCK_M, SEG, PF_LANES)
     if LOOP_PART != 1 and not (SHELF and WB_EARLY):  # pass 2's first weights travel while the sums do
-        wb = _pre_wb(w_ptr, b_ptr, col0, N, BLOCK_N, EVEN, HAS_WEIGHT, HAS_BIAS, WB_PRE, WB_EV)
+        wb = _pre_wb(w_ptr, b_ptr, col0, N, WB_N, EVEN, HAS_WEIGHT, HAS_BIAS, WB_K, WB_EV)
     elif LOOP_PART != 1 and WB_MIX:  # the shelf's sums are in: its accumulators' registers are free
         wb = wb + _pre_wb(w_ptr, b_ptr, col0, N, BLOCK_N, EVEN, HAS_WEIGHT, HAS_BIAS, WB_PRE, WB_EV, START=1)
     if SPLIT > 1 and CLUSTER:  # the row's programs are one cluster: sums through shared memory
@@ -311,39 +323,51 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
         stamp_phase(part_ptr, row * SPLIT + seg, 2, rstd)
     if STASH:
         tl.debug_barrier()  # pass 2 reads h as this program's other threads stored it
-    PEEL: tl.constexpr = HOLD if HOLD > WB_PRE else WB_PRE
-    if PIPE >= 2:  # the first streamed chunk's loads, before the peeled chunks' stores
-        cols, col_ok = _ahead_cols(col0, PEEL * BLOCK_N, N, SEG, BLOCK_N, EVEN)
-        mask = _tile_mask(rows, M, col_ok, BLOCK_M)
-        wn, bn = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS, WB_EV)
-        xn, rn = _pass2_src(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL,
-                            SHELF, STASH, DROP)
-    for k in tl.static_range(PEEL):  # the held chunks and those whose weight is in already
-        if k < WB_PRE:
-            w, b = wb[k]
-        else:
-            cols, col_ok = _chunk_cols(col0, k * BLOCK_N, N, BLOCK_N, EVEN)
-            w, b = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS, WB_EV)
-        _pass2_chunk(x_ptr, r_ptr, y_ptr, h_ptr, w, b, held[k] if k < HOLD else 0.0, base, rows, M, col0,
-                     k * BLOCK_N, N, c, rstd, mean_lo, stride_xm, stride_rm, stride_ym, stride_hm, IS_RMS, GEMMA,
-                     HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, EVEN, k < HOLD, SHELF, STASH, DROP,
-                     DROP_STREAMED_Y, FOLD)
-    for i in tl.range(PEEL * BLOCK_N, SEG, BLOCK_N, loop_unroll_factor=UNROLL):
-        if PIPE >= 2:  # this chunk's loads came in the last iteration; the next one's go out before y's store
-            w = wn
-            b = bn
-            src = (xn, rn)
-            cols, col_ok = _ahead_cols(col0, i + BLOCK_N, N, SEG, BLOCK_N, EVEN)
+    if HALF_STEPS > 0:  # the shelf's segment in HALF_STEPS steps of BLOCK_N / 2, each step's weight and bias
+        H: tl.constexpr = BLOCK_N // 2  # asked for WB_K steps ahead, before the stores of the steps between
+        ahead = wb  # (weight, bias) of steps 0 .. WB_K - 1, asked for early; each later step's appended
+        for s in tl.static_range(HALF_STEPS):
+            if s + WB_K < HALF_STEPS:
+                hcols, hok = _chunk_cols(col0, (s + WB_K) * H, N, H, EVEN)
+                ahead = ahead + (_load_wb(w_ptr, b_ptr, hcols, hok, HAS_WEIGHT, HAS_BIAS, WB_EV),)
+            w, b = ahead[s]
+            _pass2_chunk(x_ptr, r_ptr, y_ptr, h_ptr, w, b, 0.0, base, rows, M, col0, s * H, N, c, rstd, mean_lo,
+                         stride_xm, stride_rm, stride_ym, stride_hm, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT,
+                         HAS_BIAS, BLOCK_M, H, EVEN, False, SHELF, STASH, DROP, DROP_STREAMED_Y, FOLD)
+    else:
+        PEEL: tl.constexpr = HOLD if HOLD > WB_PRE else WB_PRE
+        if PIPE >= 2:  # the first streamed chunk's loads, before the peeled chunks' stores
+            cols, col_ok = _ahead_cols(col0, PEEL * BLOCK_N, N, SEG, BLOCK_N, EVEN)
             mask = _tile_mask(rows, M, col_ok, BLOCK_M)
             wn, bn = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS, WB_EV)
             xn, rn = _pass2_src(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL,
                                 SHELF, STASH, DROP)
-        else:  # _pass2_chunk loads the chunk's h (or x and r) itself
-            cols, col_ok = _chunk_cols(col0, i, N, BLOCK_N, EVEN)
-            w, b = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS, WB_EV)
-            src = 0.0
-        _pass2_chunk(x_ptr, r_ptr, y_ptr, h_ptr, w, b, src, base, rows, M, col0, i, N, c, rstd, mean_lo,
-                     stride_xm, stride_rm, stride_ym, stride_hm, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS,
-                     BLOCK_M, BLOCK_N, EVEN, False, SHELF, STASH, DROP, DROP_STREAMED_Y, FOLD, PIPE >= 2)
+        for k in tl.static_range(PEEL):  # the held chunks and those whose weight is in already
+            if k < WB_PRE:
+                w, b = wb[k]
+            else:
+                cols, col_ok = _chunk_cols(col0, k * BLOCK_N, N, BLOCK_N, EVEN)
+                w, b = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS, WB_EV)
+            _pass2_chunk(x_ptr, r_ptr, y_ptr, h_ptr, w, b, held[k] if k < HOLD else 0.0, base, rows, M, col0,
+                         k * BLOCK_N, N, c, rstd, mean_lo, stride_xm, stride_rm, stride_ym, stride_hm, IS_RMS, GEMMA,
+                         HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, EVEN, k < HOLD, SHELF, STASH, DROP,
+                         DROP_STREAMED_Y, FOLD)
+        for i in tl.range(PEEL * BLOCK_N, SEG, BLOCK_N, loop_unroll_factor=UNROLL):
+            if PIPE >= 2:  # this chunk's loads came in the last iteration; the next one's go out before y's store
+                w = wn
+                b = bn
+                src = (xn, rn)
+                cols, col_ok = _ahead_cols(col0, i + BLOCK_N, N, SEG, BLOCK_N, EVEN)
+                mask = _tile_mask(rows, M, col_ok, BLOCK_M)
+                wn, bn = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS, WB_EV)
+                xn, rn = _pass2_src(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL,
+                                    SHELF, STASH, DROP)
+            else:  # _pass2_chunk loads the chunk's h (or x and r) itself
+                cols, col_ok = _chunk_cols(col0, i, N, BLOCK_N, EVEN)
+                w, b = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS, WB_EV)
+                src = 0.0
+            _pass2_chunk(x_ptr, r_ptr, y_ptr, h_ptr, w, b, src, base, rows, M, col0, i, N, c, rstd, mean_lo,
+                         stride_xm, stride_rm, stride_ym, stride_hm, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS,
+                         BLOCK_M, BLOCK_N, EVEN, False, SHELF, STASH, DROP, DROP_STREAMED_Y, FOLD, PIPE >= 2)
     if TRACE:
         stamp_phase(part_ptr, row * SPLIT + seg, 3, rstd)

@@ -43,6 +43,7 @@ class NormConfig:
     wb_pre: int = 0  # "loop": pass 2's first wb_pre chunks' weight and bias loaded before the exchange of sums (<= 4)
     wb_early: bool = False  # with wb_pre and the shelf: loaded as soon as the shelf's copies are issued
     wb_mix: bool = False  # with wb_early: only the first chunk's then, the others' once the shelf's sums are in
+    half_steps: bool = False  # with the shelf: pass 2 in half chunks, each one's weight and bias 2 * wb_pre steps ahead
     pipe: int = 0  # "loop": chunk k + 1's loads issued before chunk k's stores (1: pass 1, 2: pass 2, 3: both)
     l2_first: int = 0  # "loop", dense rows (Hopper, PDL): a program's first chunks asked of the L2 before the wait
     carveout: int = -1  # % of the SM's L1 / shared memory asked as shared memory (-1: the driver's choice)
@@ -55,6 +56,9 @@ class NormConfig:
             raise ValueError(f"NormConfig maxnreg={self.maxnreg} must be 0 (no cap) or 16-255 registers")
         if not 0 <= self.pipe <= 3:
             raise ValueError(f"NormConfig pipe={self.pipe} must be 0-3 (1: pass 1, 2: pass 2, 3: both)")
+        if self.half_steps and (self.wb_mix or self.hold or self.pipe >= 2):
+            raise ValueError(f"NormConfig half_steps=True takes no wb_mix, hold or pass 2's pipe (got wb_mix="
+                             f"{self.wb_mix}, hold={self.hold}, pipe={self.pipe})")
         if self.wb_mix and not self.wb_early:
             raise ValueError("NormConfig wb_mix=True needs wb_early=True (it splits the early chunks' loads in two)")
         if not 0 <= self.wb_pre <= 4:
@@ -341,7 +345,14 @@ LOOP_PICKS = {
 #   48 (6 bytes, 77-84%), split so they do not (48 registers, y bitwise equal). tune_ops 94.6 -> 95.1% at 256
 #   rows, 87.8 -> 87.9 on 64; ops bench, rounds new old old new (results/ops-layer-wbmix-ab-h100-20261127-
 #   session39-*.json): 256 x 256K 94.5 / 94.6 -> 95.1 / 95.1%, 64 x 256K 87.7 / 88.0 -> 88.1 / 88.1. At 128K
-#   level (96.3-96.4 both; tune_ops -0.3 at 128 rows): not taken there.
+#   level (96.3-96.4 both; tune_ops -0.3 at 128 rows): not taken there. Then replaced by:
+# - layer_norm 256K's pass 2 in half-chunk steps (``half_steps``: 2048 columns, one 16-byte load of
+#   weight and of bias a thread), each step's weight and bias two steps ahead, the first two with the
+#   shelf's copies (wb_pre=1 early): the look-ahead of pipe 2 at 48 registers, no spills (pipe 2 needs
+#   56), y bitwise equal. tune_ops (thirty-ninth session, results/tune-ops-layer-half-steps-h100-20261127-
+#   session39.tgz) 88.1 -> 89.2% on 64 rows, 94.9 -> 95.2 at 256; ops bench, rounds new old old new
+#   (results/ops-layer-halfsteps-ab-h100-20261127-session39-*.json): 64 x 256K 88.0 / 87.9 -> 89.4 / 89.4%,
+#   256 x 256K 95.1 / 95.0 -> 95.3 / 95.3, the other widths level.
 _CLUSTER = dict(hints=True, vec=True, const_n=True, cluster=True)
 _CLUSTER_NH = dict(_CLUSTER, hints=False)
 PICKS_GPU = {
@@ -355,7 +366,7 @@ PICKS_GPU = {
         ("loop", False, False, 131072): _loop(4096, 8, split=8, shelf=True, fold=True, maxnreg=48, pf=32,
                                               pf_rows=384, wb_pre=1, wb_early=True, wb_last=True, **_CLUSTER_NH),
         ("loop", False, False, 262144): _loop(4096, 8, split=16, shelf=True, fold=True, maxnreg=48, l2_first=2,
-                                              shelf_pipe=True, wb_pre=2, wb_early=True, wb_mix=True, wb_last=True,
+                                              shelf_pipe=True, wb_pre=1, wb_early=True, half_steps=True, wb_last=True,
                                               **_CLUSTER_NH),
         ("loop", True, True, 131072): _loop(4096, 8, stash=True, split=16, wb_last=True, **_CLUSTER_NH),
         ("loop", False, True, 131072): _loop(4096, 8, stash=True, split=16, fold=True, wb_last=True, **_CLUSTER_NH),
@@ -413,6 +424,9 @@ FEW_ROWS_GPU = {
 # 77.7 -> 82.4, 72.0 -> 82.0, 128K 85.5 -> 89.5; at 128 rows of 128K (the H200's own pick there is
 # "coop") +11 to +23. The narrower picks and the "rows" ones stay the H200's.
 PICKS_GPU["H200"] = {key: cfg for key, cfg in PICKS_GPU["H100"].items() if key[0] == "loop" and key[3] >= 65536}
+# (layer_norm 256K as measured there: the H100's pick of that run, before its pass 2 took half steps)
+PICKS_GPU["H200"][("loop", False, False, 262144)] = dataclasses.replace(
+    PICKS_GPU["H100"][("loop", False, False, 262144)], wb_pre=2, wb_mix=True, half_steps=False)
 FEW_ROWS_GPU["H200"] = dict(FEW_ROWS_GPU["H100"])
 
 

@@ -118,6 +118,7 @@ def _norm_kernel(
     SHELF_PIPE: tl.constexpr = 0,  # with SHELF: the segment's chunks, each summed as it lands (0: off; _shelf)
     WB_LAST: tl.constexpr = False,  # "loop": the weight and bias loaded L1::evict_last (_loop_row)
     WB_MIX: tl.constexpr = False,  # with WB_EARLY: only the first chunk's with the copies, the rest after the sums
+    HALF_STEPS: tl.constexpr = 0,  # with SHELF: pass 2 in this many half-chunk steps, weight and bias ahead
 ):
     if FIRST > 0:  # a hint, safe before the wait (_l2_ahead.l2_first)
         l2_first(x_ptr, r_ptr, M, HAS_RESIDUAL, SPLIT, SEG_N, FIRST, CONST_N, PF_LANES)
@@ -141,7 +142,7 @@ def _norm_kernel(
                   sx, sr, sy, sh, eps, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, HINTS,
                   STASH, VEC, UNROLL, SPLIT, BLOCK_S, LOOP_PART,
                   EVEN, HOLD, DROP_Y, CLUSTER, SHELF, FOLD, PF, PF_LANES, WB_PRE, WB_EARLY, PIPE, TRACE, SHELF_PIPE,
-                  WB_LAST, WB_MIX)
+                  WB_LAST, WB_MIX, HALF_STEPS)
         return
     # -- which chunk of columns (and, split, which row) this program owns -------------------
     if PHASE == 1:
@@ -256,6 +257,8 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
              and not is_interpreting() and (split == 1 or wait) and even
              and x.data_ptr() % 16 == 0 and y.data_ptr() % 16 == 0
              and shelf_fits(seg, cfg.block_n, cfg.num_warps, x.element_size()))
+    # cfg.half_steps where the shelf serves and half a chunk still gives each thread runs of 8 (shelf_fits)
+    half_steps = cfg.half_steps and shelf and shelf_fits(seg, cfg.block_n // 2, cfg.num_warps, x.element_size())
     # the L2 requests: cfg.pf after pass 1, cfg.l2_first before the PDL wait (_l2_ahead.requests)
     pdl = pdl_args(x)  # the launch's PDL arguments, also whether l2_first may ask before the wait
     pf, first = l2_requests(cfg, x, residual, M, seg, even, cluster or split == 1, bool(pdl))
@@ -280,6 +283,7 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
             PF_LANES=32 * cfg.num_warps if pf or first else 32,
             WB_PRE=cfg.wb_pre if cfg.mode == "loop" and part_of_loop != 1 else 0, WB_EARLY=cfg.wb_early and shelf,
             WB_MIX=cfg.wb_mix and shelf,  # (NormConfig refuses wb_mix without wb_early)
+            HALF_STEPS=2 * seg // cfg.block_n if half_steps and part_of_loop == 0 else 0,
             SHELF_PIPE=seg // cfg.block_n if cfg.shelf_pipe and shelf else 0,
             WB_LAST=cfg.wb_last and cfg.mode == "loop",
             PIPE=cfg.pipe if cfg.mode == "loop" else 0, TRACE=trace is not None, FIRST=first, **pdl,
