@@ -335,8 +335,9 @@ def test_wb_pre_same_y(gen, width, is_rms, residual):
     """Pass 2's weight and bias loaded before the exchange (``wb_pre`` 1, 2, 4; with the
     shelf also ``wb_early``), each chunk's loads issued before the previous chunk's
     stores (``pipe``), the early chunks split around the shelf's sums (``wb_mix``), pass 2 in
-    half-chunk steps with each step's weight and bias ahead (``half_steps``), or their
-    L1 eviction hint (``wb_last``) changes when they are asked
+    half-chunk steps with each step's weight and bias ahead (``half_steps``), their L1
+    eviction hint (``wb_last``), or the first rows asking the L2 for them before the PDL
+    wait (``wb_first``) changes when they are asked
     for or how long they are kept, not the arithmetic: y and h
     bitwise equal to the pick's without it, with the GPU's own picks at 7, 64 and 128 rows
     (FEW_ROWS_GPU's below 128, PICKS_GPU's from there), the pick itself within the rule."""
@@ -354,6 +355,7 @@ def test_wb_pre_same_y(gen, width, is_rms, residual):
                                                                                        (2, False), (2, True), (4, True))]
         variants += [dict(pipe=pipe, half_steps=False) for pipe in (1, 2, 3)]  # the next chunk's loads ahead
         variants += [dict(wb_last=not pick.wb_last)]  # the weight and bias's L1 hint
+        variants += [dict(wb_first=0 if pick.wb_first else 2)]  # the first rows ask the L2 for them first
         variants += [dict(wb_pre=2, wb_early=True, wb_mix=True, half_steps=False)]  # the second after the sums
         variants += [dict(wb_pre=1, wb_early=True, wb_mix=False, pipe=0, hold=0, half_steps=h)  # pass 2 in half chunks
                      for h in (False, True)]

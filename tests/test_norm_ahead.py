@@ -89,7 +89,7 @@ def test_ahead_from_rows(gen):
         _run(x, None, w, b, "layer", cfg, taken=rows >= 9)
 
 
-@pytest.mark.parametrize("field, value", [("pf", -1), ("pf_rows", -3)])
+@pytest.mark.parametrize("field, value", [("pf", -1), ("pf_rows", -3), ("wb_first", -2)])
 def test_ahead_fields_checked(field, value):
     """A negative read-ahead or row threshold is refused when the config is made, naming the field."""
     with pytest.raises(ValueError, match=field):
@@ -167,8 +167,56 @@ def test_first_needs_pdl(gen, monkeypatch):
 
 
 def test_first_falls_back(device, gen):
-    """Under the interpreter or on the CPU ``l2_first`` asks for nothing, and the result is right."""
+    """Under the interpreter or on the CPU ``l2_first`` and ``wb_first`` ask for nothing, and
+    the result is right."""
     x = torch.randn(5, 8192, generator=gen, device=device).to(torch.bfloat16)
     w, b = _params("layer", 8192, torch.bfloat16, device, gen)
     _run(x, None, w, b, "layer", NormConfig("loop", 1, 1024, 4, vec=True, const_n=True, split=4, cluster=True,
                                             l2_first=8), taken=HOPPER)
+    _run(x, None, w, b, "layer", NormConfig("loop", 1, 1024, 4, vec=True, const_n=True, split=4, cluster=True,
+                                            wb_first=2), taken=HOPPER)
+
+
+@pytest.mark.skipif(not HOPPER, reason="the bulk L2 prefetch and PDL are Hopper's")
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("cfg", FIRST_CFGS, ids=["cluster-shelf", "cluster-hold", "row"])
+def test_wb_first_gpu(gen, kind, residual, cfg, monkeypatch):
+    """``wb_first``: the first rows' programs ask the L2 for their segment's weight (and bias)
+    before they wait for the previous kernel, here the one writing that weight (a norm of
+    one row into it; 9 rows of 64K, the first 2 asking): the outputs are bitwise those
+    without it, eagerly and replayed from a CUDA graph with a new weight. Without a weight
+    nothing is asked."""
+    monkeypatch.setenv("ONETRIP_PDL", "1")
+    device = torch.device("cuda")
+    width = 65536
+    rms, gemma = kind != "layer", kind == "gemma"
+    cfg = dataclasses.replace(cfg, l2_first=0, wb_first=2)
+    x = torch.randn(9, width, generator=gen, device=device).to(torch.bfloat16)
+    r = torch.randn(9, width, generator=gen, device=device).to(torch.bfloat16) if residual else None
+    w0, b = _params(kind, width, torch.bfloat16, device, gen)
+    src = torch.randn(1, width, generator=gen, device=device).to(torch.bfloat16)
+    w = poison_(torch.empty(1, width, dtype=torch.bfloat16, device=device))
+    y, h = poison_(torch.empty_like(x)), poison_(torch.empty_like(x)) if residual else None
+
+    def chain():  # the first call writes the weight, the second (PDL) asks for it before it waits
+        norm_mod._launch(src, None, w0, None, w, None, 1e-6, True, False, None)
+        return norm_mod._launch(x, r, w[0], b, y, h, 1e-6, rms, gemma, cfg)
+
+    assert _first_taken(chain())
+    torch.cuda.synchronize()
+    _check(kind, x, r, w[0], b, 1e-6, y, h)
+    y1, h1 = _run(x, r, w[0], b, kind, dataclasses.replace(cfg, wb_first=0), taken=False)
+    assert torch.equal(y, y1) and (h is None or torch.equal(h, h1))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chain()
+    src.copy_(torch.randn(1, width, generator=gen, device=device))
+    for t in (w, y, h):
+        if t is not None:
+            poison_(t)
+    graph.replay()
+    torch.cuda.synchronize()
+    _check(kind, x, r, w[0], b, 1e-6, y, h)
+    if kind == "layer":  # no weight: nothing to ask for
+        _run(x, r, None, b, kind, cfg, taken=False)

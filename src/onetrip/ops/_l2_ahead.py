@@ -30,6 +30,15 @@ rms_norm 88 -> 92.6-92.8% of copy with one 8 KB chunk a program (4.5 MB a launch
 layer_norm 80.4-80.9 -> 83.9-84.2 with two, add_rms_norm 90.8-91.0 -> 92.4-92.5 with one;
 the whole segment (17-64 MB) lost 1.5-14 points instead: those reads go to HBM ahead of
 the previous launch's last stores, whose drain the wait waits for.
+
+``wb_first`` (``NormConfig.wb_first``): the programs of the first ``wb_first`` rows ask the
+L2 for their segment's weight and bias, also before the wait. Every row reads them in pass 2,
+but a call whose weight and bias are not in the L2 yet (a model's next layer; the ops bench's
+next input set) finds them in HBM, behind the row's own reads. On an H100 (NOTES.md,
+fortieth session; timed as the ops bench times) layer_norm's 256K shelf pick 95.2 -> 96.1%
+of copy at 256 rows and 89.3-89.5 -> 89.8-90.0 on 64 with two rows (1 MB asked 2 times);
+every row asking lost 0.5-3.7 (the same lines asked 64 times). rms_norm, with half the
+bytes to ask, and the residual picks read level or lost (-0.1 to -1.6): not taken there.
 """
 
 from __future__ import annotations
@@ -74,6 +83,19 @@ def l2_first(x_ptr, r_ptr, M, HAS_RESIDUAL: tl.constexpr, SPLIT: tl.constexpr, S
         l2_ahead(r_ptr, t // SPLIT, M, col0, N, COLS, LANES)
 
 
+@triton.jit
+def l2_first_wb(w_ptr, b_ptr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, SEG: tl.constexpr,
+                ROWS: tl.constexpr, LANES: tl.constexpr):
+    """Ask the L2 for this program's segment of the weight (and bias) if it runs one of the
+    first ROWS rows (program t: row t // SPLIT, segment t % SPLIT): ``NormConfig.wb_first``,
+    issued before the PDL wait like ``l2_first`` (see the module docstring)."""
+    t = tl.program_id(0)
+    col0 = (t % SPLIT) * SEG
+    l2_ahead(w_ptr, t // SPLIT, ROWS, col0, 0, SEG, LANES)  # a vector: "row" t // SPLIT of stride 0
+    if HAS_BIAS:
+        l2_ahead(b_ptr, t // SPLIT, ROWS, col0, 0, SEG, LANES)
+
+
 def ahead_ok(seg_bytes: int, x: torch.Tensor, *others) -> bool:
     """``l2_ahead`` may run on ``x``'s rows (and ``others``', None skipped): a compiled kernel
     (not the interpreter) on a Hopper-or-newer GPU, segments of whole 4 KB requests, every
@@ -84,18 +106,24 @@ def ahead_ok(seg_bytes: int, x: torch.Tensor, *others) -> bool:
 
 
 def requests(cfg, x: torch.Tensor, residual, rows: int, seg: int, even: bool, ticketless: bool,
-             pdl: bool) -> tuple[int, int]:
-    """(pf, columns asked first) of a launch of norm config ``cfg`` over ``rows`` rows cut into
+             pdl: bool, weight=None, bias=None) -> tuple[int, int, int]:
+    """(pf, columns asked first, rows whose programs ask for the weight and bias first) of a
+    launch of norm config ``cfg`` over ``rows`` rows cut into
     segments of ``seg`` columns: ``cfg.pf`` on a compiled Hopper kernel of mode "loop", a row
     a program, over dense, evenly cut rows (``even``; at least ``cfg.pf_rows`` of them: the
     shape, fixed at capture, not a value) whose segments start on 16 bytes and are whole 4 KB
     requests (``ahead_ok``); ``cfg.l2_first`` chunks likewise, and only under PDL (``pdl``:
     without it the program's own loads follow at once) where program t runs row t // split
-    (``ticketless``: a cluster, or one program a row). 0 where no request is made."""
+    (``ticketless``: a cluster, or one program a row); ``cfg.wb_first`` under the same
+    terms where there is a ``weight`` (``bias`` may be None) and its segments are whole
+    requests. 0 where no request is made."""
     if cfg.mode != "loop" or cfg.block_m != 1 or not even:
-        return 0, 0
+        return 0, 0, 0
     pf = cfg.pf if cfg.pf and rows >= cfg.pf_rows and ahead_ok(seg * x.element_size(), x, residual) else 0
     first = min(seg, cfg.l2_first * cfg.block_n)
     if not (first and ticketless and pdl and ahead_ok(first * x.element_size(), x, residual)):
         first = 0
-    return pf, first
+    wb_rows = cfg.wb_first if weight is not None and ticketless and pdl else 0
+    if wb_rows and not ahead_ok(seg * weight.element_size(), weight, bias):
+        wb_rows = 0
+    return pf, first, wb_rows

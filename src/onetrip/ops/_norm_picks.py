@@ -46,6 +46,7 @@ class NormConfig:
     half_steps: bool = False  # with the shelf: pass 2 in half chunks, each one's weight and bias 2 * wb_pre steps ahead
     pipe: int = 0  # "loop": chunk k + 1's loads issued before chunk k's stores (1: pass 1, 2: pass 2, 3: both)
     l2_first: int = 0  # "loop", dense rows (Hopper, PDL): a program's first chunks asked of the L2 before the wait
+    wb_first: int = 0  # like l2_first: the first wb_first rows' programs ask for their weight and bias segment
     carveout: int = -1  # % of the SM's L1 / shared memory asked as shared memory (-1: the driver's choice)
     shelf_pipe: bool = False  # with the shelf: each chunk's statistics summed as soon as its copies land
     wb_last: bool = False  # "loop": the weight and bias loaded L1::evict_last, kept ahead of the other lines (x, r, h)
@@ -63,7 +64,7 @@ class NormConfig:
             raise ValueError("NormConfig wb_mix=True needs wb_early=True (it splits the early chunks' loads in two)")
         if not 0 <= self.wb_pre <= 4:
             raise ValueError(f"NormConfig wb_pre={self.wb_pre} must be 0-4 chunks")
-        for name in ("pf", "pf_rows", "l2_first"):
+        for name in ("pf", "pf_rows", "l2_first", "wb_first"):
             if getattr(self, name) < 0:
                 raise ValueError(f"NormConfig {name}={getattr(self, name)} must be >= 0 (0: no read-ahead / no threshold)")
 
@@ -353,6 +354,12 @@ LOOP_PICKS = {
 #   session39.tgz) 88.1 -> 89.2% on 64 rows, 94.9 -> 95.2 at 256; ops bench, rounds new old old new
 #   (results/ops-layer-halfsteps-ab-h100-20261127-session39-*.json): 64 x 256K 88.0 / 87.9 -> 89.4 / 89.4%,
 #   256 x 256K 95.1 / 95.0 -> 95.3 / 95.3, the other widths level.
+# - Fortieth session, timed as the ops bench times (its input sets and calls, in one process, the variants
+#   interleaved over 4 rounds; results/logs/ab-norm-*-h100-20261127-session40.log): layer_norm
+#   128K's pass 2 in half steps too, 96.2-96.3 -> 96.9% at 512 rows (ops bench, rounds new old old new: 96.5 /
+#   96.4 -> 96.9 / 97.0), 81.7 -> 83.1 at 128 (tune_ops); and layer_norm 256K's first two rows asking the L2 for
+#   their segment's weight and bias before the PDL wait (``wb_first``; _l2_ahead): 95.2-95.3 -> 96.1 at 256
+#   rows, 89.3-89.5 -> 89.8-90.0 on 64 (1, 2, 4 rows alike; 8 level, 16 -0.9, 64 -3.7).
 _CLUSTER = dict(hints=True, vec=True, const_n=True, cluster=True)
 _CLUSTER_NH = dict(_CLUSTER, hints=False)
 PICKS_GPU = {
@@ -364,10 +371,11 @@ PICKS_GPU = {
         ("loop", True, False, 262144): _loop(4096, 8, split=16, shelf=True, maxnreg=48, wb_pre=2, wb_early=True,
                                              pipe=2, l2_first=1, **_CLUSTER_NH),
         ("loop", False, False, 131072): _loop(4096, 8, split=8, shelf=True, fold=True, maxnreg=48, pf=32,
-                                              pf_rows=384, wb_pre=1, wb_early=True, wb_last=True, **_CLUSTER_NH),
-        ("loop", False, False, 262144): _loop(4096, 8, split=16, shelf=True, fold=True, maxnreg=48, l2_first=2,
-                                              shelf_pipe=True, wb_pre=1, wb_early=True, half_steps=True, wb_last=True,
+                                              pf_rows=384, wb_pre=1, wb_early=True, half_steps=True, wb_last=True,
                                               **_CLUSTER_NH),
+        ("loop", False, False, 262144): _loop(4096, 8, split=16, shelf=True, fold=True, maxnreg=48, l2_first=2,
+                                              wb_first=2, shelf_pipe=True, wb_pre=1, wb_early=True, half_steps=True,
+                                              wb_last=True, **_CLUSTER_NH),
         ("loop", True, True, 131072): _loop(4096, 8, stash=True, split=16, wb_last=True, **_CLUSTER_NH),
         ("loop", False, True, 131072): _loop(4096, 8, stash=True, split=16, fold=True, wb_last=True, **_CLUSTER_NH),
         ("loop", False, True, 262144): _loop(8192, 16, stash=True, split=16, fold=True, wb_pre=2, pipe=1,
@@ -424,9 +432,12 @@ FEW_ROWS_GPU = {
 # 77.7 -> 82.4, 72.0 -> 82.0, 128K 85.5 -> 89.5; at 128 rows of 128K (the H200's own pick there is
 # "coop") +11 to +23. The narrower picks and the "rows" ones stay the H200's.
 PICKS_GPU["H200"] = {key: cfg for key, cfg in PICKS_GPU["H100"].items() if key[0] == "loop" and key[3] >= 65536}
-# (layer_norm 256K as measured there: the H100's pick of that run, before its pass 2 took half steps)
+# (layer_norm 128K and 256K as measured there: the H100's picks of that run, before their pass 2 took half
+# steps and the 256K pick's first rows asked for the weight and bias early)
 PICKS_GPU["H200"][("loop", False, False, 262144)] = dataclasses.replace(
-    PICKS_GPU["H100"][("loop", False, False, 262144)], wb_pre=2, wb_mix=True, half_steps=False)
+    PICKS_GPU["H100"][("loop", False, False, 262144)], wb_pre=2, wb_mix=True, half_steps=False, wb_first=0)
+PICKS_GPU["H200"][("loop", False, False, 131072)] = dataclasses.replace(
+    PICKS_GPU["H100"][("loop", False, False, 131072)], half_steps=False)
 FEW_ROWS_GPU["H200"] = dict(FEW_ROWS_GPU["H100"])
 
 

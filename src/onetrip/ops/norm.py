@@ -69,7 +69,7 @@ from ._common import (
 )
 from ._cluster import cluster_ok, launch_clusters
 from ._jit import pdl_start
-from ._l2_ahead import l2_first
+from ._l2_ahead import l2_first, l2_first_wb
 from ._l2_ahead import requests as l2_requests
 from ._norm_chunk import _chunk_stats, _load_h, _load_wb, _mean_rstd, _store_y
 from ._norm_jit import _loop_row, _wait_row
@@ -108,7 +108,7 @@ def _norm_kernel(
     FOLD: tl.constexpr = False,  # "loop" LayerNorm, 16-bit y: the affine as FMAs (_store_y)
     EVEN: tl.constexpr = False,  # "loop": dense rows of CONST_N cut into SPLIT segments of whole chunks (no masks)
     PF: tl.constexpr = 0,       # "loop", EVEN: after pass 1, the segment of the row PF rows on asked of the L2
-    PF_LANES: tl.constexpr = 32,  # with PF or FIRST: the program's threads (a lane each, no request issued twice)
+    PF_LANES: tl.constexpr = 32,  # with PF, FIRST or WB_FIRST: the program's threads (a lane each, none asked twice)
     WB_PRE: tl.constexpr = 0,   # "loop": pass 2's first WB_PRE chunks' weight and bias loaded before the exchange
     WB_EARLY: tl.constexpr = False,  # with SHELF and WB_PRE: loaded right after the shelf's copies are issued
     PIPE: tl.constexpr = 0,     # "loop": chunk k+1's loads before chunk k's stores (1: pass 1, 2: pass 2, 3: both)
@@ -119,9 +119,12 @@ def _norm_kernel(
     WB_LAST: tl.constexpr = False,  # "loop": the weight and bias loaded L1::evict_last (_loop_row)
     WB_MIX: tl.constexpr = False,  # with WB_EARLY: only the first chunk's with the copies, the rest after the sums
     HALF_STEPS: tl.constexpr = 0,  # with SHELF: pass 2 in this many half-chunk steps, weight and bias ahead
+    WB_FIRST: tl.constexpr = 0,  # like FIRST: the first WB_FIRST rows' programs ask for their weight and bias
 ):
     if FIRST > 0:  # a hint, safe before the wait (_l2_ahead.l2_first)
         l2_first(x_ptr, r_ptr, M, HAS_RESIDUAL, SPLIT, SEG_N, FIRST, CONST_N, PF_LANES)
+    if WB_FIRST > 0:
+        l2_first_wb(w_ptr, b_ptr, HAS_BIAS, SPLIT, SEG_N, WB_FIRST, PF_LANES)
     pdl_start(PDL)  # wait for the previous kernel's writes, then let the next one's programs in
     # CONST_N > 0 ("loop", "rows"): the width (and so the dense rows' strides) as constants,
     # so the trip count, masks and row addresses are known to the compiler (each choice below
@@ -259,9 +262,10 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
              and shelf_fits(seg, cfg.block_n, cfg.num_warps, x.element_size()))
     # cfg.half_steps where the shelf serves and half a chunk still gives each thread runs of 8 (shelf_fits)
     half_steps = cfg.half_steps and shelf and shelf_fits(seg, cfg.block_n // 2, cfg.num_warps, x.element_size())
-    # the L2 requests: cfg.pf after pass 1, cfg.l2_first before the PDL wait (_l2_ahead.requests)
+    # the L2 requests: cfg.pf after pass 1, cfg.l2_first and cfg.wb_first before the PDL wait (_l2_ahead.requests)
     pdl = pdl_args(x)  # the launch's PDL arguments, also whether l2_first may ask before the wait
-    pf, first = l2_requests(cfg, x, residual, M, seg, even, cluster or split == 1, bool(pdl))
+    pf, first, wb_first = l2_requests(cfg, x, residual, M, seg, even, cluster or split == 1, bool(pdl), weight,
+                                      bias)
 
     def launch(phase, part_of_loop, part, sync, clusters):
         args = (x, residual if residual is not None else x, weight if weight is not None else x,
@@ -280,10 +284,11 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
             HOLD=cfg.hold if part_of_loop == 0 and not shelf else 0,
             DROP_Y=cfg.drop_y, CLUSTER=clusters, LATE_WB=cfg.late_wb, SHELF=shelf,
             FOLD=cfg.fold, EVEN=even, PF=pf if part_of_loop == 0 else 0,
-            PF_LANES=32 * cfg.num_warps if pf or first else 32,
+            PF_LANES=32 * cfg.num_warps if pf or first or wb_first else 32,
             WB_PRE=cfg.wb_pre if cfg.mode == "loop" and part_of_loop != 1 else 0, WB_EARLY=cfg.wb_early and shelf,
             WB_MIX=cfg.wb_mix and shelf,  # (NormConfig refuses wb_mix without wb_early)
             HALF_STEPS=2 * seg // cfg.block_n if half_steps and part_of_loop == 0 else 0,
+            WB_FIRST=wb_first,
             SHELF_PIPE=seg // cfg.block_n if cfg.shelf_pipe and shelf else 0,
             WB_LAST=cfg.wb_last and cfg.mode == "loop",
             PIPE=cfg.pipe if cfg.mode == "loop" else 0, TRACE=trace is not None, FIRST=first, **pdl,
