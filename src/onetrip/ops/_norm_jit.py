@@ -165,7 +165,7 @@ def _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, row,
     others' once the shelf's sums are in, when pass 1's accumulators no longer hold registers.
     Two chunks this way fit LayerNorm's 256K shelf under its cap of 48 (both with the copies
     spilled 6 bytes): 94.5 -> 95.1% at 256 x 256K, level on 64 rows (H100, thirty-ninth session).
-    The H200's 256K pick keeps it; the H100's took HALF_STEPS (below) in its place.
+    No pick takes it now: HALF_STEPS (below) replaced it on the H100 and then on the H200.
 
     HALF_STEPS (the shelf, no WB_MIX, HOLD or pass 2's PIPE; 0: off): pass 2 walks the segment in
     HALF_STEPS steps of BLOCK_N / 2 and asks for each step's weight and bias 2 x WB_PRE steps

@@ -431,13 +431,11 @@ FEW_ROWS_GPU = {
 # 71.1 on 256); add_rms_norm 256K 81.6 -> 92.9, 76.8 -> 84.9, 128K 87.4 -> 91.7; add_layer_norm 256K
 # 77.7 -> 82.4, 72.0 -> 82.0, 128K 85.5 -> 89.5; at 128 rows of 128K (the H200's own pick there is
 # "coop") +11 to +23. The narrower picks and the "rows" ones stay the H200's.
+# Fortieth session (benchmarks/norm_ab.py, timed as the ops bench times, 4 rounds interleaved; results/ab-norm-
+# layer-h200-20261127-session40.json): layer_norm's new H100 forms won there too, 256K (half steps, wb_first=2)
+# 70.9 -> 73.2% on 64 rows, 82.2 -> 83.3 on 256, against the wb_mix form of the run above; 128K (half steps)
+# 85.4 -> 86.2 at 512 rows. So every wide "loop" pick is the H100's.
 PICKS_GPU["H200"] = {key: cfg for key, cfg in PICKS_GPU["H100"].items() if key[0] == "loop" and key[3] >= 65536}
-# (layer_norm 128K and 256K as measured there: the H100's picks of that run, before their pass 2 took half
-# steps and the 256K pick's first rows asked for the weight and bias early)
-PICKS_GPU["H200"][("loop", False, False, 262144)] = dataclasses.replace(
-    PICKS_GPU["H100"][("loop", False, False, 262144)], wb_pre=2, wb_mix=True, half_steps=False, wb_first=0)
-PICKS_GPU["H200"][("loop", False, False, 131072)] = dataclasses.replace(
-    PICKS_GPU["H100"][("loop", False, False, 131072)], half_steps=False)
 FEW_ROWS_GPU["H200"] = dict(FEW_ROWS_GPU["H100"])
 
 
