@@ -37,7 +37,7 @@ but a call whose weight and bias are not in the L2 yet (a model's next layer; th
 next input set) finds them in HBM, behind the row's own reads. On an H100 (NOTES.md,
 fortieth session; timed as the ops bench times) layer_norm's 256K shelf pick 95.2 -> 96.1%
 of copy at 256 rows and 89.3-89.5 -> 89.8-90.0 on 64 with two rows (1 MB asked 2 times);
-every row asking lost 0.5-3.7 (the same lines asked 64 times). rms_norm, with half the
+every row asking lost 0.4-3.5 (the same lines asked 64 times). rms_norm, with half the
 bytes to ask, and the residual picks read level or lost (-0.1 to -1.6): not taken there.
 """
 

@@ -359,7 +359,7 @@ LOOP_PICKS = {
 #   128K's pass 2 in half steps too, 96.2-96.3 -> 96.9% at 512 rows (ops bench, rounds new old old new: 96.5 /
 #   96.4 -> 96.9 / 97.0), 81.7 -> 83.1 at 128 (tune_ops); and layer_norm 256K's first two rows asking the L2 for
 #   their segment's weight and bias before the PDL wait (``wb_first``; _l2_ahead): 95.2-95.3 -> 96.1 at 256
-#   rows, 89.3-89.5 -> 89.8-90.0 on 64 (1, 2, 4 rows alike; 8 level, 16 -0.9, 64 -3.7).
+#   rows, 89.3-89.5 -> 89.8-90.0 on 64 (1, 2, 4 rows alike; 8 level, 16 -0.9, 64 -3.5).
 _CLUSTER = dict(hints=True, vec=True, const_n=True, cluster=True)
 _CLUSTER_NH = dict(_CLUSTER, hints=False)
 PICKS_GPU = {
