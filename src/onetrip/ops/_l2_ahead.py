@@ -39,6 +39,8 @@ fortieth session; timed as the ops bench times) layer_norm's 256K shelf pick 95.
 of copy at 256 rows and 89.3-89.5 -> 89.8-90.0 on 64 with two rows (1 MB asked 2 times);
 every row asking lost 0.4-3.5 (the same lines asked 64 times). rms_norm, with half the
 bytes to ask, and the residual picks read level or lost (-0.1 to -1.6): not taken there.
+The kernel asks with ``l2_first`` itself, over the weight and bias as a tensor of
+``wb_first`` "rows" of stride 0 (program t asks if t // split < wb_first).
 """
 
 from __future__ import annotations
@@ -81,19 +83,6 @@ def l2_first(x_ptr, r_ptr, M, HAS_RESIDUAL: tl.constexpr, SPLIT: tl.constexpr, S
     l2_ahead(x_ptr, t // SPLIT, M, col0, N, COLS, LANES)
     if HAS_RESIDUAL:
         l2_ahead(r_ptr, t // SPLIT, M, col0, N, COLS, LANES)
-
-
-@triton.jit
-def l2_first_wb(w_ptr, b_ptr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, SEG: tl.constexpr,
-                ROWS: tl.constexpr, LANES: tl.constexpr):
-    """Ask the L2 for this program's segment of the weight (and bias) if it runs one of the
-    first ROWS rows (program t: row t // SPLIT, segment t % SPLIT): ``NormConfig.wb_first``,
-    issued before the PDL wait like ``l2_first`` (see the module docstring)."""
-    t = tl.program_id(0)
-    col0 = (t % SPLIT) * SEG
-    l2_ahead(w_ptr, t // SPLIT, ROWS, col0, 0, SEG, LANES)  # a vector: "row" t // SPLIT of stride 0
-    if HAS_BIAS:
-        l2_ahead(b_ptr, t // SPLIT, ROWS, col0, 0, SEG, LANES)
 
 
 def ahead_ok(seg_bytes: int, x: torch.Tensor, *others) -> bool:

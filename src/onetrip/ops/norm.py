@@ -69,7 +69,7 @@ from ._common import (
 )
 from ._cluster import cluster_ok, launch_clusters
 from ._jit import pdl_start
-from ._l2_ahead import l2_first, l2_first_wb
+from ._l2_ahead import l2_first
 from ._l2_ahead import requests as l2_requests
 from ._norm_chunk import _chunk_stats, _load_h, _load_wb, _mean_rstd, _store_y
 from ._norm_jit import _loop_row, _wait_row
@@ -123,8 +123,8 @@ def _norm_kernel(
 ):
     if FIRST > 0:  # a hint, safe before the wait (_l2_ahead.l2_first)
         l2_first(x_ptr, r_ptr, M, HAS_RESIDUAL, SPLIT, SEG_N, FIRST, CONST_N, PF_LANES)
-    if WB_FIRST > 0:
-        l2_first_wb(w_ptr, b_ptr, HAS_BIAS, SPLIT, SEG_N, WB_FIRST, PF_LANES)
+    if WB_FIRST > 0:  # the weight and bias as WB_FIRST rows of stride 0: the first rows' programs ask
+        l2_first(w_ptr, b_ptr, WB_FIRST, HAS_BIAS, SPLIT, SEG_N, SEG_N, 0, PF_LANES)
     pdl_start(PDL)  # wait for the previous kernel's writes, then let the next one's programs in
     # CONST_N > 0 ("loop", "rows"): the width (and so the dense rows' strides) as constants,
     # so the trip count, masks and row addresses are known to the compiler (each choice below
