@@ -1,6 +1,6 @@
 """Sweep flash_attention's pruned launch configs on a GPU: TFLOP/s, registers, spills, shared memory.
 
-    PYTHONPATH=src python3 benchmarks/tune_attention.py --out benchmarks/results/tune-attention.json
+    PYTHONPATH=src python3 tools/tune_attention.py --out benchmarks/results/tune-attention.json
         [--head-dims 64,128] [--seqs 1024,2048,4096,8192,16384] [--budget-s 270] [--write-cache]
 
 For head dims 64 and 128 (bf16, 2048-wide model: 32 and 16 heads, no GQA), query = key

@@ -11,7 +11,7 @@ input set has its own weight and bias, so a variant that changes how they come f
 reads as it would there (fortieth session: ``wb_last`` off read +0.5 in tune_ops and -1.1
 to -2 here and in the ops bench).
 
-    python benchmarks/norm_ab.py --rounds 4 --out ab.json \\
+    python tools/norm_ab.py --rounds 4 --out ab.json \\
         'layer_norm,64,262144:wbf2=wb_first=2|wbf4=wb_first=4' \\
         'layer_norm,512,131072:half=half_steps=True'
 """

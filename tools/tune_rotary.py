@@ -1,8 +1,8 @@
 """Sweep apply_rotary's launch configs on a GPU: GB/s and % of copy per config and shape.
 
-    PYTHONPATH=src python benchmarks/tune_rotary.py --out DIR   # GPU, ~1 minute
-    PYTHONPATH=src python benchmarks/tune_rotary.py --dry-run   # the candidates, no GPU
-    PYTHONPATH=src python benchmarks/tune_rotary.py --ptxas     # their sm_90a registers and
+    PYTHONPATH=src python tools/tune_rotary.py --out DIR   # GPU, ~1 minute
+    PYTHONPATH=src python tools/tune_rotary.py --dry-run   # the candidates, no GPU
+    PYTHONPATH=src python tools/tune_rotary.py --ptxas     # their sm_90a registers and
                                                                 # spills, no GPU (CUDA's ptxas)
 
 The shapes are the ops bench's (``bench.cases.rotary_shapes``: llama-8b, qwen-0.5b and

@@ -1,6 +1,6 @@
 """Sweep launch configurations of the memory-bound kernels on a GPU; print the best per width.
 
-    PYTHONPATH=src python3 benchmarks/tune_ops.py [--out DIR] [--quick]
+    PYTHONPATH=src python3 tools/tune_ops.py [--out DIR] [--quick]
 
 For each kernel family and width (rows = 2**26 / width, bf16: 128 MiB per tensor) it times every candidate
 config (CUDA graph replay, L2 flushed before each rep, median; --rotate N: N calls back to

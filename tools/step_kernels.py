@@ -1,6 +1,6 @@
 """Per-kernel times of a decode step from a profiler trace of CUDA-graph replays.
 
-    python benchmarks/step_kernels.py TRACE.json[.gz] [--per N]
+    python tools/step_kernels.py TRACE.json[.gz] [--per N]
 
 ``onetrip profile --model PRESET --backend fused --trace-out T.json`` records each kernel
 of the replayed graphs. Replays run back to back, and with programmatic dependent launch a

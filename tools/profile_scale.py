@@ -1,6 +1,6 @@
 """Measure `onetrip profile` on a large synthetic trace: wall time and peak memory.
 
-    PYTHONPATH=src:tests python3 benchmarks/profile_scale.py [--mb 500] [--gz]
+    PYTHONPATH=src:tests python3 tools/profile_scale.py [--mb 500] [--gz]
 
 Writes a trace of repeated eager-layer steps (tests/profile_traces.write_large_trace),
 then analyses it in a fresh process and reports seconds and peak resident memory growth

@@ -1,6 +1,6 @@
 """Sweep skinny_matmul's launch configs at batch 1 against cuBLAS, on the decode shapes.
 
-    python benchmarks/sweep_gemv.py --out DIR [--presets llama-3.2-1b,llama-3.1-8b] [--budget-s 240]
+    python tools/sweep_gemv.py --out DIR [--presets llama-3.2-1b,llama-3.1-8b] [--budget-s 240]
 
 Why: at batch 1 a decode step is ~90% matrix-vector products, and cuBLAS reads the small
 ones well under the copy bandwidth (1B's o_proj, 8 MiB: ~50%; 8B's down_proj: 80%).

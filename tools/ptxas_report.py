@@ -3,7 +3,7 @@ the batch-1 GEMV variants and decode_attention's launch configs (and its TMA exp
 shared memory, and whether the pipeliner keeps tiles in flight); then flash_attention's TMA
 tiles beside their pointer twins.
 
-    python benchmarks/ptxas_report.py      # needs triton (3.6 = the GPU image's) and CUDA's ptxas
+    python tools/ptxas_report.py      # needs triton (3.6 = the GPU image's) and CUDA's ptxas
 
 Triton compiles the kernel to PTX for a Hopper target on any machine; ptxas -v then gives
 the resource report the device would. A fused kernel that spills is unfused in disguise.
@@ -236,7 +236,7 @@ def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: i
 
 
 def norm_main() -> None:
-    """``python benchmarks/ptxas_report.py norm`` runs this part alone."""
+    """``python tools/ptxas_report.py norm`` runs this part alone."""
     kinds = ((True, False), (True, True), (False, False), (False, True))
     for phase, mode in ((1, "coop"), (2, "two_pass stats"), (3, "two_pass apply"), (4, "loop")):
         for is_rms, residual in kinds:
