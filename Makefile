@@ -10,4 +10,4 @@ run: setup
 	.venv/bin/onetrip demo
 
 test: setup
-	.venv/bin/python -m pytest -q
+	.venv/bin/python -m pytest -q -n auto --durations=15
