@@ -5,19 +5,18 @@ The slots the append writes hold NaN beforehand and every slot past the new toke
 NaN too: a write that misses, or a read past the new length, fails the check.
 """
 
-import importlib
+import dataclasses
 
 import pytest
 import torch
 
+from onetrip.ops._decode_launch import launch
 from onetrip.ops.append_attention import _append_attention_op, append_attention, append_attention_ref
 from onetrip.ops.decode_attention import DecodeConfig
 from onetrip.testing import assert_close, poison_, upcast
 
 from conftest import DTYPES, capture, rope_tables
 from test_decode_attention import make_cache
-
-da = importlib.import_module("onetrip.ops.decode_attention")  # onetrip.ops re-exports a function of that name
 
 
 def make_case(lengths, q_len, heads, kv_heads, head_dim, max_seq, dtype, device, gen, page=None):
@@ -40,9 +39,9 @@ def run_and_check(q, k, v, kc, vc, L, cos, sin, table, config=None, **kw):
     if config is None:
         append_attention(q, k, v, kc, vc, L, cos, sin, block_table=table, out=out, **kw)
     else:
-        da._launch(q, kc, vc, L, table, out, kw.get("softmax_scale") or q.shape[-1] ** -0.5,
-                   kw.get("window", (-1, -1))[0], kw.get("softcap", 0.0), config,
-                   append=(k, v, cos, sin, kw.get("interleaved", False)))
+        launch(q, kc, vc, L, table, out, kw.get("softmax_scale") or q.shape[-1] ** -0.5,
+               kw.get("window", (-1, -1))[0], kw.get("softcap", 0.0), config,
+               append=(k, v, cos, sin, kw.get("interleaved", False)))
     assert torch.equal(q, q_before)  # q is rotated in registers only
     assert_close("out", out, exact[0], eager[0])
     written = k_before.isnan() & ~exact[1].isnan()  # the new tokens' slots
@@ -81,16 +80,6 @@ def test_splits(device, gen, paged):
                                           32 if paged else None)
     cos, sin = rope_tables(128, 32, device)
     run_and_check(q, k, v, kc, vc, L, cos, sin, table, config=DecodeConfig(16, 2, 3))
-
-
-@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability()[0] < 9,
-                    reason="TMA needs compute capability >= 9")
-def test_splits_tma(device, gen):
-    """test_splits with the cached K/V tiles through descriptors (DecodeConfig.use_tma): split
-    0's ragged last tile brings the slots it writes the new tokens into; they stay masked."""
-    q, k, v, kc, vc, L, table = make_case([31, 97, 0], 2, 4, 2, 32, 128, torch.bfloat16, device, gen)
-    cos, sin = rope_tables(128, 32, device)
-    run_and_check(q, k, v, kc, vc, L, cos, sin, table, config=DecodeConfig(16, 2, 3, use_tma=True, num_stages=3))
 
 
 def test_strided_and_float32(device, gen):
@@ -163,19 +152,19 @@ def test_trigger_next_with_early_o_in_a_graph(gen, monkeypatch):
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("programmatic dependent launch needs sm_90 or later")
     from onetrip.ops.gemv_norm import gemv_add_residual, loads_weight_early
-    skm = importlib.import_module("onetrip.ops.skinny_matmul")
-    monkeypatch.setattr(skm, "_TUNED_GEMV_GPU", {"": {(2048, 2048, "residual"): (4, 1024, 4, 2)}})
+    from onetrip.ops.skinny_matmul import GEMV_PICKS
+    picks = dataclasses.replace(GEMV_PICKS, tuned_gpu={"": {(2048, 2048, "residual"): (4, 1024, 4, 2)}})
     device, dtype = "cuda", torch.bfloat16
     q, k, v, kc, vc, L, _ = make_case([300], 1, 32, 8, 64, 512, dtype, device, gen)
     cos, sin = rope_tables(512, 64, device)
     wo = (torch.randn((2048, 2048), device=device, generator=gen) * 0.02).to(dtype)
     res = torch.randn((1, 2048), device=device, generator=gen).to(dtype)
-    assert loads_weight_early(wo)
+    assert loads_weight_early(wo, picks=picks)
     k0, v0, lens, out = kc.clone(), vc.clone(), L.clone(), torch.empty_like(q)
 
     def step(trigger):
         append_attention(q, k, v, kc, vc, lens, cos, sin, out=out, trigger_next=trigger)
-        return gemv_add_residual(out.view(1, 2048), wo, res)[0]
+        return gemv_add_residual(out.view(1, 2048), wo, res, picks=picks)[0]
 
     def new_inputs(length, seed):
         g = torch.Generator(device=device).manual_seed(seed)

@@ -149,9 +149,9 @@ def test_no_tuning_without_a_gpu_or_when_disabled(gpu_like, monkeypatch, why):
     assert run_tune(bench) == DEFAULT and bench.calls == []
 
 
-def test_real_interpreter_session_returns_the_default(cache_dir):
+def test_real_interpreter_run_returns_the_default(cache_dir):
     if torch.cuda.is_available():
-        pytest.skip("checks the CPU session's own guards")
+        pytest.skip("checks the guards of a CPU run")
     bench = Bench()
     assert run_tune(bench) == DEFAULT and bench.calls == []
     assert not (cache_dir / "tune-toy.json").exists()

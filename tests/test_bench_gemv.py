@@ -27,7 +27,7 @@ def test_bytes_moved():
     assert p.bytes_moved(1) == 2 * (2048 * 2048 + 2048 + 2048)
     assert p.bytes_moved(8, torch.float32) == 4 * (2048 * 2048 + 8 * 2048 + 8 * 2048)
     assert Projection("-", "qkv", 10, 3, bias=True).bytes_moved(2) == 2 * (30 + 10 + 6 + 20)
-    # The 1B layer: 121.7 MB at batch 1, 28.6 us at 4250 GB/s (benchmarks/NOTES.md).
+    # The 1B layer: 121.7 MB at batch 1, 28.6 us at 4250 GB/s.
     assert layer_floor_us(["llama-3.2-1b"])["llama-3.2-1b"] == pytest.approx(28.6, abs=0.05)
 
 

@@ -16,6 +16,7 @@ from onetrip.testing import assert_close, poison_, upcast
 from conftest import DTYPES, capture, rope_tables
 
 da = importlib.import_module("onetrip.ops.decode_attention")  # onetrip.ops re-exports a function of that name
+dl = importlib.import_module("onetrip.ops._decode_launch")
 
 LENGTHS = [0, 1, 17, 1023]  # mixed in one batch: empty, one key, ragged tile, a long one
 
@@ -163,13 +164,13 @@ def poisoned_empty(monkeypatch):
 
 @pytest.mark.parametrize("paged, table_ahead", [(False, False), (True, False), (True, True)])
 def test_launch_config(device, gen, paged, table_ahead, poisoned_empty):
-    """_launch with an explicit config: smaller tiles, splits, lengths that end mid-tile,
+    """The launch with an explicit config: smaller tiles, splits, lengths that end mid-tile,
     on one tile, and at 0; paged, the block-table entries loaded a tile ahead or not. The
     workspace comes poisoned (NaN): splits that saw no key must not leak it into the merge."""
     q = torch.randn((3, 2, 4, 32), device=device, generator=gen).to(torch.bfloat16)
     k, v, table, L = make_cache([31, 97, 0], 128, 2, 32, torch.bfloat16, device, gen, page=32 if paged else None)
     out = poison_(torch.empty_like(q))
-    da._launch(q, k, v, L, table, out, 32 ** -0.5, -1, 0.0, DecodeConfig(16, 2, 3, table_ahead))
+    dl.launch(q, k, v, L, table, out, 32 ** -0.5, -1, 0.0, DecodeConfig(16, 2, 3, table_ahead))
     check(out, q, k, v, L, table)
 
 
@@ -179,71 +180,10 @@ def test_merge_over_several_chunks(device, gen):
     chunks of splits empty (lse = -inf throughout) before and after ones that saw keys."""
     q = torch.randn((3, 2, 16, 128), device=device, generator=gen).to(torch.bfloat16)  # group 8 x q_len 2
     k, v, _, L = make_cache([448, 65, 0], 448, 2, 128, torch.bfloat16, device, gen)
-    assert da._merge_chunk(7, 16, 128, 4) == 2
+    assert dl._merge_chunk(7, 16, 128, 4) == 2
     out = poison_(torch.empty_like(q))
-    da._launch(q, k, v, L, None, out, 128 ** -0.5, -1, 0.0, DecodeConfig(16, 4, 7))
+    dl.launch(q, k, v, L, None, out, 128 ** -0.5, -1, 0.0, DecodeConfig(16, 4, 7))
     check(out, q, k, v, L, None)
-
-
-# -- DecodeConfig.use_tma: forced through _launch (on the CPU the interpreter emulates descriptors)
-
-# Hopper or the interpreter; an older GPU refuses use_tma (ValueError).
-TMA_HERE = not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] >= 9
-
-
-@pytest.fixture
-def tma_calls(monkeypatch):
-    """A list that grows by one each time a launch builds K/V descriptors."""
-    calls, build = [], da.kv_descriptors
-    monkeypatch.setattr(da, "kv_descriptors", lambda *a: calls.append(a[2:]) or build(*a))
-    return calls
-
-
-@pytest.mark.skipif(not TMA_HERE, reason="TMA needs compute capability >= 9")
-@pytest.mark.parametrize("kw", [{}, dict(window=(20, -1), softcap=3.0)], ids=["plain", "window_softcap"])
-@pytest.mark.parametrize("q_len", [1, 4])
-@pytest.mark.parametrize("stages", [1, 3])
-def test_tma_matches_reference(device, gen, tma_calls, poisoned_empty, stages, q_len, kw):
-    """K/V tiles through descriptors over caches NaN past each length: lengths 0, 1, 17
-    (ragged), 40 (mid-tile) and 90 = max_seq, whose last 16-key tile crosses the tensor's end
-    (rows clipped by the copy engine); head dim 40 (columns clipped up to BLOCK_D 64), GQA
-    group 4, 16-key tiles in up to 3 splits (one empty; the workspace NaN-filled), the
-    window moving the first tile."""
-    q = torch.randn((5, q_len, 8, 40), device=device, generator=gen).to(torch.bfloat16)
-    k, v, _, L = make_cache([0, 1, 17, 40, 90], 90, 2, 40, torch.bfloat16, device, gen)
-    out = poison_(torch.empty_like(q))
-    da._launch(q, k, v, L, None, out, 40 ** -0.5, kw.get("window", (-1, -1))[0], kw.get("softcap", 0.0),
-               DecodeConfig(16, 4, 3, use_tma=True, num_stages=stages))
-    assert tma_calls == [(False, 16, 64)]
-    check(out, q, k, v, L, None, **kw)
-
-
-@pytest.mark.skipif(not TMA_HERE, reason="TMA needs compute capability >= 9")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_tma_dtypes_one_split(device, gen, tma_calls, dtype):
-    """float32 and float16 caches, one split (the output written directly), 32-key tiles."""
-    q = torch.randn((2, 2, 4, 32), device=device, generator=gen).to(dtype)
-    k, v, _, L = make_cache([33, 64], 64, 1, 32, dtype, device, gen)
-    out = poison_(torch.empty_like(q))
-    da._launch(q, k, v, L, None, out, 32 ** -0.5, -1, 0.0, DecodeConfig(32, 4, 1, use_tma=True, num_stages=2))
-    assert len(tma_calls) == 1
-    check(out, q, k, v, L, None)
-
-
-def test_tma_refused(device, gen):
-    """use_tma where descriptors cannot go: a paged cache, rows of 20 bf16 (40 bytes, not a
-    multiple of 16); each a ValueError that names config.use_tma and the reason."""
-    q = torch.randn((2, 1, 4, 32), device=device, generator=gen).to(torch.bfloat16)
-    k, v, table, L = make_cache([3, 40], 64, 2, 32, torch.bfloat16, device, gen, page=16)
-    cfg = DecodeConfig(16, 4, 2, use_tma=True, num_stages=3)
-    with pytest.raises(ValueError, match=r"config.use_tma=True but the cache is paged"):
-        da._launch(q, k, v, L, table, torch.empty_like(q), 0.2, -1, 0.0, cfg)
-    q, (k, v, _, L) = q[..., :20], make_cache([3, 40], 64, 2, 20, torch.bfloat16, device, gen)
-    with pytest.raises(ValueError, match=r"config.use_tma=True but k_cache .* is not TMA-aligned"):
-        da._launch(q.contiguous(), k, v, L, None, torch.empty_like(q), 0.2, -1, 0.0, cfg)
-    if not TMA_HERE:  # an older GPU
-        with pytest.raises(ValueError, match="compute capability"):
-            da._launch(q, k, v, L, None, torch.empty_like(q), 0.2, -1, 0.0, cfg)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the fallback runs on the CPU only")

@@ -55,13 +55,31 @@ def test_eager_call_is_direct_and_exact(spy):
     torch.testing.assert_close(y, norm_mod.add_rms_norm_ref(x, r, w, 1e-6)[0], rtol=1e-5, atol=1e-5)
 
 
-def test_dispatch_env_sends_calls_to_the_op(spy, monkeypatch):
-    monkeypatch.setattr(_common, "_DIRECT", False)
+@pytest.fixture
+def dispatch_env(monkeypatch):
+    """Sets ONETRIP_DISPATCH for one test: ``dispatch_mode`` reads it again, before and after."""
+    def set_mode(value):
+        monkeypatch.setenv("ONETRIP_DISPATCH", value)
+        _common.dispatch_mode.cache_clear()
+    yield set_mode
+    _common.dispatch_mode.cache_clear()
+
+
+def test_dispatch_env_sends_calls_to_the_op(spy, dispatch_env):
+    dispatch_env("op")
     onetrip.add_rms_norm(*_inputs(), 1e-6)
     assert spy.calls == 1
-    monkeypatch.setenv("ONETRIP_DISPATCH", "sometimes")
-    with pytest.raises(ValueError, match="ONETRIP_DISPATCH"):
-        _common._dispatch_mode()
+    dispatch_env("direct")
+    onetrip.add_rms_norm(*_inputs(), 1e-6)
+    assert spy.calls == 1
+
+
+def test_dispatch_env_is_read_on_first_call(dispatch_env):
+    """Set before import or after, ONETRIP_DISPATCH is read when an op first needs it; a
+    value other than 'direct' or 'op' is refused then, naming the variable."""
+    dispatch_env("sometimes")
+    with pytest.raises(ValueError, match="ONETRIP_DISPATCH must be 'direct' or 'op', got 'sometimes'"):
+        onetrip.add_rms_norm(*_inputs(), 1e-6)
 
 
 def test_autograd_goes_through_the_op(spy):

@@ -1,17 +1,14 @@
 """The batch-1 GEMV pair that carries the residual add and RMSNorm: against the op-by-op
 chain (linear, add, HF RMSNorm, linear) in float64, by the 2 x PyTorch-error rule."""
 
-import importlib
-
 import pytest
 import torch
 
 from conftest import DEVICE, ON_GPU, capture
 from onetrip.ops.gemv_norm import (gemv_add_residual, gemv_add_residual_ref, gemv_rms_norm, gemv_rms_norm_ref,
                                    partials)
+from onetrip.ops.skinny_matmul import GEMV_PICKS
 from onetrip.testing import assert_close, upcast
-
-skinny_matmul = importlib.import_module("onetrip.ops.skinny_matmul")  # the module, not the op
 
 
 def _rn(gen, *shape, dtype):
@@ -80,11 +77,14 @@ def test_pdl_chain_in_a_graph_matches(monkeypatch, early_weights):
     g = 1 + 0.1 * rn(H)
     x, res = rn(1, H), rn(1, H)
 
+    picks = GEMV_PICKS.with_early(early_weights)
+
     def step():
-        h, ss = gemv_add_residual(x, layers[0][0], res)
+        h, ss = gemv_add_residual(x, layers[0][0], res, picks=picks)
         for wo, wgu, wd in layers:
-            h, ss = gemv_add_residual(gemv_rms_norm(h, ss, g, 1e-5, wgu), wd, h, silu_mul=True)
-            h, ss = gemv_add_residual(h, wo, h)
+            h, ss = gemv_add_residual(gemv_rms_norm(h, ss, g, 1e-5, wgu, picks=picks), wd, h, silu_mul=True,
+                                      picks=picks)
+            h, ss = gemv_add_residual(h, wo, h, picks=picks)
         return h
 
     x_new, res_new = rn(1, H), rn(1, H)
@@ -95,7 +95,6 @@ def test_pdl_chain_in_a_graph_matches(monkeypatch, early_weights):
     x.copy_(rn(1, H))  # captured on other inputs, replayed on x_new, res_new
     res.copy_(rn(1, H))
     monkeypatch.setenv("ONETRIP_PDL", "1")
-    monkeypatch.setattr(skinny_matmul, "EARLY_CHUNKS", dict.fromkeys(skinny_matmul.EARLY_CHUNKS, early_weights))
     graph, h = capture(step)
     x.copy_(x_new)
     res.copy_(res_new)

@@ -233,3 +233,19 @@ def test_bad_input(device):
         apply_rotary(q, k, cos, sin, out=(torch.empty_like(q).half(), torch.empty_like(k)))
     with pytest.raises(ValueError, match="out must be None when inplace=True"):
         apply_rotary(q, k, cos, sin, inplace=True, out=(q, k))
+
+
+def test_tables_shorter_than_the_sequence(device, gen):
+    """Default positions 0..seq-1 with tables of fewer rows: a ValueError naming cos and sin,
+    the rows given and needed (the reference's gather fails too), not rows of inf or 0.
+    Explicit positions are not read on the host, so the same tables pass with them."""
+    q, k = randn((2, 8, 4, 16), torch.float32, device, gen), randn((2, 8, 2, 16), torch.float32, device, gen)
+    cos, sin = rope_tables(5, 16, device)
+    with pytest.raises(ValueError, match=r"cos and sin have 5 rows but q has seq 8: the default positions 0\.\.7 "
+                                         r"need 8 rows"):
+        apply_rotary(q, k, cos, sin)
+    if q.device.type == "cpu":  # (on a GPU the gather's failure is a device assert, fatal to the process)
+        with pytest.raises(IndexError):
+            apply_rotary_ref(q, k, cos, sin)
+    positions = torch.tensor([0, 1, 2, 3, 4, 4, 3, 2], device=device)
+    check(apply_rotary(q, k, cos, sin, positions), q, k, cos, sin, positions)

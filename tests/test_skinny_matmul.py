@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from conftest import DEVICE, ON_GPU, capture
-from onetrip.ops.skinny_matmul import (MAX_ROWS, SkinnyConfig, silu_mul_matmul, skinny_config, skinny_matmul,
-                                       skinny_matmul_ref)
+from onetrip.ops.skinny_matmul import (GEMV_PICKS, MAX_ROWS, GemvPicks, SkinnyConfig, silu_mul_matmul,
+                                       skinny_config, skinny_matmul, skinny_matmul_ref)
 from onetrip.testing import assert_close, upcast
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -89,13 +89,25 @@ def test_config_heuristic():
     with pytest.raises(ValueError, match="fusion"):
         skinny_config(1, 64, 64, 132, fusion="gelu")
     # the weight chunks put in flight before the PDL wait, by the projection's place in a layer
-    from onetrip.ops.skinny_matmul import EARLY_CHUNKS
+    # (a value per role here, to tell the roles apart)
+    by_role = {"qkv": 10, "o": 11, "gate_up": 12, "down": 13, "plain": 14}
+    picks = GemvPicks(GEMV_PICKS.tuned, GEMV_PICKS.tuned_gpu, by_role)
     for (n, k, fusion), role in {(3072, 2048, "norm"): "qkv", (4608, 3584, "norm"): "qkv",
                                  (16384, 2048, "norm"): "gate_up", (128256, 2048, "norm"): "gate_up",
                                  (2048, 2048, "residual"): "o", (4096, 14336, "silu_residual"): "down",
                                  (2048, 2048, "plain"): "plain"}.items():
-        assert skinny_config(1, n, k, 132, fusion=fusion).early == EARLY_CHUNKS[role]
-    assert skinny_config(4, 3072, 2048, 132).early == 0  # several rows: none
+        assert skinny_config(1, n, k, 132, fusion=fusion, picks=picks).early == by_role[role]
+        assert skinny_config(1, n, k, 132, fusion=fusion).early == GEMV_PICKS.early_chunks[role]
+    assert skinny_config(4, 3072, 2048, 132, picks=picks).early == 0  # several rows: none
+    # a GPU model's entry over the table, on that GPU only; its fourth value sets the early chunks
+    h100 = skinny_config(1, 2048, 2048, 132, fusion="residual", gpu="NVIDIA H100 80GB HBM3")
+    assert h100.as_list()[1:5] == [4, 1024, 1, 4] and h100.early == 2
+    assert skinny_config(1, 2048, 2048, 132, fusion="residual", gpu="NVIDIA H200").early == 1
+    assert GEMV_PICKS.with_early(2).early_chunks == dict.fromkeys(GEMV_PICKS.early_chunks, 2)
+    with pytest.raises(ValueError, match="chunks must be 0, 1 or 2"):
+        GEMV_PICKS.with_early(3)
+    with pytest.raises(TypeError, match="picks must be a GemvPicks"):
+        skinny_matmul(torch.zeros(1, 4), torch.zeros(2, 4), picks={})
     assert skinny_config(1, 16384, 2048, 132).as_list()[1:5] == [32, 256, 1, 4]
     assert skinny_config(1, 16384, 2048, 132, torch.float32, fusion="norm").num_warps == 4  # the table: 16-bit only
     # float32 at batch 1 keeps the general rule, with a split when programs are few.
@@ -153,22 +165,20 @@ def test_cuda_graph_capture(M, N, K):
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU (programmatic dependent launch: Hopper)")
 @pytest.mark.parametrize("N,K", [(17, 5000), (3072, 2048), (1023, 8192), (16384, 2048), (5, 40)])
-def test_early_weights_bit_exact(monkeypatch, N, K):
+def test_early_weights_bit_exact(N, K):
     """One-row GEMVs with their first 1 or 2 weight chunks loaded before the PDL wait
-    (SkinnyConfig.early, skinny_matmul.EARLY_CHUNKS) give bit for bit what the plain order gives: K in 1, 2 and
-    many chunks, ragged (5000: no 16-byte-aligned chunk) and whole; SwiGLU's prologue too."""
-    import importlib
-
+    (SkinnyConfig.early, GemvPicks.early_chunks) give bit for bit what the plain order
+    gives: K in 1, 2 and many chunks, ragged (5000: no 16-byte-aligned chunk) and whole;
+    SwiGLU's prologue too."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("programmatic dependent launch needs sm_90 or later")
-    sm = importlib.import_module("onetrip.ops.skinny_matmul")
     g = torch.Generator(device=DEVICE).manual_seed(N + K)
     x, w, b = _inputs(g, 1, N, K, torch.bfloat16)
     gu = torch.randn((1, 2 * K), generator=g, device=DEVICE).to(torch.bfloat16)
     outs = []
     for early in (0, 1, 2):
-        monkeypatch.setattr(sm, "EARLY_CHUNKS", dict.fromkeys(sm.EARLY_CHUNKS, early))
-        outs.append((skinny_matmul(x, w, b), silu_mul_matmul(gu, w)))
+        picks = GEMV_PICKS.with_early(early)
+        outs.append((skinny_matmul(x, w, b, picks=picks), silu_mul_matmul(gu, w, picks=picks)))
     for early, (y, z) in enumerate(outs[1:], 1):
         torch.testing.assert_close(y, outs[0][0], rtol=0, atol=0, msg=f"early={early}")
         torch.testing.assert_close(z, outs[0][1], rtol=0, atol=0, msg=f"early={early}, SwiGLU")

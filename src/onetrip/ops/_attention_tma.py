@@ -7,7 +7,7 @@ every thread compute 64-bit addresses and masks and issue cp.async. Compiled for
 (Triton 3.6), the TMA kernel keeps the pointer kernel's pipeline (the next K and V tiles
 in flight while this tile's two MMAs run); per 64-key tile at head dim 128 (128 x 64, 8
 warps) its loop body is 367 SASS instructions instead of 414 (masked tiles: 404, 466), and
-it needs 16-32 KiB less shared memory (see TMA_TILES and benchmarks/ptxas_report.py).
+it needs 16-32 KiB less shared memory (see TMA_TILES and tools/ptxas_report.py).
 
 The kernel sees each of Q, K, V and O as a 4-D tensor (batch, seq, heads, head_dim) with
 its own strides, so any layout whose strides are 16-byte multiples qualifies (contiguous,

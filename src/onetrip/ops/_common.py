@@ -71,6 +71,22 @@ def as_rows(t: torch.Tensor, width: int) -> torch.Tensor:
     return t.reshape(math.prod(t.shape[:-1]), width)  # not -1: ambiguous when width == 0
 
 
+def heads_view(x: torch.Tensor, batch: int, keep_values: bool) -> tuple[torch.Tensor, bool]:
+    """x (..., seq, heads, head_dim) as a (batch, seq, heads, head_dim) view with unit stride
+    along head_dim, and False; or, when no such view exists, a contiguous copy
+    (``keep_values``) or an empty buffer of that shape, and True (the caller copies back).
+    The rotary and KV-cache ops take their q, k, v this way."""
+    shape = (batch, *x.shape[-3:])
+    if x.stride(-1) == 1 or x.shape[-1] == 1:
+        try:
+            return x.view(shape), False
+        except RuntimeError:
+            pass
+    if keep_values:
+        return x.contiguous().view(shape), True
+    return torch.empty(shape, dtype=x.dtype, device=x.device), True
+
+
 def output(
     name: str,
     out: torch.Tensor | None,
@@ -106,14 +122,18 @@ def rows_out(out: torch.Tensor, width: int) -> tuple[torch.Tensor, bool]:
     return torch.empty((rows, width), dtype=out.dtype, device=out.device), True
 
 
-def _dispatch_mode() -> str:
+@functools.lru_cache(maxsize=1)
+def dispatch_mode() -> str:
+    """ONETRIP_DISPATCH, read on the first op call (not at import): "direct" (default) lets
+    ``call_op`` call an eager op's implementation directly; "op" sends every call through
+    the custom op's dispatcher (for A/B timing). Cached: ``dispatch_mode.cache_clear()``
+    makes the next call read the environment again."""
     value = os.environ.get("ONETRIP_DISPATCH", "direct") or "direct"
     if value not in ("direct", "op"):
         raise ValueError(f"ONETRIP_DISPATCH must be 'direct' or 'op', got {value!r}")
     return value
 
 
-_DIRECT = _dispatch_mode() == "direct"
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
@@ -121,7 +141,7 @@ def _direct_ok(args: tuple) -> bool:
     """True when calling a custom op's Python implementation directly does exactly what the
     dispatcher would: nothing traces (torch.compile, export, fake tensors, functorch), no
     mode intercepts calls, and autograd records nothing (no input requires a gradient)."""
-    if not _DIRECT or torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() \
+    if dispatch_mode() != "direct" or torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() \
             or torch._C._is_torch_function_mode_enabled() or torch._C._are_functorch_transforms_active():
         return False
     grad = torch.is_grad_enabled()
@@ -136,13 +156,13 @@ def call_op(op, *args):
 
     Outside tracing this calls its implementation directly: the Python layers of a custom
     op's dispatch (autograd, ADInplaceOrView with its ``fill_defaults``, the backend
-    wrapper) cost ~50 us a call on a CPU-only dev machine (benchmarks/NOTES.md, tenth
-    session), as much as the kernel launch, and an eager model or a prefill pays it for
-    every op. torch.compile, export, fake tensors and autograd still see the custom op.
-    So does the profiler: a trace then names each call as a ``cpu_op`` that the kernels it
-    launched link to (``onetrip.profile`` reads them so), at the price of profiled runs
-    without CUDA graphs showing the dispatch's host time that unprofiled ones do not pay.
-    ONETRIP_DISPATCH=op sends every call through the dispatcher (for A/B timing).
+    wrapper) cost ~50 us a call on a CPU-only dev machine, as much as the kernel launch,
+    and an eager model or a prefill pays it for every op. torch.compile, export, fake
+    tensors and autograd still see the custom op. So does the profiler: a trace then names
+    each call as a ``cpu_op`` that the kernels it launched link to (``onetrip.profile``
+    reads them so), at the price of profiled runs without CUDA graphs showing the
+    dispatch's host time that unprofiled ones do not pay. ``dispatch_mode`` "op"
+    (ONETRIP_DISPATCH=op) sends every call through the dispatcher.
     """
     fn = getattr(op, "_init_fn", None)  # a private attribute: without it, the dispatcher
     if fn is not None and not torch.autograd.profiler._is_profiler_enabled and _direct_ok(args):
@@ -169,11 +189,11 @@ def prefer_carveout(kernel, percent: int) -> None:
     kernel's shared memory needs.
 
     Why: left to itself the driver picks the split per launch, so as to run beside the
-    kernels already launched, and the wide norms' speed hangs on it (H100, NOTES.md,
-    twenty-fifth session): rms_norm 256 x 256K 88.3% of copy with <= 32 KB of shared memory,
-    80.8% with >= 64 KB (its pass 2 finds its segment in L1); layer_norm's shelf 85.4% at
-    164 KB, 43% at <= 64 KB. Set once per kernel and value (a ctypes call; not a stream
-    operation, so also safe while a CUDA graph is captured)."""
+    kernels already launched, and the wide norms' speed hangs on it (H100): rms_norm
+    256 x 256K 88.3% of copy with <= 32 KB of shared memory, 80.8% with >= 64 KB (its pass 2
+    finds its segment in L1); layer_norm's shelf 85.4% at 164 KB, 43% at <= 64 KB. Set once
+    per kernel and value (a ctypes call; not a stream operation, so also safe while a CUDA
+    graph is captured)."""
     if kernel is None or getattr(kernel, "_onetrip_carveout", -1) == percent:
         return
     fn, lib = getattr(kernel, "function", None), _libcuda()
@@ -200,13 +220,12 @@ def pdl_mode() -> int:
     """ONETRIP_PDL: 1 (default) programmatic dependent launch on Hopper and later: the
     batch-1 GEMVs, their split-K reduce and the argmax may be scheduled while the previous
     kernel drains, and wait for it (``gdc_wait``) before reading what it wrote; 0 ordinary
-    launches. Measured on an H200 over the whole decode step in one CUDA graph (batch 1,
-    benchmarks/results/ab-round6b-h200-20261121.json): Llama-3.2-1B 0.911 -> 0.872 ms,
-    Llama-3.1-8B 4.072 -> 3.999 ms, the same tokens. The attention kernels launch
-    without it: with them the 8B step was 2.5% slower than with none (4.175 ms). The norm,
-    bias_gelu, GLU and rotary kernels take it too (thirty-third session, H100): the boundary between
-    back-to-back calls falls from 1.2-1.8 to 0.7-1.1 us, rms_norm 64 x 256K 86 -> 88% of
-    copy, the 4096 x 4096 norms +1-2.6 points, the decode engine's batch-8/32 steps level."""
+    launches. Read at every launch. On an H200 over the whole batch-1 decode step in one
+    CUDA graph: Llama-3.2-1B 0.911 -> 0.872 ms, Llama-3.1-8B 4.072 -> 3.999 ms, the same
+    tokens. The attention kernels launch without it: with it the 8B step takes 4.175 ms
+    (2.5% slower than with none). On an H100 the norm, bias_gelu, GLU and rotary kernels
+    take it: the gap between back-to-back calls 1.2-1.8 -> 0.7-1.1 us, rms_norm 64 x 256K
+    86 -> 88% of copy, the 4096 x 4096 norms +1-2.6 points."""
     value = os.environ.get("ONETRIP_PDL", "1") or "1"
     if value not in ("0", "1"):
         raise ValueError(f"ONETRIP_PDL must be 0 or 1, got {value!r}")
@@ -235,8 +254,16 @@ def hopper_or_newer(t: torch.Tensor) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
+def _device_facts(index: int) -> tuple[int, str]:
+    props = torch.cuda.get_device_properties(index)
+    return props.multi_processor_count, props.name
+
+
+# The device facts the launch picks read on the host, as constants to torch.compile (which
+# does not trace torch.cuda.get_device_name): a traced call picks the launch an eager one does.
+@torch.compiler.assume_constant_result
 def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+    return _device_facts(index)[0]
 
 
 def sm_count(device: torch.device) -> int:
@@ -246,9 +273,9 @@ def sm_count(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
-@functools.lru_cache(maxsize=None)
+@torch.compiler.assume_constant_result
 def _gpu_name(index: int) -> str:
-    return torch.cuda.get_device_name(index)
+    return _device_facts(index)[1]
 
 
 def gpu_name(device: torch.device) -> str:
@@ -287,7 +314,7 @@ def tile_config(rows: int, width: int, *, tile: int = 2048, max_block_n: int = 2
                 per_thread: int = 8) -> TileConfig:
     """A tile of about ``tile`` elements: several rows when they are narrow, a slice when wide.
 
-    Measured on an H200 (benchmarks/NOTES.md): for bias_gelu and silu_mul at 2**26
+    Measured on an H200: for bias_gelu and silu_mul at 2**26
     elements from 1K to 256K wide, 2048-element tiles with 4 warps (16 elements per thread,
     two 16-byte loads per input) came within 2.2% of the best of 13 configs at every width
     (mean 0.6%); no single other rule came closer. A tile's rows are at most ``tile`` and

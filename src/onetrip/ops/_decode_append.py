@@ -2,7 +2,7 @@
 attention kernel, the rotary embedding of the new tokens' q and k and the write of their k,
 v into the cache (``append_kv``'s work, without its launch).
 
-    q_i  <- rope(q_i, p_i)           in registers only (q in memory is left as it was)
+    q_i  <- rope(q_i, p_i)           in registers only (q in memory is not changed)
     k_cache[slot(b, p_t)] <- rope(k_t, p_t),   v_cache[slot(b, p_t)] <- v_t
 
 with p = L - q_len + i for new token i and L the length counting the new tokens.
@@ -17,7 +17,7 @@ from ._jit import cast_out
 
 
 @triton.jit
-def _cache_slot(table_ptr, b, pos, ok, stride_tb, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr):
+def cache_slot(table_ptr, b, pos, ok, stride_tb, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr):
     """(block, slot) of positions ``pos`` of sequence b in the cache: (b, pos) contiguous,
     (block_table[b, pos // PAGE_SIZE], pos % PAGE_SIZE) paged (one table entry per
     position covers any page size; entries where not ``ok`` are not read)."""
@@ -31,8 +31,8 @@ def _cache_slot(table_ptr, b, pos, ok, stride_tb, PAGED: tl.constexpr, PAGE_SIZE
 
 
 @triton.jit
-def _rope_rows(ptr, row_off, row_ok, pos, d, head_dim, cos_ptr, sin_ptr, half, stride_cos, stride_sin,
-               INTERLEAVED: tl.constexpr):
+def rope_rows(ptr, row_off, row_ok, pos, d, head_dim, cos_ptr, sin_ptr, half, stride_cos, stride_sin,
+              INTERLEAVED: tl.constexpr):
     """rope of R rows of head_dim values at ``ptr + row_off`` (R,) for positions ``pos``
     (R,): a (R, BLOCK_D) float32 tile. Each element is rotated with its pair partner, loaded
     as a second gather of the same (L1-resident) row, so the tile needs no shuffle:
@@ -58,11 +58,11 @@ def _rope_rows(ptr, row_off, row_ok, pos, d, head_dim, cos_ptr, sin_ptr, half, s
 
 
 @triton.jit
-def _new_kv(kn_ptr, vn_ptr, kc_ptr, vc_ptr, table_ptr, b, kvh, L, d, cos_ptr, sin_ptr, half,
-            stride_cos, stride_sin, stride_knb, stride_kns, stride_knh, stride_vnb, stride_vns, stride_vnh,
-            stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_tb, head_dim,
-            Q_LEN: tl.constexpr, INTERLEAVED: tl.constexpr,
-            PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr):
+def new_kv(kn_ptr, vn_ptr, kc_ptr, vc_ptr, table_ptr, b, kvh, L, d, cos_ptr, sin_ptr, half,
+           stride_cos, stride_sin, stride_knb, stride_kns, stride_knh, stride_vnb, stride_vns, stride_vnh,
+           stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_tb, head_dim,
+           Q_LEN: tl.constexpr, INTERLEAVED: tl.constexpr,
+           PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr):
     """The new tokens of kv head ``kvh`` of sequence b: (k rotated, v), (BLOCK_Q, BLOCK_D)
     tiles in the cache's dtype, stored into the cache (split 0 of each (b, kvh) calls
     this), and their positions (BLOCK_Q,) with a mask."""
@@ -71,12 +71,12 @@ def _new_kv(kn_ptr, vn_ptr, kc_ptr, vc_ptr, table_ptr, b, kvh, L, d, cos_ptr, si
     t_ok = (t < Q_LEN) & (pos >= 0)  # cache_seqlens < q_len would be a caller's error: write nothing
     d_ok = d < head_dim
     k_row = b.to(tl.int64) * stride_knb + t * stride_kns + kvh * stride_knh
-    k = cast_out(_rope_rows(kn_ptr, k_row, t_ok, pos, d, head_dim, cos_ptr, sin_ptr, half, stride_cos, stride_sin,
-                            INTERLEAVED), kc_ptr.dtype.element_ty)
+    k = cast_out(rope_rows(kn_ptr, k_row, t_ok, pos, d, head_dim, cos_ptr, sin_ptr, half, stride_cos, stride_sin,
+                           INTERLEAVED), kc_ptr.dtype.element_ty)
     v_row = b.to(tl.int64) * stride_vnb + t * stride_vns + kvh * stride_vnh
     mask = t_ok[:, None] & d_ok[None, :]
     v = tl.load(vn_ptr + v_row[:, None] + d[None, :], mask=mask, other=0.0)
-    blk, slot = _cache_slot(table_ptr, b, pos, t_ok, stride_tb, PAGED, PAGE_SIZE)
+    blk, slot = cache_slot(table_ptr, b, pos, t_ok, stride_tb, PAGED, PAGE_SIZE)
     kc = blk.to(tl.int64) * stride_kb + slot * stride_ks + kvh * stride_kh
     vc = blk.to(tl.int64) * stride_vb + slot * stride_vs + kvh * stride_vh
     tl.store(kc_ptr + kc[:, None] + d[None, :], k, mask=mask)

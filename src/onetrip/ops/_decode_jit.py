@@ -1,19 +1,18 @@
 """@triton.jit code of decode attention: a K/V tile, one tile folded into the online
-softmax, and the kernel, a program per (sequence, kv head) and split (``decode_attention.py``
-has its launch, the split merge, the op and its reference)."""
+softmax, and the kernel, a program per (sequence, kv head) and split (``_decode_launch.py``
+launches it and the split merge; ``decode_attention.py`` has the op and its reference)."""
 
 import triton
 import triton.language as tl
 
-from ._decode_append import _cache_slot, _new_kv, _rope_rows
-from ._decode_tma import _kv_tile_tma
+from ._decode_append import cache_slot, new_kv, rope_rows
 from ._jit import cast_out, dot_f32, gdc_launch_dependents, tanh
 
 
 @triton.jit
 def _kv_tile(k_ptr, v_ptr, blk, slot, j_ok, kvh, d, d_ok, stride_kb, stride_ks, stride_kh,
              stride_vb, stride_vs, stride_vh):
-    """The (BLOCK_N, BLOCK_D) K and V tiles of the keys at cache (blk, slot) (``_cache_slot``),
+    """The (BLOCK_N, BLOCK_D) K and V tiles of the keys at cache (blk, slot) (``cache_slot``),
     zeros where not ``j_ok`` (those slots may hold anything and are never read)."""
     kv_mask = j_ok[:, None] & d_ok[None, :]
     k_off = blk.to(tl.int64) * stride_kb + slot * stride_ks + kvh * stride_kh
@@ -54,7 +53,6 @@ def _attend_tile(q, k, v, j, j_ok, qpos, m_i, l_i, acc, qk_scale, softcap_log2, 
 @triton.jit
 def _decode_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr,        # q, out (B, Q_LEN, H, D); caches (blocks, block_size, KVH, D)
-    k_desc, v_desc,                    # USE_TMA: descriptors over the (B, max_seq, KVH, D) caches, else None
     seqlens_ptr, table_ptr,            # (B,) int32; (B, max_blocks) int32 when PAGED
     ws_o_ptr, ws_lse_ptr,              # SPLIT: (B * KVH, S, GROUP * Q_LEN, D) and (B * KVH, S, GROUP * Q_LEN) fp32
     kn_ptr, vn_ptr, cos_ptr, sin_ptr,  # APPEND: new k, v (B, Q_LEN, KVH, D); rotary tables (max_pos, half)
@@ -75,13 +73,12 @@ def _decode_kernel(
     APPEND: tl.constexpr, INTERLEAVED: tl.constexpr,  # rope + cache write of the new tokens (_decode_append)
     BLOCK_Q: tl.constexpr,                          # APPEND: the new tokens as one key tile (>= 16 for tl.dot)
     TABLE_AHEAD: tl.constexpr = False,              # PAGED: load the next tile's table entries early
-    USE_TMA: tl.constexpr = False,                  # contiguous: K/V tiles through k_desc, v_desc (_decode_tma)
     TRIGGER: tl.constexpr = False,                  # let the next (PDL-launched) kernel be placed now
 ):
     # TRIGGER (``trigger_next``): launched as usual, after the previous kernel, but lets the
     # next (PDL-launched) kernel's programs be placed on the SMs this small grid leaves
-    # idle, where they can load weights that depend on nothing here. (Triggering before the
-    # key loop instead timed the same on an H100: round 21, benchmarks/NOTES.md.)
+    # idle, where they can load weights that depend on nothing here (on an H100 a trigger
+    # placed just before the key loop times the same).
     if TRIGGER:
         gdc_launch_dependents()
     pid = tl.program_id(0)
@@ -102,8 +99,8 @@ def _decode_kernel(
     q_off = b.to(tl.int64) * stride_qb + i * stride_qs + (kvh * GROUP + g) * stride_qh
     qpos = L - Q_LEN + i  # (BLOCK_M,) negative when L < Q_LEN: such rows see nothing
     if APPEND:  # rotated in registers, rounded to q's dtype as append_kv leaves it in memory
-        q = cast_out(_rope_rows(q_ptr, q_off, row_ok & (qpos >= 0), qpos, d, head_dim, cos_ptr, sin_ptr, half,
-                                stride_cos, stride_sin, INTERLEAVED), q_ptr.dtype.element_ty)
+        q = cast_out(rope_rows(q_ptr, q_off, row_ok & (qpos >= 0), qpos, d, head_dim, cos_ptr, sin_ptr, half,
+                               stride_cos, stride_sin, INTERLEAVED), q_ptr.dtype.element_ty)
     else:
         q = tl.load(q_ptr + q_off[:, None] + d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
 
@@ -128,53 +125,39 @@ def _decode_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     if APPEND:
         if split == 0:  # the new tokens first: their registers are free again for the loop
-            k, v, j, j_ok = _new_kv(kn_ptr, vn_ptr, k_ptr, v_ptr, table_ptr, b, kvh, L, d, cos_ptr, sin_ptr, half,
-                                    stride_cos, stride_sin, stride_knb, stride_kns, stride_knh, stride_vnb,
-                                    stride_vns, stride_vnh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
-                                    stride_vh, stride_tb, head_dim, Q_LEN, INTERLEAVED, PAGED, PAGE_SIZE,
-                                    BLOCK_Q)
+            k, v, j, j_ok = new_kv(kn_ptr, vn_ptr, k_ptr, v_ptr, table_ptr, b, kvh, L, d, cos_ptr, sin_ptr, half,
+                                   stride_cos, stride_sin, stride_knb, stride_kns, stride_knh, stride_vnb,
+                                   stride_vns, stride_vnh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+                                   stride_vh, stride_tb, head_dim, Q_LEN, INTERLEAVED, PAGED, PAGE_SIZE,
+                                   BLOCK_Q)
             m_i, l_i, acc = _attend_tile(q, k, v, j, j_ok, qpos, m_i, l_i, acc, qk_scale, softcap_log2,
                                          window_left, SOFTCAP, HAS_WINDOW, PRECISION)
 
-    # On an H200 num_stages 2-4 timed alike here (round 6a) and at batch 1 x 4K, 4 tiles a
-    # program took 9.8 us for 4 us of bytes; holding the next tile in registers to overlap
-    # them was slower in every cell measured (benchmarks/NOTES.md, round 7). Compiled for
-    # sm_90a with a launch's marks (head_dim and strides multiples of 16), the loads are
-    # cp.async copies that Triton double-buffers at its default 3 stages; without the marks
-    # (head dim 40, or an unmarked offline compile) 137 scalar loads, not pipelined
-    # (benchmarks/ptxas_report.py). USE_TMA moves the same tiles through descriptors.
-    # (One scalar table entry per tile where a page holds the tile used fewer registers but
-    # read slower: paged-256, batch 64, 86-101% -> 77-89% of copy on an H200, NOTES.md.)
+    # On an H200 num_stages 2-4 time alike here, and holding the next tile in registers to
+    # overlap it with this one is slower in every cell measured (batch 1 x 4K: 4 tiles a
+    # program take 9.8 us for 4 us of bytes). Compiled for sm_90a with a launch's marks
+    # (head_dim and strides multiples of 16), the loads are cp.async copies that Triton
+    # double-buffers at its default 3 stages; without the marks (head dim 40) 137 scalar
+    # loads, not pipelined (tools/ptxas_report.py). (One scalar table entry per tile where a
+    # page holds the tile uses fewer registers but reads slower: paged-256, batch 64,
+    # 86-101% -> 77-89% of copy on an H200.)
     if TABLE_AHEAD:  # paged: each tile's block-table entries load one tile ahead
         j = start + tl.arange(0, BLOCK_N)
-        blk_next, _ = _cache_slot(table_ptr, b, j, j < end, stride_tb, PAGED, PAGE_SIZE)
-    loop_end = end
-    if USE_TMA:  # whole tiles in the loop, the ragged last one after it (max first: a negative
-        # number's // rounds toward zero on a GPU, down in the interpreter)
-        loop_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
-    for n0 in range(start, loop_end, BLOCK_N):
+        blk_next, _ = cache_slot(table_ptr, b, j, j < end, stride_tb, PAGED, PAGE_SIZE)
+    for n0 in range(start, end, BLOCK_N):
         j = n0 + tl.arange(0, BLOCK_N)
         j_ok = j < end  # never read slots at or past L: they may hold anything
-        if USE_TMA:  # every key < end: V goes from the copy's buffer to the MMA untouched
-            k, v = _kv_tile_tma(k_desc, v_desc, b, n0, kvh, j_ok, False)
+        if TABLE_AHEAD:
+            blk = blk_next
+            slot = j % PAGE_SIZE
+            j_next = j + BLOCK_N
+            blk_next, _ = cache_slot(table_ptr, b, j_next, j_next < end, stride_tb, PAGED, PAGE_SIZE)
         else:
-            if TABLE_AHEAD:
-                blk = blk_next
-                slot = j % PAGE_SIZE
-                j_next = j + BLOCK_N
-                blk_next, _ = _cache_slot(table_ptr, b, j_next, j_next < end, stride_tb, PAGED, PAGE_SIZE)
-            else:
-                blk, slot = _cache_slot(table_ptr, b, j, j_ok, stride_tb, PAGED, PAGE_SIZE)
-            k, v = _kv_tile(k_ptr, v_ptr, blk, slot, j_ok, kvh, d, d_ok, stride_kb, stride_ks, stride_kh,
-                            stride_vb, stride_vs, stride_vh)
+            blk, slot = cache_slot(table_ptr, b, j, j_ok, stride_tb, PAGED, PAGE_SIZE)
+        k, v = _kv_tile(k_ptr, v_ptr, blk, slot, j_ok, kvh, d, d_ok, stride_kb, stride_ks, stride_kh,
+                        stride_vb, stride_vs, stride_vh)
         m_i, l_i, acc = _attend_tile(q, k, v, j, j_ok, qpos, m_i, l_i, acc, qk_scale, softcap_log2, window_left,
                                      SOFTCAP, HAS_WINDOW, PRECISION)
-    if USE_TMA:
-        if loop_end < end:  # the ragged last tile: the copy brings slots past `end` too
-            j = loop_end + tl.arange(0, BLOCK_N)
-            k, v = _kv_tile_tma(k_desc, v_desc, b, loop_end, kvh, j < end, True)
-            m_i, l_i, acc = _attend_tile(q, k, v, j, j < end, qpos, m_i, l_i, acc, qk_scale, softcap_log2,
-                                         window_left, SOFTCAP, HAS_WINDOW, PRECISION)
     o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # rows with no visible key: 0
     if SPLIT:
         lse = tl.where(l_i > 0.0, m_i + tl.log2(tl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))

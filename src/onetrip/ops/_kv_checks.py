@@ -1,5 +1,10 @@
 """Argument checks shared by the KV-cache ops (decode_attention, append_kv,
-append_attention): each error names the argument, what it got and what is allowed."""
+append_attention): each error names the argument, what it got and what is allowed.
+
+    check_cache        q against the caches, cache_seqlens and block_table
+    check_new_kv       the new tokens' k, v and the rotary tables (append_kv, append_attention)
+    check_decode_args  decode_attention's arguments (append_attention's too)
+"""
 
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ def _check_int(name: str, t: object, shape: tuple, what: str, device: torch.devi
     return t
 
 
-def _check_cache(q, k_cache, v_cache, cache_seqlens, block_table):
+def check_cache(q, k_cache, v_cache, cache_seqlens, block_table):
     """Shared by decode_attention and append_kv: returns (kv_heads, page size or None)."""
     B, _, H, D = q.shape
     for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
@@ -57,8 +62,8 @@ def _check_cache(q, k_cache, v_cache, cache_seqlens, block_table):
     return kvh, k_cache.shape[1]
 
 
-def _check_args(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, window, softcap,
-                num_splits) -> float:
+def check_decode_args(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, window, softcap,
+                      num_splits) -> float:
     """decode_attention's checks (shared with append_attention); returns the softmax scale."""
     check_tensor("q", q, min_ndim=4)
     if q.dim() != 4:
@@ -69,7 +74,7 @@ def _check_args(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, 
                          f"new tokens per sequence")
     if not 1 <= D <= 256:
         raise ValueError(f"q has head_dim {D}; allowed: 1..256")
-    _check_cache(q, k_cache, v_cache, cache_seqlens, block_table)
+    check_cache(q, k_cache, v_cache, cache_seqlens, block_table)
     if (not isinstance(window, (tuple, list)) or len(window) != 2 or not all(isinstance(w, int) for w in window)
             or window[0] < -1 or window[1] not in (-1, 0)):
         raise ValueError(f"window must be (left, right) with left >= -1 (-1: unbounded) and right -1 or 0 "
@@ -79,3 +84,24 @@ def _check_args(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, 
     if num_splits is not None and (not isinstance(num_splits, int) or num_splits < 1):
         raise ValueError(f"num_splits must be a positive int or None, got {num_splits!r}")
     return 1.0 / math.sqrt(D) if softmax_scale is None else float(softmax_scale)
+
+
+def check_new_kv(q, k, v, k_cache, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+    """Checks of the new tokens' k, v and the rotary tables against q and a checked cache
+    (append_kv, append_attention); returns cos, sin with unit column stride."""
+    B, Q, H, D = q.shape
+    for name, t in (("k", k), ("v", v)):
+        check_tensor(name, t, min_ndim=4)
+        check_dtype_match(name, t, "q", q)
+    check_shape("k", k, (B, Q, k_cache.shape[2], D), "(batch, q_len, kv_heads, head_dim) of q and the cache")
+    check_shape("v", v, k.shape, "the shape of k")
+    table_dtypes = (torch.float32,) if q.dtype == torch.float32 else (torch.float32, q.dtype)
+    check_tensor("cos", cos, dtypes=table_dtypes, min_ndim=2)
+    if cos.dim() != 2 or cos.shape[1] == 0 or 2 * cos.shape[1] > D:
+        raise ValueError(f"cos has shape {tuple(cos.shape)}; expected (max_pos, rot_dim // 2) with "
+                         f"2 <= rot_dim <= head_dim = {D}")
+    check_tensor("sin", sin, dtypes=table_dtypes)
+    check_shape("sin", sin, cos.shape, "the shape of cos")
+    check_dtype_match("sin", sin, "cos", cos)
+    check_same_device("q", q, k=k, v=v, cos=cos, sin=sin)
+    return (cos if cos.stride(-1) == 1 else cos.contiguous()), (sin if sin.stride(-1) == 1 else sin.contiguous())

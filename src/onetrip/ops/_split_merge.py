@@ -1,17 +1,17 @@
-"""The split-KV merge of decode attention (flash-decoding's second step), in its own file
-beside ``decode_attention.py``, which launches it. (Merging inside the attention kernel,
-by the last split of each (sequence, kv head) to finish, was measured twice on an H200 and
-lost both times; launching this merge under PDL while the attention kernel runs measured
-the same as launching it after: benchmarks/NOTES.md, rounds 1, 8 and 24.)
+"""The split-KV merge of decode attention (flash-decoding's second step), launched by
+``_decode_launch.launch`` after the attention kernel. A second launch, because merging
+inside the attention kernel (by the last split of each (sequence, kv head) to finish) is
+slower on an H200, and launching this merge under PDL while the attention kernel runs
+times the same as launching it after.
 
-Each (sequence, kv head) was cut into ``num_splits`` runs of keys; split s left a partial
+Each (sequence, kv head) is cut into ``num_splits`` runs of keys; split s leaves a partial
 output O_s (normalized over its own keys) and lse_s, the log2 of its sum of exponentials
 (scores kept in base 2). The merged row is
 
     O = sum_s 2^(lse_s - m) O_s / sum_s 2^(lse_s - m),    m = max_s lse_s
 
-where a split that saw no key has lse_s = -inf and weighs 0 (its O_s was never written and
-is never used).
+where a split that saw no key has lse_s = -inf and weighs 0 (its O_s is not written and
+never read).
 """
 
 import triton
@@ -28,10 +28,9 @@ def _merge_rows(ws_o_ptr, ws_lse_ptr, base, r, r_ok, d, num_splits, head_dim,
 
     CHUNK_S splits at a time, as an online softmax over splits: each chunk's lse_s
     (CHUNK_S, BLOCK_R) and O_s (CHUNK_S, BLOCK_R, D) load together, so a merge of up to
-    CHUNK_S splits is one L2 round trip. Loading the lse first (for m) and the outputs
-    after made it two, and one split per iteration a chain of them: 33 splits (batch 1,
-    4K context, 8 kv heads) took ~15 us for 70 KB on an H200; two round trips 3.4 us
-    and one 2.8 us (batch 1 x 4K, 8 splits, ab-round8-h200-20261121.json).
+    CHUNK_S splits is one L2 round trip. On an H200 (batch 1 x 4K, 8 kv heads, 8 splits)
+    the merge takes 2.8 us so, 3.4 us in two round trips (the lse first, for m, then the
+    outputs); one split per iteration, a chain of round trips, took ~15 us for 33 splits.
     """
     c = tl.arange(0, CHUNK_S)
     m = tl.full((BLOCK_R,), float("-inf"), tl.float32)

@@ -32,7 +32,7 @@ import triton.language as tl
 
 from ._common import call_op, check_same_device, pdl_args, use_triton
 from ._jit import pdl_start
-from .argmax import _pick_from_keys, tile_keys
+from .argmax import pick_from_keys, tile_keys
 
 
 @triton.jit
@@ -60,7 +60,7 @@ def _advance_kernel(
         r = r0 + tl.arange(0, BLOCK_B)
         ok = r < B
         if FROM_KEYS:  # argmax's second stage: the largest 64-bit key of the row's tiles
-            pick = _pick_from_keys(src_ptr, r, ok, n_tiles, BLOCK_T)  # (BLOCK_B,) int64
+            pick = pick_from_keys(src_ptr, r, ok, n_tiles, BLOCK_T)  # (BLOCK_B,) int64
         else:
             pick = tl.load(src_ptr + r, mask=ok, other=0)
         done = tl.load(done_ptr + r, mask=ok, other=0) != 0

@@ -14,8 +14,8 @@ KB; H200: ~2.2 us a launch in a 1B engine step, 16 a step). Here each (sequence,
 program of the attention kernel rotates its queries as it loads them; split 0 rotates the
 new keys, writes them and v into the cache, and attends over them from registers as one
 more key tile; the other splits never read those slots (the cached range ends at L), so
-nothing waits on the write. Kernel: ``decode_attention._decode_kernel`` with APPEND, its
-helpers in ``_decode_append.py``.
+nothing waits on the write. Kernel: ``_decode_jit._decode_kernel`` with APPEND (launched
+by ``_decode_launch.launch``), its helpers in ``_decode_append.py``.
 
 The unfused reference is the pair it replaces, op by op: ``append_attention_ref``.
 """
@@ -26,11 +26,11 @@ from typing import Optional
 
 import torch
 
-from ._common import call_op, use_triton
-from .append_kv import _check_new_kv, append_kv_ref
-from ._kv_checks import _check_args
-from .decode_attention import _default_config, _into_out, _launch, decode_attention_ref
-from .rotary import _work
+from ._common import call_op, heads_view, use_triton
+from ._decode_launch import default_config, into_out, launch
+from ._kv_checks import check_decode_args, check_new_kv
+from .append_kv import append_kv_ref
+from .decode_attention import decode_attention_ref
 
 
 @torch.library.custom_op("onetrip::append_attention", mutates_args=("out", "k_cache", "v_cache"))
@@ -40,8 +40,8 @@ def _append_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_ca
                          softmax_scale: float, window_left: int, softcap: float, num_splits: int,
                          trigger_next: bool = False) -> None:
     if use_triton(q):
-        config = _default_config(q, k_cache, block_table, num_splits)
-        _launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale, window_left, softcap, config,
+        config = default_config(q, k_cache, block_table, num_splits)
+        launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale, window_left, softcap, config,
                 append=(k, v, cos, sin, interleaved), trigger_next=trigger_next)
         return
     # CPU without the interpreter: the pair in float32, each output rounded once like the kernel.
@@ -101,16 +101,16 @@ def append_attention(
         cache holding the new tokens. No host synchronisation, a workspace sized from
         shapes: CUDA-graph capturable.
     """
-    softmax_scale = _check_args(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, window, softcap,
-                                num_splits)
-    cos, sin = _check_new_kv(q, k, v, k_cache, cos, sin)
+    softmax_scale = check_decode_args(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, window,
+                                      softcap, num_splits)
+    cos, sin = check_new_kv(q, k, v, k_cache, cos, sin)
     B = q.shape[0]
 
-    def launch(work):
-        (qw, _), (kw, _), (vw, _) = (_work(t, B, True) for t in (q, k, v))
+    def run(work):
+        (qw, _), (kw, _), (vw, _) = (heads_view(t, B, True) for t in (q, k, v))
         call_op(_append_attention_op, qw, kw, vw, k_cache, v_cache, cache_seqlens, cos, sin, block_table, work,
                 bool(interleaved), softmax_scale, int(window[0]), float(softcap), num_splits or 0, bool(trigger_next))
-    return _into_out(out, q, launch)
+    return into_out(out, q, run)
 
 
 def append_attention_ref(q, k, v, k_cache, v_cache, cache_seqlens, cos, sin, block_table=None, interleaved=False,

@@ -32,9 +32,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import call_op, check_dtype_match, check_same_device, check_shape, check_tensor, sm_count, use_triton
-from ._kv_checks import _check_cache
-from .rotary import RotaryConfig, _cos_sin_rows, _rotate_heads, _work, apply_rotary_ref, rotary_config
+from ._common import call_op, check_tensor, heads_view, sm_count, use_triton
+from ._kv_checks import check_cache, check_new_kv
+from ._rotary_jit import cos_sin_rows, rotate_heads
+from .rotary import RotaryConfig, apply_rotary_ref, rotary_config
 
 
 @triton.jit
@@ -64,14 +65,14 @@ def _append_kv_kernel(
         blk = b
         slot = pos
 
-    cos, sin = _cos_sin_rows(cos_ptr, sin_ptr, pos, tok_ok, half, stride_cos, stride_sin, BLOCK_HALF)
+    cos, sin = cos_sin_rows(cos_ptr, sin_ptr, pos, tok_ok, half, stride_cos, stride_sin, BLOCK_HALF)
     q_off = b * stride_qb + i * stride_qs
     # q in place: its pass-through dims are already where they belong.
-    _rotate_heads(q_ptr, q_ptr, q_off, q_off, tok_ok, stride_qh, stride_qh, q_heads, half, tail, cos, sin,
-                  INTERLEAVED, False, BLOCK_H, BLOCK_HALF, BLOCK_TAIL)
-    _rotate_heads(k_ptr, kc_ptr, b * stride_kb + i * stride_ks, blk * stride_kcb + slot * stride_kcs, tok_ok,
-                  stride_kh, stride_kch, kv_heads, half, tail, cos, sin,
-                  INTERLEAVED, COPY_TAIL, BLOCK_H, BLOCK_HALF, BLOCK_TAIL)
+    rotate_heads(q_ptr, q_ptr, q_off, q_off, tok_ok, stride_qh, stride_qh, q_heads, half, tail, cos, sin,
+                 INTERLEAVED, False, BLOCK_H, BLOCK_HALF, BLOCK_TAIL)
+    rotate_heads(k_ptr, kc_ptr, b * stride_kb + i * stride_ks, blk * stride_kcb + slot * stride_kcs, tok_ok,
+                 stride_kh, stride_kch, kv_heads, half, tail, cos, sin,
+                 INTERLEAVED, COPY_TAIL, BLOCK_H, BLOCK_HALF, BLOCK_TAIL)
     # v: a plain copy of each head into its slot (no arithmetic, so no rounding).
     d = tl.arange(0, BLOCK_D)
     v_src = v_ptr + (b * stride_vb + i * stride_vs)[:, None, None]
@@ -87,7 +88,7 @@ def append_config(tokens: int, heads: int, half: int, device: torch.device) -> R
     """One token a program, heads 8 at a time, 4 warps, once the tokens fill the SMs:
     on an H200 (64 sequences x 64 new tokens, 32/8 heads of 128, bf16) that read and
     wrote 86% of copy bandwidth contiguous and 85% paged, against 81% / 69% for
-    ``rotary_config``'s 2 tokens x 32 heads at 8 warps (benchmarks/NOTES.md). Fewer tokens
+    ``rotary_config``'s 2 tokens x 32 heads at 8 warps. Fewer tokens
     (a decode step's 1-64) keep ``rotary_config``, the best there (launch-bound, ~10%)."""
     if tokens >= sm_count(device):
         return RotaryConfig(1, min(8, triton.next_power_of_2(max(heads, 1))), 4)
@@ -137,27 +138,6 @@ def _(q, k, v, k_cache, v_cache, cache_seqlens, cos, sin, block_table, interleav
     return None
 
 
-def _check_new_kv(q, k, v, k_cache, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
-    """Checks of the new tokens' k, v and the rotary tables against q and a checked cache
-    (shared with append_attention); returns cos, sin with unit column stride."""
-    B, Q, H, D = q.shape
-    for name, t in (("k", k), ("v", v)):
-        check_tensor(name, t, min_ndim=4)
-        check_dtype_match(name, t, "q", q)
-    check_shape("k", k, (B, Q, k_cache.shape[2], D), "(batch, q_len, kv_heads, head_dim) of q and the cache")
-    check_shape("v", v, k.shape, "the shape of k")
-    table_dtypes = (torch.float32,) if q.dtype == torch.float32 else (torch.float32, q.dtype)
-    check_tensor("cos", cos, dtypes=table_dtypes, min_ndim=2)
-    if cos.dim() != 2 or cos.shape[1] == 0 or 2 * cos.shape[1] > D:
-        raise ValueError(f"cos has shape {tuple(cos.shape)}; expected (max_pos, rot_dim // 2) with "
-                         f"2 <= rot_dim <= head_dim = {D}")
-    check_tensor("sin", sin, dtypes=table_dtypes)
-    check_shape("sin", sin, cos.shape, "the shape of cos")
-    check_dtype_match("sin", sin, "cos", cos)
-    check_same_device("q", q, k=k, v=v, cos=cos, sin=sin)
-    return (cos if cos.stride(-1) == 1 else cos.contiguous()), (sin if sin.stride(-1) == 1 else sin.contiguous())
-
-
 def append_kv(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -198,13 +178,13 @@ def append_kv(
     if q.dim() != 4:
         raise ValueError(f"q has shape {tuple(q.shape)}; expected (batch, q_len, heads, head_dim)")
     B, Q = q.shape[:2]
-    _check_cache(q, k_cache, v_cache, cache_seqlens, block_table)
-    cos, sin = _check_new_kv(q, k, v, k_cache, cos, sin)
+    check_cache(q, k_cache, v_cache, cache_seqlens, block_table)
+    cos, sin = check_new_kv(q, k, v, k_cache, cos, sin)
     if B * Q == 0:
         return q
-    qw, q_scratch = _work(q, B, True)
-    kw, _ = _work(k, B, True)
-    vw, _ = _work(v, B, True)
+    qw, q_scratch = heads_view(q, B, True)
+    kw, _ = heads_view(k, B, True)
+    vw, _ = heads_view(v, B, True)
     call_op(_append_kv_op, qw, kw, vw, k_cache, v_cache, cache_seqlens, cos, sin, block_table, bool(interleaved))
     if q_scratch:
         q.copy_(qw)

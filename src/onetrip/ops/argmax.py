@@ -61,9 +61,10 @@ def _argmax_tiles_kernel(
 
 
 @triton.jit
-def _pick_from_keys(ws_ptr, rows, row_ok, n_tiles, BLOCK_T: tl.constexpr):
+def pick_from_keys(ws_ptr, rows, row_ok, n_tiles, BLOCK_T: tl.constexpr):
     """The second stage for ``rows`` (R,): each row's largest tile key in ws (rows, n_tiles)
-    int64, decoded to its index: (R,) int64. Shared with advance.py's kernel."""
+    int64 (``tile_keys``), decoded to its index: (R,) int64. Public: ``advance``'s kernel
+    folds this stage into a decode step's bookkeeping."""
     t = tl.arange(0, BLOCK_T)
     t_ok = t < n_tiles
     key = tl.load(ws_ptr + rows.to(tl.int64)[:, None] * n_tiles + t[None, :], mask=row_ok[:, None] & t_ok[None, :],
@@ -81,7 +82,7 @@ def _argmax_final_kernel(
 ):
     pdl_start(PDL)
     r = tl.program_id(0) + tl.arange(0, 1)
-    tl.store(out_ptr + r, _pick_from_keys(ws_ptr, r, r >= 0, n_tiles, BLOCK_T))
+    tl.store(out_ptr + r, pick_from_keys(ws_ptr, r, r >= 0, n_tiles, BLOCK_T))
 
 
 def tile_keys(x: torch.Tensor) -> torch.Tensor:

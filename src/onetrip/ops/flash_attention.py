@@ -12,7 +12,7 @@ so its extra memory is the output and the optional lse: O(seq). The unfused refe
 through HBM about 8 times (matmul writes S; scale, softcap, mask and softmax each read
 and write it; the second matmul reads P): at 8192 tokens and 32 heads, 4 GiB of bf16
 per pass, where the kernel reads Q and writes O once and reads K and V once per query
-block (seq_q / block_m times; how much of that L2 serves is for the GPU session to measure).
+block (seq_q / block_m times, partly from L2).
 
 Causal and window masks are aligned to the bottom-right corner (as FlashAttention >= 2.1):
 with diag = seq_k - seq_q, query i sees key j when  i + diag - left <= j <= i + diag + right,
@@ -70,7 +70,7 @@ def attention_config(head_dim: int, max_seqlen_q: Optional[int] = None, tma: boo
     ``tma`` (the launch can use tensor descriptors: a Hopper GPU, ``tma_supported``): head
     dims up to 128 with 1024 queries or more take 64 x 64 tiles at 4 warps through TMA, the
     best config or within 11% of it at all 20 shapes of the H200 tuning sweep (head dim 64
-    and 128, seq 1K-16K, causal and not; `results/tune-attention-h200-20261121-tma.json`)
+    and 128, seq 1K-16K, causal and not; ``tools/tune_attention.py``)
     and 14-50% above the pointer heuristic below (e.g. head dim 128, seq 2048, causal: 294
     -> 437 TFLOP/s). Shorter queries keep the pointer heuristic (not swept).
 

@@ -34,7 +34,8 @@ import triton
 
 from ._common import (call_op, check_dtype_match, check_same_device, check_shape, check_tensor, gpu_name, pdl_args,
                       sm_count, use_triton)
-from .skinny_matmul import _launch, skinny_config
+from ._gemv_launch import SkinnyConfig, launch_skinny, skinny_config
+from ._gemv_picks import GEMV_PICKS, GemvPicks
 
 
 def _one_row(name: str, t: torch.Tensor, width: int) -> torch.Tensor:
@@ -52,18 +53,26 @@ def _check_weight(weight: torch.Tensor, x: torch.Tensor, k: int) -> tuple[int, i
     return weight.shape
 
 
-def _residual_config(n: int, k: int, device: torch.device, dtype: torch.dtype, silu_mul: bool):
-    fusion = "silu_residual" if silu_mul else "residual"
-    return dataclasses.replace(skinny_config(1, n, k, sm_count(device), dtype, fusion=fusion, gpu=gpu_name(device)),
-                               split_k=1)
+def _config(n: int, k: int, device: torch.device, dtype: torch.dtype, fusion: str, picks: GemvPicks) -> SkinnyConfig:
+    """The one-row launch of an (n, k) weight carrying ``fusion``: ``skinny_config``, no split."""
+    if not isinstance(picks, GemvPicks):
+        raise TypeError(f"picks must be a GemvPicks, got {type(picks).__name__}")
+    cfg = skinny_config(1, n, k, sm_count(device), dtype, fusion=fusion, gpu=gpu_name(device), picks=picks)
+    return dataclasses.replace(cfg, split_k=1)
 
 
-def partials(n: int, k: int, device: torch.device, dtype: torch.dtype, silu_mul: bool = False) -> int:
+def _residual_config(n: int, k: int, device: torch.device, dtype: torch.dtype, silu_mul: bool,
+                     picks: GemvPicks) -> SkinnyConfig:
+    return _config(n, k, device, dtype, "silu_residual" if silu_mul else "residual", picks)
+
+
+def partials(n: int, k: int, device: torch.device, dtype: torch.dtype, silu_mul: bool = False, *,
+             picks: GemvPicks = GEMV_PICKS) -> int:
     """How many sums of squares ``gemv_add_residual`` writes for an (n, k) weight: its grid."""
-    return triton.cdiv(n, _residual_config(n, k, device, dtype, silu_mul).block_n)
+    return triton.cdiv(n, _residual_config(n, k, device, dtype, silu_mul, picks).block_n)
 
 
-def loads_weight_early(weight: torch.Tensor, silu_mul: bool = False) -> bool:
+def loads_weight_early(weight: torch.Tensor, silu_mul: bool = False, *, picks: GemvPicks = GEMV_PICKS) -> bool:
     """Whether ``gemv_add_residual`` with this (n, k) weight, launched under PDL, loads its
     whole weight before it waits for the previous kernel (its launch's early chunks cover
     k): then the kernel before it gains by triggering it early (``append_attention``'s
@@ -71,49 +80,48 @@ def loads_weight_early(weight: torch.Tensor, silu_mul: bool = False) -> bool:
     if not (weight.is_cuda and pdl_args(weight)):
         return False
     n, k = weight.shape
-    cfg = _residual_config(n, k, weight.device, weight.dtype, silu_mul)
+    cfg = _residual_config(n, k, weight.device, weight.dtype, silu_mul, picks)
     return cfg.block_m == 1 and cfg.early * cfg.block_k >= k
 
 
 @torch.library.custom_op("onetrip::gemv_add_residual", mutates_args=("h", "ss"))
 def _residual_op(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, h: torch.Tensor,
-                 ss: torch.Tensor, silu_mul: bool) -> None:
-    n, k = weight.shape
+                 ss: torch.Tensor, silu_mul: bool, config: list[int]) -> None:
+    """config: ``SkinnyConfig.as_list()``, picked on the host (``_residual_config``)."""
     if not use_triton(x):
         hv = gemv_add_residual_ref(x, weight, residual, silu_mul)
         h.copy_(hv)
         ss.zero_()
         ss[0] = hv.float().square().sum()
         return
-    _launch(x, weight, None, h, _residual_config(n, k, x.device, x.dtype, silu_mul), silu_mul, residual=residual,
-            ss_out=ss)
+    launch_skinny(x, weight, None, h, SkinnyConfig.from_list(config), silu_mul, residual=residual, ss_out=ss)
 
 
 @_residual_op.register_fake
-def _(x, weight, residual, h, ss, silu_mul):
+def _(x, weight, residual, h, ss, silu_mul, config):
     return None
 
 
 @torch.library.custom_op("onetrip::gemv_rms_norm", mutates_args=("out",))
 def _norm_op(h: torch.Tensor, ss: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-             bias: Optional[torch.Tensor], out: torch.Tensor, rstd_late: bool = False) -> None:
-    n, k = weight.shape
+             bias: Optional[torch.Tensor], out: torch.Tensor, rstd_late: bool, config: list[int]) -> None:
+    """config: ``SkinnyConfig.as_list()``, picked on the host (``_config``, fusion "norm")."""
+    k = weight.shape[1]
     if not use_triton(h):
         rstd = torch.rsqrt(ss.sum() / k + eps)
         out.copy_(F.linear((h.float() * rstd * norm_weight.float()).to(h.dtype), weight, bias))
         return
-    cfg = dataclasses.replace(skinny_config(1, n, k, sm_count(h.device), h.dtype, fusion="norm",
-                                            gpu=gpu_name(h.device)), split_k=1)
-    _launch(h, weight, bias, out, cfg, ss_in=ss, norm_weight=norm_weight, eps=eps, norm_late=rstd_late)
+    launch_skinny(h, weight, bias, out, SkinnyConfig.from_list(config), ss_in=ss, norm_weight=norm_weight, eps=eps,
+                  norm_late=rstd_late)
 
 
 @_norm_op.register_fake
-def _(h, ss, norm_weight, eps, weight, bias, out, rstd_late=False):
+def _(h, ss, norm_weight, eps, weight, bias, out, rstd_late, config):
     return None
 
 
 def gemv_add_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, *,
-                      silu_mul: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                      silu_mul: bool = False, picks: GemvPicks = GEMV_PICKS) -> tuple[torch.Tensor, torch.Tensor]:
     """h = x @ weight^T + residual for one row, with h's sum of squares in partials.
 
     Args:
@@ -121,10 +129,11 @@ def gemv_add_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Ten
             silu(gate) * up, computed in the prologue); float32, float16 or bfloat16.
         weight: (N, K) of x's dtype. residual: one row of N values, x's dtype.
         silu_mul: SwiGLU in the prologue (the MLP's down projection).
+        picks: the measured batch-1 launches (``skinny_matmul.GEMV_PICKS``).
 
     Returns:
-        (h (1, N) of x's dtype, ss (P,) float32): P = ``partials(N, K, silu_mul=silu_mul)`` sums of
-        h^2, which only ``gemv_rms_norm`` reads. One launch; capturable.
+        (h (1, N) of x's dtype, ss (P,) float32): P = ``partials(N, K, silu_mul=silu_mul,
+        picks=picks)`` sums of h^2, which only ``gemv_rms_norm`` reads. One launch; capturable.
     """
     check_tensor("x", x)
     k = x.shape[-1] // 2 if silu_mul else x.shape[-1]
@@ -134,15 +143,16 @@ def gemv_add_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Ten
     check_dtype_match("residual", residual, "x", x)
     r2 = _one_row("residual", residual, n)
     check_same_device("x", x, weight=weight, residual=residual)
+    cfg = _residual_config(n, k, x.device, x.dtype, silu_mul, picks)
     h = torch.empty((1, n), dtype=x.dtype, device=x.device)
-    ss = torch.empty((partials(n, k, x.device, x.dtype, silu_mul),), dtype=torch.float32, device=x.device)
-    call_op(_residual_op, x2, weight, r2, h, ss, silu_mul)
+    ss = torch.empty((triton.cdiv(n, cfg.block_n),), dtype=torch.float32, device=x.device)
+    call_op(_residual_op, x2, weight, r2, h, ss, silu_mul, cfg.as_list())
     return h, ss
 
 
 def gemv_rms_norm(h: torch.Tensor, ss: torch.Tensor, norm_weight: torch.Tensor, eps: float,
                   weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
-                  rstd_late: bool = False) -> torch.Tensor:
+                  rstd_late: bool = False, picks: GemvPicks = GEMV_PICKS) -> torch.Tensor:
     """y = rms_norm(h) @ weight^T (+ bias) for one row, with the norm in the prologue.
 
     Args:
@@ -151,7 +161,8 @@ def gemv_rms_norm(h: torch.Tensor, ss: torch.Tensor, norm_weight: torch.Tensor, 
         eps: RMSNorm's epsilon. weight: (N, K); bias: None or (N,).
         rstd_late: multiply by rsqrt(mean(h^2) + eps) after the K loop (it is one scalar
             per row) instead of in the prologue, so the partials' load overlaps the loop.
-            Measured: not yet (the engine runs the prologue form, measured on an H200).
+            Not timed; the engine runs the prologue form (measured on an H200).
+        picks: the measured batch-1 launches (``skinny_matmul.GEMV_PICKS``).
 
     Returns:
         (1, N) of h's dtype. One launch; capturable.
@@ -169,9 +180,10 @@ def gemv_rms_norm(h: torch.Tensor, ss: torch.Tensor, norm_weight: torch.Tensor, 
         check_shape("bias", bias, (n,), "(N,)")
         check_dtype_match("bias", bias, "h", h)
     check_same_device("h", h, ss=ss, norm_weight=norm_weight, weight=weight, bias=bias)
+    cfg = _config(n, k, h.device, h.dtype, "norm", picks)
     out = torch.empty((1, n), dtype=h.dtype, device=h.device)
     call_op(_norm_op, h2, ss, norm_weight.contiguous(), float(eps), weight,
-            bias.contiguous() if bias is not None else None, out, rstd_late)
+            bias.contiguous() if bias is not None else None, out, bool(rstd_late), cfg.as_list())
     return out
 
 

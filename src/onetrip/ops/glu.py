@@ -80,25 +80,13 @@ def _glu_kernel(
     tl.store(y_ptr + rows64[:, None] * stride_ym + cols[None, :], cast_out(a * u, y_ptr.dtype.element_ty), mask=mask)
 
 
-# A program's tile, (elements, warps): GLU_TILE, the H200's pick of the thirteenth session
-# (below: 8 elements a thread, one 16-byte load of each input), unless GLU_TILE_GPU has one
-# for the GPU model (a part of the device's name). A smaller tile (few narrow rows) keeps the
-# full tile's elements a thread with fewer warps. H100, the ops bench judging each tile
-# (NOTES.md, twenty-eighth and twenty-ninth sessions, two interleaved rounds each), silu_mul
-# against torch.compile at the nine 2**26-element shapes / the two 32 MiB anchors:
-# (2048, 8) 0.998-1.000x; (4096, 16) 1.000-1.002 / 0.996-0.999x; (1024, 8), 4 elements a
-# thread (one 8-byte load of each input), 1.010-1.013 / 1.006-1.010x, gelu_mul 1.011-1.023x;
-# (512, 4) 1.007-1.009x; (2048, 16), also 4 a thread, 0.996-1.001x; (512, 8), torch.compile's
-# own 2 a thread, 0.886-0.896x. (bias_gelu, whose GELU costs more instructions an element,
-# lost 12-14% at 4 a thread: it keeps 16.)
+# A program's tile, (elements, warps): GLU_TILE unless GLU_TILE_GPU has one for the GPU model
+# (a part of the device's name); a smaller tile (few narrow rows) keeps the tile's elements a
+# thread with fewer warps. H200: 8 elements a thread (one 16-byte load of each input), +0.3-0.6%
+# of copy at 2**26 elements and +0.8% at 4096 x 4096 against bias_gelu's 16. H100: 4 a thread,
+# silu_mul 1.010-1.013x torch.compile at the 2**26-element shapes against 0.998-1.000x at (2048, 8).
 GLU_TILE = (2048, 8)
 GLU_TILE_GPU = {"H100": {"tile": (1024, 8)}}
-# The width and row strides compiled in, and no masks where the tiles cover the rows (M stays
-# a runtime value; a kernel per width and layout, as the norms' const_n). H100, ops bench,
-# two interleaved rounds (twenty-eighth session, run 7): silu_mul at the 32 MiB anchors
-# 0.994-0.995 -> 0.998x torch.compile, whose static-shape kernel has them as constants too;
-# the sweep shapes 1.000-1.003 -> 1.000-1.002; gelu_mul 1.001-1.009 -> 1.002-1.013.
-GLU_CONST = True
 
 
 def glu_tile_config(M: int, N: int, tile_warps: tuple[int, int]) -> TileConfig:
@@ -109,20 +97,20 @@ def glu_tile_config(M: int, N: int, tile_warps: tuple[int, int]) -> TileConfig:
 
 
 def _launch(gate: torch.Tensor, up: torch.Tensor, y: torch.Tensor, activation: str,
-            config: TileConfig | None = None, const: bool = GLU_CONST):
+            config: TileConfig | None = None, const: bool = True):
     """Launch on 2-D views: gate, up, y (M, N), each with unit column stride.
 
     ``up`` may be ``gate`` shifted by N columns (the halves of one (M, 2N) tensor).
-    ``const``: N and the row strides compiled in (a kernel per width and layout), and no
-    masks where the tiles cover the rows exactly.
+    ``config``: default the GPU model's tile (GLU_TILE_GPU, else GLU_TILE).
+    ``const`` (default True): N and the row strides compiled in (a kernel per width and
+    layout; M stays a runtime value), and no masks where the tiles cover the rows exactly,
+    as torch.compile's static-shape kernels have them. H100: silu_mul at the 32 MiB shapes
+    0.994-0.995 -> 0.998x torch.compile. False: one kernel for every width.
     Returns the compiled kernel (its ``n_regs``, ``n_spills``), or None when nothing ran.
     """
     M, N = gate.shape
     if M == 0 or N == 0:
         return None
-    # 8 elements a thread (4 on the H100) where bias_gelu keeps 16: on an H200, in the bench's
-    # back-to-back timing, +0.3-0.6% of copy at 2**26 elements and +0.8% at 4096 x 4096
-    # (silu_mul; tune_ops.py --rotate, thirteenth session); tiles per GPU model in GLU_TILE_GPU.
     if config is None:
         config = glu_tile_config(M, N, gpu_table_entry(GLU_TILE_GPU, gpu_name(gate.device), "tile") or GLU_TILE)
     grid = (triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n),)

@@ -24,95 +24,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ._jit import cast_out, pdl_start
-from ._common import (call_op, check_dtype_match, check_same_device, check_shape, check_tensor, output, pdl_args,
-                      sm_count, use_triton)
+from ._common import (call_op, check_dtype_match, check_same_device, check_shape, check_tensor, heads_view, output,
+                      pdl_args, sm_count, use_triton)
+from ._jit import pdl_start
+from ._rotary_jit import cos_sin_rows, head_rows, load_pair, load_tail, rotate_heads, store_pair, store_tail
 
 POSITION_DTYPES = (torch.int32, torch.int64)
-
-
-@triton.jit
-def _pair_cols(INTERLEAVED: tl.constexpr, BLOCK_HALF: tl.constexpr, half):
-    """Columns (BLOCK_HALF,) of x1 and x2 in a head. Both layouts are the same rotation of
-    (x1, x2); only the columns of the pair differ. Constexpr, so that each layout compiles
-    to straight-line address arithmetic."""
-    i = tl.arange(0, BLOCK_HALF)
-    if INTERLEAVED:  # GPT-J: pairs (x[2i], x[2i+1])
-        return 2 * i, 2 * i + 1
-    else:  # NeoX: x1 = x[:rot/2], x2 = x[rot/2:rot]
-        return i, i + half
-
-
-@triton.jit
-def _head_rows(ptr, tok_off, tok_ok, stride_h, n_heads, h0, BLOCK_H: tl.constexpr):
-    """Pointers (BLOCK_T, BLOCK_H, 1) to the first element of heads h0 .. h0 + BLOCK_H - 1
-    of each token, and their mask."""
-    h = h0 + tl.arange(0, BLOCK_H)
-    ok = tok_ok[:, None, None] & (h < n_heads)[None, :, None]
-    return ptr + tok_off[:, None, None] + (h * stride_h)[None, :, None], ok
-
-
-@triton.jit
-def _load_pair(s, ok, half, INTERLEAVED: tl.constexpr, BLOCK_HALF: tl.constexpr):
-    """x1, x2 (BLOCK_T, BLOCK_H, BLOCK_HALF) float32 of the rows at ``s``."""
-    c1, c2 = _pair_cols(INTERLEAVED, BLOCK_HALF, half)
-    mask = ok & (tl.arange(0, BLOCK_HALF) < half)[None, None, :]
-    x1 = tl.load(s + c1[None, None, :], mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(s + c2[None, None, :], mask=mask, other=0.0).to(tl.float32)
-    return x1, x2
-
-
-@triton.jit
-def _store_pair(d, ok, half, x1, x2, cos, sin, INTERLEAVED: tl.constexpr, BLOCK_HALF: tl.constexpr):
-    """out1 = x1 cos - x2 sin, out2 = x2 cos + x1 sin into the rows at ``d``."""
-    c1, c2 = _pair_cols(INTERLEAVED, BLOCK_HALF, half)
-    mask = ok & (tl.arange(0, BLOCK_HALF) < half)[None, None, :]
-    tl.store(d + c1[None, None, :], cast_out(x1 * cos - x2 * sin, d.dtype.element_ty), mask=mask)
-    tl.store(d + c2[None, None, :], cast_out(x2 * cos + x1 * sin, d.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _load_tail(s, ok, half, tail, BLOCK_TAIL: tl.constexpr):
-    """The pass-through dims rot .. head_dim (BLOCK_T, BLOCK_H, BLOCK_TAIL) of the rows at ``s``."""
-    j = tl.arange(0, BLOCK_TAIL)
-    return tl.load(s + 2 * half + j[None, None, :], mask=ok & (j < tail)[None, None, :])
-
-
-@triton.jit
-def _store_tail(d, ok, half, tail, x, BLOCK_TAIL: tl.constexpr):
-    j = tl.arange(0, BLOCK_TAIL)
-    tl.store(d + 2 * half + j[None, None, :], x, mask=ok & (j < tail)[None, None, :])
-
-
-@triton.jit
-def _rotate_heads(
-    src, dst,  # one tensor's (B, S, heads, D) views, unit stride along D
-    tok_src, tok_dst, tok_ok,  # (BLOCK_T,) int64 offsets of each token's first element; (BLOCK_T,) mask
-    stride_sh, stride_dh, n_heads, half, tail,
-    cos, sin,  # (BLOCK_T, 1, BLOCK_HALF) float32: the tokens' rows, shared by all heads
-    INTERLEAVED: tl.constexpr, COPY_TAIL: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr,
-):
-    """One tensor's heads, BLOCK_H at a time: each chunk's rotated pairs are loaded and
-    stored, then its pass-through dims (partial rotary, out of place) copied."""
-    for h0 in range(0, n_heads, BLOCK_H):
-        s, ok = _head_rows(src, tok_src, tok_ok, stride_sh, n_heads, h0, BLOCK_H)
-        d, _ = _head_rows(dst, tok_dst, tok_ok, stride_dh, n_heads, h0, BLOCK_H)
-        x1, x2 = _load_pair(s, ok, half, INTERLEAVED, BLOCK_HALF)
-        _store_pair(d, ok, half, x1, x2, cos, sin, INTERLEAVED, BLOCK_HALF)
-        if COPY_TAIL:
-            _store_tail(d, ok, half, tail, _load_tail(s, ok, half, tail, BLOCK_TAIL), BLOCK_TAIL)
-
-
-@triton.jit
-def _cos_sin_rows(cos_ptr, sin_ptr, pos, tok_ok, half, stride_cos, stride_sin, BLOCK_HALF: tl.constexpr):
-    """The cos and sin rows of each token's position, float32 (BLOCK_T, 1, BLOCK_HALF):
-    loaded once per token and broadcast over all of its q and k heads."""
-    i = tl.arange(0, BLOCK_HALF)
-    cmask = tok_ok[:, None] & (i < half)[None, :]
-    cos = tl.load(cos_ptr + pos[:, None] * stride_cos + i[None, :], mask=cmask, other=0.0).to(tl.float32)
-    sin = tl.load(sin_ptr + pos[:, None] * stride_sin + i[None, :], mask=cmask, other=0.0).to(tl.float32)
-    return cos[:, None, :], sin[:, None, :]
 
 
 @triton.jit
@@ -153,31 +70,31 @@ def _rotary_kernel(
         # load after a store that may alias it cannot be hoisted above it by the compiler.
         n_chunks = tl.maximum(tl.cdiv(q_heads, BLOCK_H), tl.cdiv(k_heads, BLOCK_HK))
         for c in range(0, n_chunks):
-            qs, q_ok = _head_rows(q_ptr, q_src, tok_ok, stride_qh, q_heads, c * BLOCK_H, BLOCK_H)
-            ks, k_ok = _head_rows(k_ptr, k_src, tok_ok, stride_kh, k_heads, c * BLOCK_HK, BLOCK_HK)
-            qd, _ = _head_rows(qo_ptr, q_dst, tok_ok, stride_qoh, q_heads, c * BLOCK_H, BLOCK_H)
-            kd, _ = _head_rows(ko_ptr, k_dst, tok_ok, stride_koh, k_heads, c * BLOCK_HK, BLOCK_HK)
-            q1, q2 = _load_pair(qs, q_ok, half, INTERLEAVED, BLOCK_HALF)
-            k1, k2 = _load_pair(ks, k_ok, half, INTERLEAVED, BLOCK_HALF)
+            qs, q_ok = head_rows(q_ptr, q_src, tok_ok, stride_qh, q_heads, c * BLOCK_H, BLOCK_H)
+            ks, k_ok = head_rows(k_ptr, k_src, tok_ok, stride_kh, k_heads, c * BLOCK_HK, BLOCK_HK)
+            qd, _ = head_rows(qo_ptr, q_dst, tok_ok, stride_qoh, q_heads, c * BLOCK_H, BLOCK_H)
+            kd, _ = head_rows(ko_ptr, k_dst, tok_ok, stride_koh, k_heads, c * BLOCK_HK, BLOCK_HK)
+            q1, q2 = load_pair(qs, q_ok, half, INTERLEAVED, BLOCK_HALF)
+            k1, k2 = load_pair(ks, k_ok, half, INTERLEAVED, BLOCK_HALF)
             if COPY_TAIL:
-                q_tail = _load_tail(qs, q_ok, half, tail, BLOCK_TAIL)
-                k_tail = _load_tail(ks, k_ok, half, tail, BLOCK_TAIL)
+                q_tail = load_tail(qs, q_ok, half, tail, BLOCK_TAIL)
+                k_tail = load_tail(ks, k_ok, half, tail, BLOCK_TAIL)
             # The rows after q and k's loads: when their layout differs from the tiles' (Qwen-
             # 0.5B's 8 tokens x 32 pairs at 8 warps), a shared-memory exchange waits for them,
             # and issued first it held back q and k's loads by a whole trip to memory.
-            cos, sin = _cos_sin_rows(cos_ptr, sin_ptr, pos, tok_ok, half, stride_cos, stride_sin, BLOCK_HALF)
-            _store_pair(qd, q_ok, half, q1, q2, cos, sin, INTERLEAVED, BLOCK_HALF)
-            _store_pair(kd, k_ok, half, k1, k2, cos, sin, INTERLEAVED, BLOCK_HALF)
+            cos, sin = cos_sin_rows(cos_ptr, sin_ptr, pos, tok_ok, half, stride_cos, stride_sin, BLOCK_HALF)
+            store_pair(qd, q_ok, half, q1, q2, cos, sin, INTERLEAVED, BLOCK_HALF)
+            store_pair(kd, k_ok, half, k1, k2, cos, sin, INTERLEAVED, BLOCK_HALF)
             if COPY_TAIL:
-                _store_tail(qd, q_ok, half, tail, q_tail, BLOCK_TAIL)
-                _store_tail(kd, k_ok, half, tail, k_tail, BLOCK_TAIL)
+                store_tail(qd, q_ok, half, tail, q_tail, BLOCK_TAIL)
+                store_tail(kd, k_ok, half, tail, k_tail, BLOCK_TAIL)
     else:  # q's chunks, then k's: two or more trips to memory (four with a tail, and one
         # more first for Qwen-0.5B's tile, whose cos/sin rows go through shared memory)
-        cos, sin = _cos_sin_rows(cos_ptr, sin_ptr, pos, tok_ok, half, stride_cos, stride_sin, BLOCK_HALF)
-        _rotate_heads(q_ptr, qo_ptr, q_src, q_dst, tok_ok, stride_qh, stride_qoh, q_heads, half, tail, cos, sin,
-                      INTERLEAVED, COPY_TAIL, BLOCK_H, BLOCK_HALF, BLOCK_TAIL)
-        _rotate_heads(k_ptr, ko_ptr, k_src, k_dst, tok_ok, stride_kh, stride_koh, k_heads, half, tail, cos, sin,
-                      INTERLEAVED, COPY_TAIL, BLOCK_HK, BLOCK_HALF, BLOCK_TAIL)
+        cos, sin = cos_sin_rows(cos_ptr, sin_ptr, pos, tok_ok, half, stride_cos, stride_sin, BLOCK_HALF)
+        rotate_heads(q_ptr, qo_ptr, q_src, q_dst, tok_ok, stride_qh, stride_qoh, q_heads, half, tail, cos, sin,
+                     INTERLEAVED, COPY_TAIL, BLOCK_H, BLOCK_HALF, BLOCK_TAIL)
+        rotate_heads(k_ptr, ko_ptr, k_src, k_dst, tok_ok, stride_kh, stride_koh, k_heads, half, tail, cos, sin,
+                     INTERLEAVED, COPY_TAIL, BLOCK_HK, BLOCK_HALF, BLOCK_TAIL)
 
 
 @dataclass(frozen=True)
@@ -198,7 +115,7 @@ class RotaryConfig:
     num_warps: int
     block_hk: int = 0
     merge_qk: bool = False
-    index64: bool = False  # token indices in 64 bits, as first written (A/B only; forced past 2**31 tokens)
+    index64: bool = False  # token indices in 64 bits (forced past 2**31 tokens): 80 -> 97 registers, see the kernel
 
 
 def rotary_config(tokens: int, heads: int, half: int, device: torch.device, *, tile: int = 4096) -> RotaryConfig:
@@ -223,7 +140,7 @@ def merged_config(tokens: int, heads: int, kv_heads: int, half: int, tail: int, 
     down to a power of two (1 to 8). On an H200's three bench shapes: 1 x 32/8 heads at 4
     warps (llama-8b), 4 x 16/2 at 4 (qwen-0.5b), 1 x 32/32 at 8 (partial); compiled for
     sm_90a, 96, 96 and 53 registers, no spills. Measured there (H200, bf16,
-    ``results/tune-rotary-h200-20261121.json``): 95.5% / 94.3% / 91.8% of copy against
+    ``tools/tune_rotary.py``): 95.5% / 94.3% / 91.8% of copy against
     ``rotary_config``'s 95.0% / 83.6% / 90.4%; so ``apply_rotary`` launches this, and
     ``append_kv`` keeps ``rotary_config``."""
     block_h, block_hk = triton.next_power_of_2(max(heads, 1)), triton.next_power_of_2(max(kv_heads, 1))
@@ -290,21 +207,6 @@ def _(q_out, k_out, cos, sin, positions, q, k, interleaved):
     return None
 
 
-def _work(x: torch.Tensor, batch: int, keep_values: bool) -> tuple[torch.Tensor, bool]:
-    """x (..., S, heads, D) as a (batch, S, heads, D) view with unit stride along D, and
-    False; or, when no such view exists, a contiguous copy (``keep_values``) or an empty
-    buffer of that shape, and True."""
-    shape = (batch, *x.shape[-3:])
-    if x.stride(-1) == 1 or x.shape[-1] == 1:
-        try:
-            return x.view(shape), False
-        except RuntimeError:
-            pass
-    if keep_values:
-        return x.contiguous().view(shape), True
-    return torch.empty(shape, dtype=x.dtype, device=x.device), True
-
-
 def _check_positions(positions: object, q: torch.Tensor) -> Optional[torch.Tensor]:
     """positions as a contiguous (S,) or (B * S,) tensor, or None."""
     if positions is None:
@@ -354,7 +256,8 @@ def apply_rotary(
             differ from heads (GQA, MQA).
         cos, sin: (max_pos, rot // 2), float32 or q's dtype: the compact tables,
             cos[p, i] = cos(p * base ** (-2 i / rot)); rot <= head_dim.
-        positions: None (the index along dim -3), or int32/int64 of q's leading shape
+        positions: None (the index along dim -3: the tables need seq rows, or ValueError),
+            or int32/int64 of q's leading shape
             ((batch, seq), (tokens,)) or broadcastable to it ((seq,)), on q's device: each
             token's row of the tables. Not read on the host; values must lie in
             [0, max_pos) (they are not checked, which would need a host sync).
@@ -387,6 +290,10 @@ def apply_rotary(
         raise ValueError(f"cos has shape {tuple(cos.shape)}, so rot_dim = {2 * half} > head_dim = {D}; cos and "
                          f"sin are the compact tables (max_pos, rot_dim // 2) with an even rot_dim <= head_dim")
     pos = _check_positions(positions, q)
+    seq = q.shape[-3]
+    if pos is None and cos.shape[0] < seq:  # the kernel would read past the tables' end
+        raise ValueError(f"cos and sin have {cos.shape[0]} rows but q has seq {seq}: the default positions "
+                         f"0..{seq - 1} need {seq} rows (pass longer tables, or positions)")
     if inplace:
         if out is not None:
             raise ValueError("out must be None when inplace=True (the outputs are q and k)")
@@ -396,7 +303,6 @@ def apply_rotary(
             raise TypeError(f"out must be a pair (q_out, k_out) or None, got {type(out).__name__}")
         q_out = output("out[0]", None if out is None else out[0], q.shape, q.dtype, q.device)
         k_out = output("out[1]", None if out is None else out[1], k.shape, k.dtype, k.device)
-    seq = q.shape[-3]
     batch = math.prod(q.shape[:-3])
     if batch * seq == 0:
         return q_out, k_out
@@ -404,13 +310,13 @@ def apply_rotary(
     sin = sin if sin.stride(-1) == 1 else sin.contiguous()
     # Outputs that no (B, S, heads, D) view describes are written through a contiguous
     # scratch buffer (in place: a copy of the input itself) and copied back.
-    qw, q_scratch = _work(q_out, batch, inplace)
-    kw, k_scratch = _work(k_out, batch, inplace)
+    qw, q_scratch = heads_view(q_out, batch, inplace)
+    kw, k_scratch = heads_view(k_out, batch, inplace)
     if inplace:
         call_op(_rotary_op, qw, kw, cos, sin, pos, None, None, bool(interleaved))
     else:
-        qi, _ = _work(q, batch, True)
-        ki, _ = _work(k, batch, True)
+        qi, _ = heads_view(q, batch, True)
+        ki, _ = heads_view(k, batch, True)
         call_op(_rotary_op, qw, kw, cos, sin, pos, qi, ki, bool(interleaved))
     if q_scratch:
         q_out.copy_(qw.view(q_out.shape))

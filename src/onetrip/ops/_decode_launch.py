@@ -1,0 +1,162 @@
+"""The launch of decode attention, shared by ``decode_attention`` and ``append_attention``
+(which runs the same kernel with APPEND): the launch shape (``DecodeConfig``) and its
+pick (``decode_config``), the kernel and split-merge launches (``launch``), and the
+output handling of both ops (``into_out``). The kernel is ``_decode_jit._decode_kernel``,
+the merge ``_split_merge._merge_kernel``."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+
+from ._common import hopper_or_newer, output, pdl_mode, sm_count
+from ._decode_jit import _decode_kernel
+from ._split_merge import _merge_kernel
+
+LOG2E = 1.4426950408889634
+# The fewest key tiles a split takes below 4K cache slots (decode_config lowers it to 2 from
+# there): the grid follows the cache's capacity (graph capture), the work its length, and on
+# an H200 288 keys take 7.8 us in one split against 11.0 in 16 (batch 1, bf16, 128-key tiles).
+MIN_TILES = 4
+# Splits the merge takes whole rows of head_dim for; more are merged in slices of 32 dims, a
+# program each, so that tens of partials still load in one round trip.
+MERGE_WHOLE = 8
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Launch shape: keys in tiles of ``block_n`` at ``num_warps``; the visible keys cut
+    into at most ``num_splits`` runs of at least ``min_tiles`` tiles (merged by a second
+    kernel); ``table_ahead`` (paged caches): each tile's block-table entries are loaded
+    while the previous tile is computed, so the K/V addresses do not wait on the table."""
+
+    block_n: int
+    num_warps: int
+    num_splits: int
+    table_ahead: bool = False
+    min_tiles: int = MIN_TILES
+
+
+def decode_config(batch: int, kv_heads: int, max_seq: int, head_dim: int, device: torch.device, *,
+                  rows: int = 1, paged: bool = False, waves: Optional[int] = None) -> DecodeConfig:
+    """The launch for this shape (``rows`` = GROUP * q_len query rows a program). Each pick,
+    measured on an H200 (bf16, 32 / 8 heads, head dim 128):
+
+    - 128-key tiles at 8 warps (at 4 warps they spill); head_dim > 128: 32-key tiles, at 8
+      warps once the (rows, head_dim) float32 accumulator passes 64 values a thread of 4.
+    - Splits: as many as fit batch * kv_heads * splits programs in ``waves`` waves of SMs:
+      batch 4 x 32K 148 -> 128 us with 4 splits rather than 9.
+    - ``waves``: 1, or 2 for a paged cache (a tile's address waits on its table entry):
+      batch 16 x 8K paged-64 65% -> 93% of copy; contiguous loses with two (101% -> 96%).
+    - ``min_tiles`` 2 from 4K cache slots (batch 1 x 4K: 31% -> 34-37% of copy), else 4.
+    - Caches of <= 2K slots over two or more waves: 32-key tiles at 4 warps, four CTAs an
+      SM hiding each other's loads: batch 64 x 1K 87% -> 94% of copy (paged-64 80% -> 93%).
+    - Paged: 64-key tiles with ``table_ahead`` (batch 64 x 1K paged-64 86% -> 89%), at 4
+      warps under two programs an SM (batch 1 x 128K paged-64 80% -> 91%), else 8 (batch
+      64: 4 warps lose 15-18 points)."""
+    if waves is None:
+        waves = 2 if paged else 1
+    if head_dim <= 128:
+        block_n, warps = 128, 8
+    else:
+        block_n = 32
+        warps = 4 if max(16, triton.next_power_of_2(rows)) * triton.next_power_of_2(head_dim) <= 64 * 128 else 8
+    programs, sms = max(1, batch * kv_heads), sm_count(device)
+    min_tiles = 2 if max_seq >= 4096 else MIN_TILES
+    splits = max(1, min(waves * sms // programs, triton.cdiv(max(max_seq, 1), block_n * min_tiles)))
+    if block_n == 128 and rows <= 16 and programs >= 2 * sms and max_seq <= 2048:
+        return DecodeConfig(32, 4, splits, table_ahead=paged, min_tiles=min_tiles)
+    if paged and block_n == 128:  # the split count stays the 128-key one: it won at each cell
+        return DecodeConfig(64, 4 if programs < 2 * sms else 8, splits, table_ahead=True, min_tiles=min_tiles)
+    return DecodeConfig(block_n, warps, splits, min_tiles=min_tiles)
+
+
+def default_config(q, k_cache, block_table, num_splits: int = 0) -> DecodeConfig:
+    """``decode_config`` for these tensors; ``num_splits`` > 0 overrides its split count."""
+    B, Q, H, D = q.shape
+    paged = block_table is not None
+    max_seq = k_cache.shape[1] * (block_table.shape[1] if paged else 1)
+    cfg = decode_config(B, k_cache.shape[2], max_seq, D, q.device, rows=Q * H // k_cache.shape[2], paged=paged)
+    return cfg if num_splits <= 0 else dataclasses.replace(cfg, num_splits=num_splits)
+
+
+def _merge_chunk(splits: int, rows: int, block_d: int, num_warps: int) -> int:
+    """Splits merged per tile: (CHUNK_S, rows, D) float32 tiles of at most 32 values a thread."""
+    return max(1, min(triton.next_power_of_2(splits), 32 * 32 * num_warps // (rows * block_d)))
+
+
+def launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale: float, window_left: int,
+           softcap: float, config: DecodeConfig | None = None, append: Optional[tuple] = None,
+           trigger_next: bool = False):
+    """Launch on validated tensors (last dims unit stride; q (batch, q_len, heads, head_dim),
+    the caches as ``decode_attention`` takes them). ``config`` defaults to ``default_config``.
+    ``append``: (k_new, v_new, cos, sin, interleaved) to rotate and write the new tokens in
+    the same launch (``append_attention``). ``trigger_next`` (Hopper, ``pdl_mode`` on): the
+    kernel triggers its dependents at its start (kernel TRIGGER), so the next kernel, if
+    launched under PDL, is placed on the SMs this grid leaves idle and can load what does
+    not depend on it. Returns the compiled attention kernel (its ``n_regs``, ``n_spills``),
+    or None when nothing ran."""
+    B, Q, H, D = q.shape
+    KVH = k_cache.shape[2]
+    group = H // KVH
+    paged = block_table is not None
+    page = k_cache.shape[1]
+    if B * H * D == 0:
+        return None
+    cfg = config or default_config(q, k_cache, block_table)
+    S = cfg.num_splits
+    # The workspace is sized from shapes alone, so the call is graph capturable.
+    ws_o = torch.empty((B * KVH, S, group * Q, D) if S > 1 else (1,), dtype=torch.float32, device=q.device)
+    ws_lse = torch.empty((B * KVH, S, group * Q) if S > 1 else (1,), dtype=torch.float32, device=q.device)
+    if softcap > 0:
+        qk_scale, softcap_log2 = softmax_scale / softcap, softcap * LOG2E
+    else:
+        qk_scale, softcap_log2 = softmax_scale * LOG2E, 0.0
+    block_m = max(16, triton.next_power_of_2(group * Q))  # tl.dot needs 16 rows at least
+    block_d = max(16, triton.next_power_of_2(D))
+    kn, vn, cos, sin, interleaved = append if append is not None else (q, q, q, q, False)
+    extra = {}  # num_stages: Triton's default, 3 (on an H200, 2-4 time alike)
+    if trigger_next and pdl_mode() and hopper_or_newer(q):
+        extra["TRIGGER"] = True  # launched without PDL itself: it starts after the previous kernel ends
+    kernel = _decode_kernel[(B * KVH, S)](
+        q, k_cache, v_cache, out, cache_seqlens, block_table if paged else cache_seqlens, ws_o, ws_lse,
+        kn, vn, cos, sin,
+        KVH, S, D, cos.shape[1] if append is not None else 0,
+        *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *out.stride()[:3],
+        block_table.stride(0) if paged else 0,
+        *kn.stride()[:3], *vn.stride()[:3], cos.stride(0), sin.stride(0),
+        qk_scale, softcap_log2, max(window_left, 0),
+        GROUP=group, Q_LEN=Q, PAGED=paged, PAGE_SIZE=page if paged else 1,
+        SOFTCAP=softcap > 0, HAS_WINDOW=window_left >= 0, SPLIT=S > 1,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, MIN_TILES=cfg.min_tiles,
+        APPEND=append is not None, INTERLEAVED=interleaved, BLOCK_Q=max(16, triton.next_power_of_2(Q)),
+        TABLE_AHEAD=paged and cfg.table_ahead,
+        num_warps=cfg.num_warps, **extra,
+    )
+    if S > 1:
+        block_r = min(triton.next_power_of_2(group * Q), 16)
+        block_ds = block_d if S <= MERGE_WHOLE else min(block_d, 32)  # more splits: head_dim in slices
+        _merge_kernel[(B * KVH * triton.cdiv(group * Q, block_r) * (block_d // block_ds),)](
+            ws_o, ws_lse, out, KVH, S, D, *out.stride()[:3],
+            GROUP=group, Q_LEN=Q, BLOCK_R=block_r, BLOCK_D=block_d,
+            CHUNK_S=_merge_chunk(S, block_r, block_ds, 4), BLOCK_DS=block_ds, num_warps=4,
+        )
+    return kernel
+
+
+def into_out(out: Optional[torch.Tensor], q: torch.Tensor, run) -> torch.Tensor:
+    """``run(work)`` writes the (batch, q_len, heads, head_dim) result into ``out`` (checked,
+    or made), or into a unit-stride buffer copied into it; nothing runs for an empty q."""
+    out = output("out", out, q.shape, q.dtype, q.device)
+    unit = out.stride(-1) == 1 or q.shape[-1] == 1
+    work = out if unit else torch.empty_like(out, memory_format=torch.contiguous_format)
+    if q.numel() > 0:
+        run(work)
+    if work is not out:
+        out.copy_(work)
+    return out
