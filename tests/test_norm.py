@@ -6,12 +6,20 @@ import torch
 import onetrip
 from onetrip.ops import _norm_picks as norm_picks
 from onetrip.ops import norm as norm_mod
-from onetrip.ops.norm import NormConfig, add_layer_norm_ref, add_rms_norm_ref
+from onetrip.ops.norm import (CacheHints, LoadOrder, NormConfig, Reuse, Split, add_layer_norm_ref,
+                              add_rms_norm_ref)
 from onetrip.testing import assert_close, poison_, strided_like, upcast
 
 from conftest import DTYPES, LAYOUTS, ON_GPU, WIDE, WIDTHS
 
 KINDS = ["rms", "gemma", "layer"]
+KEEP = CacheHints(keep_row=True)  # the L2 hints
+H_EARLY = Reuse(store_h_early=True)
+
+
+def _loop(block_m=1, block_n=128, **fields):
+    """A mode "loop" config of 4 warps."""
+    return NormConfig("loop", block_m, block_n, 4, **fields)
 
 
 def _run(kind, x, r, w, b, eps, **kw):
@@ -93,65 +101,61 @@ def test_no_weight_and_fp32_weight(device, gen, kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("mode", ["rows", "rows late", "rows const", "two_pass", "loop", "loop hints", "loop stash",
-                                  "loop vec", "loop unroll", "loop const", "loop split", "loop split const",
-                                  "loop 2 rows", "loop 4 rows const", "loop hold", "loop hold 2 const",
-                                  "loop hold split", "loop split cluster", "loop fold", "loop wb_pre",
-                                  "loop wb_pre split", "loop wb_last"]
+@pytest.mark.parametrize("mode", ["rows", "rows late", "rows const", "two_pass", "loop", "loop hints", "loop h early",
+                                  "loop unroll", "loop const", "loop split", "loop split const",
+                                  "loop 2 rows", "loop 4 rows const", "loop held", "loop held 2 const",
+                                  "loop held split", "loop split cluster", "loop fma", "loop early weight",
+                                  "loop early weight split", "loop keep weight"]
                          # (on the CPU a cluster config is the split above: one of them shows the fallback)
-                         + (["coop", "loop split const cluster", "loop hold split cluster", "loop wb_pre cluster"]
+                         + (["coop", "loop split const cluster", "loop held split cluster", "loop early weight cluster"]
                             if ON_GPU else []))
 def test_modes(device, gen, kind, mode):
     """Every mode on one awkward width: tiles of 2 rows (the last half past the end; "late":
     the weight and bias loaded after the statistics; "const": the width and row strides
-    compile-time constants);
-    chunks of 128 split 1023 into 8 with a ragged last one. "loop stash" re-reads h as
-    stored (with a residual; without one it is plain "loop"). "loop split": 3 programs a
-    row over segments of 3, 3 and 2 chunks (the last ragged), 8 of one chunk (with the
-    constant width); on a GPU they wait on each other, under the interpreter the passes
-    are two launches. "loop 2 rows" / "4 rows": a program over several rows (the last
-    block ragged: 11 rows). "loop hold": the first chunk(s) kept in registers for pass 2
-    (h from the stash's rounding, or without it in float32). "cluster": a split row's
-    programs one thread-block cluster on a Hopper GPU, their sums exchanged through shared
-    memory (elsewhere the config falls back to the split above). "loop fold": LayerNorm's
-    affine as FMAs, held and streamed chunks. "wb_pre": pass 2's first chunks' weight and
-    bias loaded before the exchange of sums (more chunks than are held; the last segment
-    has fewer chunks than that, its extra ones past the row; "wb_last": those loads with an
-    L1 eviction hint)."""
+    compile-time constants); chunks of 128 split 1023 into 8 with a ragged last one. "h
+    early": pass 1 stores h, pass 2 re-reads it (with a residual; without one it is plain
+    "loop"). "split": 3 programs a row over segments of 3, 3 and 2 chunks (the last ragged),
+    8 of one chunk (with the constant width); on a GPU they wait on each other, under the
+    interpreter the passes are two launches. "2 rows" / "4 rows": a program over several rows
+    (the last block ragged: 11 rows). "held": the first chunk(s) kept in registers for pass 2
+    (h as stored, or without it in float32). "cluster": a split row's programs one
+    thread-block cluster on a Hopper GPU, their sums exchanged through shared memory
+    (elsewhere the config falls back to the split above). "fma": LayerNorm's affine as FMAs,
+    held and streamed chunks. "early weight": pass 2's first chunks' weight and bias loaded
+    before the exchange of sums (more chunks than are held; the last segment has fewer chunks
+    than that, its extra ones past the row; "keep weight": those loads with an L1 eviction
+    hint)."""
     rows, width = 11, 1023
     x = strided_like((rows, width), torch.bfloat16, device, generator=gen)
     r = strided_like((rows, width), torch.bfloat16, device, generator=gen) + 2.0
     w, b = _params(kind, width, torch.bfloat16, device, gen)
+    held1 = Reuse(held_chunks=1, store_h_early=True)
+    held2 = Reuse(held_chunks=2, store_h_early=True)
+    early3 = LoadOrder(early_weight_chunks=3)
     cfg = {"rows": NormConfig("rows", 2, 1024, 4),
-           "rows late": NormConfig("rows", 2, 1024, 4, late_wb=True),
+           "rows late": NormConfig("rows", 2, 1024, 4, late_weight=True),
            "rows const": NormConfig("rows", 2, 1024, 4, const_n=True),
            "two_pass": NormConfig("two_pass", 1, 128, 4), "coop": NormConfig("coop", 1, 128, 4),
-           "loop": NormConfig("loop", 1, 128, 4), "loop hints": NormConfig("loop", 1, 128, 4, hints=True),
-           "loop stash": NormConfig("loop", 1, 128, 4, hints=True, stash=True),
-           "loop vec": NormConfig("loop", 1, 128, 4, hints=True, stash=True, vec=True),
-           "loop unroll": NormConfig("loop", 1, 128, 4, hints=True, stash=True, vec=True, unroll=3),
-           "loop const": NormConfig("loop", 1, 128, 4, hints=True, vec=True, unroll=2, const_n=True),
-           "loop split": NormConfig("loop", 1, 128, 4, hints=True, stash=True, vec=True, split=3),
-           "loop split const": NormConfig("loop", 1, 128, 4, hints=True, stash=True, const_n=True, split=8),
-           "loop 2 rows": NormConfig("loop", 2, 128, 4, hints=True, stash=True, vec=True),
-           "loop 4 rows const": NormConfig("loop", 4, 128, 4, hints=True, const_n=True, unroll=2),
-           "loop hold": NormConfig("loop", 2, 128, 4, hints=True, stash=True, vec=True, hold=1),
-           "loop hold 2 const": NormConfig("loop", 1, 128, 4, hints=True, const_n=True, hold=2),
-           "loop hold split": NormConfig("loop", 1, 128, 4, hints=True, stash=True, vec=True, split=3, hold=2),
-           "loop split cluster": NormConfig("loop", 1, 128, 4, hints=True, stash=True, vec=True, split=3,
-                                            cluster=True),
-           "loop fold": NormConfig("loop", 1, 128, 4, hints=True, stash=True, vec=True, split=3, hold=1, fold=True),
-           "loop split const cluster": NormConfig("loop", 1, 128, 4, hints=True, stash=True, const_n=True, split=8,
-                                                  cluster=True),
-           "loop hold split cluster": NormConfig("loop", 1, 128, 4, hints=True, stash=True, vec=True, split=3, hold=2,
-                                                 cluster=True),
-           "loop wb_pre": NormConfig("loop", 2, 128, 4, hints=True, stash=True, vec=True, hold=1, wb_pre=3),
-           "loop wb_pre split": NormConfig("loop", 1, 128, 4, stash=True, vec=True, split=3, hold=1, wb_pre=3,
-                                           fold=True),
-           "loop wb_last": NormConfig("loop", 1, 128, 4, stash=True, vec=True, split=3, hold=1, wb_pre=3,
-                                      fold=True, wb_last=True),
-           "loop wb_pre cluster": NormConfig("loop", 1, 128, 4, stash=True, vec=True, split=3, hold=1, wb_pre=3,
-                                             cluster=True)}[mode]
+           "loop": _loop(), "loop hints": _loop(hints=KEEP),
+           "loop h early": _loop(hints=KEEP, reuse=H_EARLY),
+           "loop unroll": _loop(unroll=3, hints=KEEP, reuse=H_EARLY),
+           "loop const": _loop(const_n=True, unroll=2, hints=KEEP),
+           "loop split": _loop(split=Split(3), hints=KEEP, reuse=H_EARLY),
+           "loop split const": _loop(const_n=True, split=Split(8), hints=KEEP, reuse=H_EARLY),
+           "loop 2 rows": _loop(2, hints=KEEP, reuse=H_EARLY),
+           "loop 4 rows const": _loop(4, const_n=True, unroll=2, hints=KEEP),
+           "loop held": _loop(2, hints=KEEP, reuse=held1),
+           "loop held 2 const": _loop(const_n=True, hints=KEEP, reuse=Reuse(held_chunks=2)),
+           "loop held split": _loop(split=Split(3), hints=KEEP, reuse=held2),
+           "loop split cluster": _loop(split=Split(3, cluster=True), hints=KEEP, reuse=H_EARLY),
+           "loop fma": _loop(affine_fma=True, split=Split(3), hints=KEEP, reuse=held1),
+           "loop split const cluster": _loop(const_n=True, split=Split(8, cluster=True), hints=KEEP, reuse=H_EARLY),
+           "loop held split cluster": _loop(split=Split(3, cluster=True), hints=KEEP, reuse=held2),
+           "loop early weight": _loop(2, hints=KEEP, reuse=held1, order=early3),
+           "loop early weight split": _loop(affine_fma=True, split=Split(3), reuse=held1, order=early3),
+           "loop keep weight": _loop(affine_fma=True, split=Split(3), hints=CacheHints(keep_weight=True),
+                                     reuse=held1, order=early3),
+           "loop early weight cluster": _loop(split=Split(3, cluster=True), reuse=held1, order=early3)}[mode]
     for res in (r, None):  # with and without the residual add
         y = poison_(torch.empty_like(x))
         h = poison_(torch.empty_like(x)) if res is not None else None
@@ -172,11 +176,10 @@ def test_layer_norm_far_from_zero(device, gen, width, dtype):
     # up to 1023 wide (8 a row), of 1024 at 5000 (5 a row; 40 of 128 took the interpreter
     # ~30 s a dtype in CI for no path the narrower rows do not take).
     c = 128 if width <= 1023 else 1024
-    for cfg in (NormConfig("two_pass", 1, c, 4), NormConfig("loop", 1, c, 4),
-                NormConfig("loop", 1, c, 4, stash=True), NormConfig("loop", 1, c, 4, vec=True),
-                NormConfig("loop", 1, c, 4, stash=True, split=4), NormConfig("loop", 2, c, 4, vec=True),
-                NormConfig("loop", 1, c, 4, hold=2), NormConfig("loop", 1, c, 4, stash=True, hold=1),
-                *([NormConfig("loop", 1, c, 4, stash=True, split=4, cluster=True)] if ON_GPU else [])):
+    for cfg in (NormConfig("two_pass", 1, c, 4), _loop(block_n=c), _loop(block_n=c, reuse=H_EARLY),
+                _loop(block_n=c, split=Split(4), reuse=H_EARLY), _loop(2, c),
+                _loop(block_n=c, reuse=Reuse(held_chunks=2)), _loop(block_n=c, reuse=Reuse(1, True)),
+                *([_loop(block_n=c, split=Split(4, cluster=True), reuse=H_EARLY)] if ON_GPU else [])):
         y, h = poison_(torch.empty_like(x)), poison_(torch.empty_like(x))
         norm_mod._launch(x, r, w, b, y, h, 1e-5, False, False, cfg)
         _check("layer", x, r, w, b, 1e-5, y, h)
@@ -191,9 +194,8 @@ def test_layer_norm_float32_shift(device, gen, residual):
     x[:, 0] = 4.0
     r = 0.01 * strided_like((6, 1023), torch.float32, device, generator=gen) if residual else None
     w, b = _params("layer", 1023, torch.float32, device, gen)
-    for cfg in (NormConfig("loop", 1, 128, 4), NormConfig("loop", 2, 128, 4, vec=True),
-                NormConfig("loop", 1, 128, 4, hints=True, stash=True, vec=True, split=3, hold=1),
-                *([NormConfig("loop", 1, 128, 4, vec=True, split=4, cluster=True)] if ON_GPU else [])):
+    for cfg in (_loop(), _loop(2), _loop(split=Split(3), hints=KEEP, reuse=Reuse(1, True)),
+                *([_loop(split=Split(4, cluster=True))] if ON_GPU else [])):
         y = poison_(torch.empty_like(x))
         h = poison_(torch.empty_like(x)) if residual else None
         norm_mod._launch(x, r, w, b, y, h, 1e-5, False, False, cfg)
@@ -228,10 +230,10 @@ def test_config_rule():
     assert norm_mod.norm_config(64, 524288, cpu, is_rms=False, has_residual=False) == picks[(False, False)][262144]
     assert norm_mod.norm_config(3, 65536, cpu, is_rms=False, has_residual=False).mode == "two_pass"  # < 4 SMs' rows
     assert norm_mod.norm_config(64, 16384, cpu, is_rms=False).mode == "rows"
-    # With a residual: h stashed in pass 1; 256K rows split over programs, wider ones coop
+    # With a residual: h stored in pass 1; 256K rows split over programs, wider ones coop
     assert norm_mod.norm_config(64, 32768, cpu, is_rms=False) == picks[(False, True)][32768]
-    assert norm_mod.norm_config(64, 131072, cpu).stash
-    assert norm_mod.norm_config(64, 262144, cpu).split > 1
+    assert norm_mod.norm_config(64, 131072, cpu).reuse.store_h_early
+    assert norm_mod.norm_config(64, 262144, cpu).split.programs > 1
     # Whole rows from ROWS_PICKS where it has the width (a non-power-of-two width rounds up);
     # its rows a program never pass the rows there are
     assert norm_mod.norm_config(64, 3000, cpu, is_rms=False) == norm_mod.ROWS_PICKS[(False, True)][4096]
@@ -239,7 +241,7 @@ def test_config_rule():
     assert norm_mod.norm_config(1, 2048, cpu, has_residual=False).block_m == 1
     assert norm_mod.norm_config(64, 4096, cpu, is_rms=False, has_residual=False).block_m == 2  # the rule
     # The streamed y evict_first (drop_y) only with the hints it extends
-    assert all(c.hints for table in picks.values() for c in table.values() if c.drop_y)
+    assert all(c.hints.keep_row for table in picks.values() for c in table.values() if c.hints.drop_y)
     assert norm_mod.norm_config(64, 524288, cpu).mode == "two_pass"  # coop needs a GPU
     assert norm_mod.norm_config(3, 65536, cpu, is_rms=False).mode == "two_pass"
     # a split row's programs fill the chip from half the SMs (2 here): 1 row of 256K in 2-8
@@ -250,12 +252,12 @@ def test_config_rule():
 
 def test_segments():
     """A split row's programs: segments of whole chunks, none empty; a cluster never 9-15."""
-    loop = NormConfig("loop", 1, 4096, 16, split=16)
+    loop = NormConfig("loop", 1, 4096, 16, split=Split(16))
     assert norm_picks.segments(262144, loop) == (16, 16384)
     assert norm_picks.segments(140000, loop) == (12, 12288)  # the global exchange takes any count
-    assert norm_picks.segments(140000, dataclasses.replace(loop, cluster=True)) == (7, 20480)
-    assert norm_picks.segments(5000, dataclasses.replace(loop, cluster=True)) == (2, 4096)
-    assert norm_picks.segments(5000, dataclasses.replace(loop, split=1)) == (1, 5000)
+    assert norm_picks.segments(140000, dataclasses.replace(loop, split=Split(16, cluster=True))) == (7, 20480)
+    assert norm_picks.segments(5000, dataclasses.replace(loop, split=Split(16, cluster=True))) == (2, 4096)
+    assert norm_picks.segments(5000, dataclasses.replace(loop, split=Split(1))) == (1, 5000)
 
 
 def test_gpu_model_picks(monkeypatch):
@@ -271,11 +273,12 @@ def test_gpu_model_picks(monkeypatch):
         assert pick.mode == mode
         if mode == "loop":
             # the held chunks inside a segment (a segment may be held whole), and launch_segments' checks
-            assert pick.block_n * pick.split * pick.hold <= width
+            assert pick.block_n * pick.split.programs * pick.reuse.held_chunks <= width
             norm_picks.launch_segments(width, pick)
             assert width in norm_mod.LOOP_PICKS[(is_rms, residual)]  # a replacement, never a new width
-            if pick.cluster:  # a cluster size that launches (2-8, or 16), the row cut into exactly that many
-                assert norm_picks.segments(width, pick)[0] == pick.split and (2 <= pick.split <= 8 or pick.split == 16)
+            if pick.split.cluster:  # a cluster size that launches (2-8, or 16), the row cut into exactly that many
+                n = pick.split.programs
+                assert norm_picks.segments(width, pick)[0] == n and (2 <= n <= 8 or n == 16)
         else:
             assert pick.block_n == width
         assert config("NVIDIA H100 80GB HBM3", is_rms, residual, width) == pick
@@ -298,8 +301,9 @@ def test_gpu_few_rows_picks(monkeypatch):
     monkeypatch.setattr(norm_picks, "sm_count", lambda device: 132)
     for (mode, is_rms, residual, width), (rows, few) in norm_picks.FEW_ROWS_GPU["H100"].items():
         assert mode == "loop" == few.mode and width in norm_mod.LOOP_PICKS[(is_rms, residual)]
-        if few.cluster:
-            assert norm_picks.segments(width, few)[0] == few.split and (2 <= few.split <= 8 or few.split == 16)
+        if few.split.cluster:
+            n = few.split.programs
+            assert norm_picks.segments(width, few)[0] == n and (2 <= n <= 8 or n == 16)
         def config(m):
             return norm_mod.norm_config(m, width, cpu, is_rms=is_rms, has_residual=residual)
         assert config(64) == config(rows - 1) == few
@@ -309,38 +313,45 @@ def test_gpu_few_rows_picks(monkeypatch):
 
 
 def test_chunks_past_segment(device):
-    """A config whose held (``hold``) or early-weight (``wb_pre``) chunks would reach past
-    a program's segment into the next program's columns is refused, naming both; the
-    range of ``wb_pre`` (that ``wb_mix`` has ``wb_early``, that ``half_steps`` has none of the
-    forms it replaces) is checked when the config is made."""
+    """A config whose held or early-weight chunks would reach past a program's segment into
+    the next program's columns is refused at the launch, naming both; each group's fields
+    are checked when the config is made, naming the field."""
     x = torch.randn(2, 1024, device=device)
     w = torch.ones(1024, device=device)
-    for cfg in (NormConfig("loop", 1, 128, 4, split=8, hold=2), NormConfig("loop", 1, 128, 4, split=4, wb_pre=3)):
-        with pytest.raises(ValueError, match=r"hold=\d / wb_pre=\d chunks of 128 do not fit the \d+ columns"):
+    for cfg in (_loop(split=Split(8), reuse=Reuse(held_chunks=2)),
+                _loop(split=Split(4), order=LoadOrder(early_weight_chunks=3))):
+        with pytest.raises(ValueError, match=r"held_chunks=\d / order.early_weight_chunks=\d chunks of 128 do not "
+                                             r"fit the \d+ columns"):
             norm_mod._launch(x, None, w, None, torch.empty_like(x), None, 1e-6, True, False, cfg)
-    with pytest.raises(ValueError, match="wb_pre=5 must be 0-4"):
-        NormConfig("loop", 1, 128, 4, wb_pre=5)
-    with pytest.raises(ValueError, match=r"pipe=4 must be 0-3 \(1: pass 1, 2: pass 2, 3: both\)"):
-        NormConfig("loop", 1, 128, 4, pipe=4)
-    with pytest.raises(ValueError, match="wb_mix=True needs wb_early=True"):
-        NormConfig("loop", 1, 128, 4, wb_pre=2, wb_mix=True)
-    with pytest.raises(ValueError, match=r"half_steps=True takes no wb_mix, hold or pass 2's pipe \(got .*pipe=2\)"):
-        NormConfig("loop", 1, 128, 4, half_steps=True, pipe=2)
+    bad = [(lambda: LoadOrder(early_weight_chunks=5), r"LoadOrder.early_weight_chunks=5 must be 0-4"),
+           (lambda: LoadOrder(next_before_store=4), r"LoadOrder.next_before_store=4 must be 0-3 \(1: pass 1"),
+           (lambda: LoadOrder(half_steps=True, next_before_store=2), r"half_steps=True replaces pass 2's"),
+           (lambda: _loop(reuse=Reuse(held_chunks=1), order=LoadOrder(half_steps=True)), "takes no held chunks"),
+           (lambda: Reuse(held_chunks=3), r"Reuse.held_chunks=3 must be 0-2"),
+           (lambda: Reuse(smem_sum_per_chunk=True), "smem_sum_per_chunk=True needs smem_segment=True"),
+           (lambda: Split(17), r"Split.programs=17 must be 1-16"),
+           (lambda: NormConfig("rows", 1, 1024, 4, split=Split(2)), "applies to mode 'loop' only"),
+           (lambda: _loop(2, split=Split(2)), "block_m=2 with split.programs=2"),
+           (lambda: NormConfig("loop", 1, 100, 4), r"block_n=100 must be a power of two"),
+           (lambda: NormConfig("flat", 1, 128, 4), "mode='flat' must be one of"),
+           (lambda: NormConfig("loop", 1, 128, 3), "num_warps=3")]
+    for make, message in bad:
+        with pytest.raises(ValueError, match=message):
+            make()
+    with pytest.raises(TypeError, match="NormConfig.split must be a Split"):
+        NormConfig("loop", 1, 128, 4, split=4)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="one launch with its programs waiting on each other: a GPU")
 @pytest.mark.parametrize("width", [65536, 131072, 262144])
 @pytest.mark.parametrize("is_rms, residual", [(True, False), (False, False), (True, True), (False, True)])
-def test_wb_pre_same_y(gen, width, is_rms, residual):
-    """Pass 2's weight and bias loaded before the exchange (``wb_pre`` 1, 2, 4; with the
-    shelf also ``wb_early``), each chunk's loads issued before the previous chunk's
-    stores (``pipe``), the early chunks split around the shelf's sums (``wb_mix``), pass 2 in
-    half-chunk steps with each step's weight and bias ahead (``half_steps``), their L1
-    eviction hint (``wb_last``), or the first rows asking the L2 for them before the PDL
-    wait (``wb_first``) changes when they are asked
-    for or how long they are kept, not the arithmetic: y and h
-    bitwise equal to the pick's without it, with the GPU's own picks at 7, 64 and 128 rows
-    (FEW_ROWS_GPU's below 128, PICKS_GPU's from there), the pick itself within the rule."""
+def test_load_order_same_y(gen, width, is_rms, residual):
+    """Pass 2's weight and bias loaded before the exchange (``early_weight_chunks`` 1, 2, 4;
+    from shared memory also ``weight_with_copies``), the next chunk's loads before this
+    chunk's stores (``next_before_store``), pass 2 in half-chunk steps (``half_steps``) and the
+    weight's L1 hint (``keep_weight``) change when loads are issued or how long lines are
+    kept, not the arithmetic: y and h bitwise equal to the pick's without them, with the
+    GPU's own picks at 7, 64 and 128 rows (FEW_ROWS_GPU's below 128, PICKS_GPU's from there)."""
     device = torch.device("cuda")
     kind = "rms" if is_rms else "layer"
     for rows in (7, 64, 128):
@@ -351,16 +362,17 @@ def test_wb_pre_same_y(gen, width, is_rms, residual):
         r = torch.randn_like(x) if residual else None
         w, b = _params(kind, width, torch.bfloat16, device, gen)
         outs = []
-        variants = [dict(wb_pre=pre, wb_early=early, wb_mix=False) for pre, early in ((0, False), (1, False),
-                                                                                       (2, False), (2, True), (4, True))]
-        variants += [dict(pipe=pipe, half_steps=False) for pipe in (1, 2, 3)]  # the next chunk's loads ahead
-        variants += [dict(wb_last=not pick.wb_last)]  # the weight and bias's L1 hint
-        variants += [dict(wb_first=0 if pick.wb_first else 2)]  # the first rows ask the L2 for them first
-        variants += [dict(wb_pre=2, wb_early=True, wb_mix=True, half_steps=False)]  # the second after the sums
-        variants += [dict(wb_pre=1, wb_early=True, wb_mix=False, pipe=0, hold=0, half_steps=h)  # pass 2 in half chunks
+        plain = dataclasses.replace(pick.order, half_steps=False)
+        orders = [dataclasses.replace(plain, early_weight_chunks=pre, weight_with_copies=copies)
+                  for pre, copies in ((0, False), (1, False), (2, False), (2, True), (4, True))]
+        orders += [dataclasses.replace(plain, next_before_store=n) for n in (1, 2, 3)]
+        variants = [dataclasses.replace(pick, order=o) for o in orders]
+        none_held = dataclasses.replace(pick.reuse, held_chunks=0)  # (half steps hold nothing)
+        variants += [dataclasses.replace(pick, reuse=none_held, order=LoadOrder(1, True, half_steps=h))
                      for h in (False, True)]
-        for flags in variants:
-            cfg = dataclasses.replace(pick, **flags)
+        variants += [dataclasses.replace(pick, hints=dataclasses.replace(pick.hints,
+                                                                         keep_weight=not pick.hints.keep_weight))]
+        for cfg in [pick] + variants:
             try:
                 norm_picks.launch_segments(width, cfg)
             except ValueError:  # more early chunks than a segment has
@@ -402,8 +414,8 @@ def test_bad_input(device):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_loop_stash_in_place(device, gen, kind):
-    """Mode "loop" with ``stash``: pass 1 writes h over the residual it is still reading
+def test_loop_h_early_in_place(device, gen, kind):
+    """Mode "loop" with ``store_h_early``: pass 1 writes h over the residual it is still reading
     (``residual_out=residual``), pass 2 re-reads h; chunks of 16 over 111 columns, a
     program a row and 3 a row (each segment's LayerNorm shift read before its own h is
     stored, never another's), and with two chunks held in registers."""
@@ -416,32 +428,34 @@ def test_loop_stash_in_place(device, gen, kind):
         r.copy_(r0)
         y = poison_(torch.empty_like(x))
         norm_mod._launch(x, r, w, b, y, r, 1e-6, kind != "layer", kind == "gemma",
-                         NormConfig("loop", 1, 16, 4, hints=True, stash=True, split=split, hold=hold, cluster=cluster))
+                         _loop(block_n=16, split=Split(split, cluster), hints=KEEP, reuse=Reuse(hold, True)))
         _check(kind, x0, r0, w, b, 1e-6, y, r)
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_loop_pipe(device, gen, kind):
     """Mode "loop" with the next chunk's loads issued before this chunk's stores in both
-    passes (``pipe=3``): the same y and h, bitwise, as without, over 111 columns in chunks
+    passes (``next_before_store=3``): the same y and h, bitwise, as without, over 111 columns in chunks
     of 16 (the last ragged) and 128 in chunks of 32 with the width a constant, a program a
     row (two chunks held) and 3 a row (held on a GPU; the interpreter's two launches hold
     none), weights loaded early, with and without a residual (stashed, re-read, or written
     over: ``residual_out=residual``)."""
     w111, b111 = _params(kind, 111, torch.bfloat16, device, gen)
     w128, b128 = _params(kind, 128, torch.bfloat16, device, gen)
-    cases = [(111, dict(split=1, hold=2)), (111, dict(split=3, hold=1)), (111, dict(split=3, wb_pre=2)),
-             (128, dict(split=2, const_n=True, vec=True, hold=1, wb_pre=2))]
+    cases = [(111, dict(split=1, hold=2, pre=0)), (111, dict(split=3, hold=1, pre=0)),
+             (111, dict(split=3, hold=0, pre=2)), (128, dict(split=2, const_n=True, hold=1, pre=2))]
     for width, flags in cases:
         w, b = (w111, b111) if width == 111 else (w128, b128)
         chunk = 16 if width == 111 else 32
         x = strided_like((5, width), torch.bfloat16, device, generator=gen)
         r0 = torch.randn(5, width, generator=gen, device=device).to(torch.bfloat16)
-        for residual, stash, in_place in ((False, False, False), (True, False, False), (True, True, False),
-                                          (True, True, True)):
+        for residual, h_early, in_place in ((False, False, False), (True, False, False), (True, True, False),
+                                            (True, True, True)):
             outs = []
             for pipe in (0, 3):  # (1 and 2 each take one of 3's two loops)
-                cfg = NormConfig("loop", 1, chunk, 4, hints=True, stash=stash, pipe=pipe, **flags)
+                cfg = _loop(block_n=chunk, const_n=flags.get("const_n", False), split=Split(flags["split"]),
+                            hints=KEEP, reuse=Reuse(flags["hold"], h_early),
+                            order=LoadOrder(early_weight_chunks=flags["pre"], next_before_store=pipe))
                 r = r0.clone() if residual else None
                 y = poison_(torch.empty_like(x))
                 h = (r if in_place else poison_(torch.empty_like(x))) if residual else None
@@ -460,7 +474,7 @@ def test_loop_const_n(device, gen, kind, width, split):
     128, two an iteration; 1024 in 4 segments of whole chunks, where the masks fold away),
     a strided x falls back to runtime strides."""
     w, b = _params(kind, width, torch.bfloat16, device, gen)
-    cfg = NormConfig("loop", 1, 128, 4, hints=True, stash=True, vec=True, unroll=2, const_n=True, split=split)
+    cfg = _loop(const_n=True, unroll=2, split=Split(split), hints=KEEP, reuse=H_EARLY)
     for x in (torch.randn(7, width, generator=gen, device=device).to(torch.bfloat16),
               strided_like((7, width), torch.bfloat16, device, generator=gen)):
         r = torch.randn(7, width, generator=gen, device=device).to(torch.bfloat16)
@@ -482,8 +496,8 @@ def test_cluster_split_gpu(gen, kind, width, chunk, split, ranks):
     140000 asked in 16 would be 12, which no cluster launches: 7 wider ones instead), eagerly
     and replayed from a CUDA graph with new inputs."""
     device = torch.device("cuda")
-    cfg = NormConfig("loop", 1, chunk, 16, hints=True, stash=True, vec=True, const_n=True, split=split, hold=1,
-                     drop_y=True, cluster=True)
+    cfg = NormConfig("loop", 1, chunk, 16, const_n=True, split=Split(split, cluster=True),
+                     hints=CacheHints(keep_row=True, drop_y=True), reuse=Reuse(held_chunks=1, store_h_early=True))
     x = torch.randn(5, width, generator=gen, device=device).to(torch.bfloat16)
     r = torch.randn(5, width, generator=gen, device=device).to(torch.bfloat16)
     w, b = _params(kind, width, torch.bfloat16, device, gen)

@@ -1,19 +1,19 @@
-"""A/B of norm configs timed exactly as ``onetrip bench ops`` times onetrip (issue 2; NOTES.md,
-fortieth session): the ops bench's input sets and calls a replay, the L2 flushed before each
-of 100 replays, the median; every variant in one process, interleaved over ``--rounds``
-rounds (the order reversed every other round), so that a machine's drift falls on all alike.
+"""A/B of norm configs timed exactly as ``onetrip bench ops`` times onetrip: the ops bench's
+input sets and calls a replay, the L2 flushed before each of 100 replays, the median; every
+variant in one process, interleaved over ``--rounds`` rounds (the order reversed every other
+round), so that a machine's drift falls on all alike.
 
-Each variant is this GPU's pick for the shape with some fields replaced; it is timed by
-putting it in the pick's place (``PICKS_GPU``, or ``FEW_ROWS_GPU`` under its row count), so
-the op's own launcher, graph capture and PDL run it. tune_ops.py times kernels back to
-back on one weight, which the next call finds in the L2; here, as in the ops bench, every
-input set has its own weight and bias, so a variant that changes how they come from HBM
-reads as it would there (fortieth session: ``wb_last`` off read +0.5 in tune_ops and -1.1
-to -2 here and in the ops bench).
+Each variant is this GPU's pick for the shape with some fields replaced (a group's field as
+``group.field``); it is timed by putting it in the pick's place (``PICKS_GPU``, or
+``FEW_ROWS_GPU`` under its row count), so the op's own launcher, graph capture and PDL run
+it. tune_ops.py times kernels back to back on one weight, which the next call finds in the
+L2; here, as in the ops bench, every input set has its own weight and bias, so a variant
+that changes how they come from HBM reads as it would there (on an H100, ``keep_weight``
+off read +0.5 in tune_ops and -1.1 to -2 here and in the ops bench).
 
     python tools/norm_ab.py --rounds 4 --out ab.json \\
-        'layer_norm,64,262144:wbf2=wb_first=2|wbf4=wb_first=4' \\
-        'layer_norm,512,131072:half=half_steps=True'
+        'layer_norm,64,262144:first1=l2.first_chunks=1|first4=l2.first_chunks=4' \\
+        'layer_norm,512,131072:whole=order.half_steps=False'
 """
 
 from __future__ import annotations
@@ -33,6 +33,20 @@ from onetrip.bench import harness  # noqa: E402
 from onetrip.bench.cases import CASES  # noqa: E402
 from onetrip.bench.ops import timing_plan  # noqa: E402
 from onetrip.ops import _norm_picks as picks  # noqa: E402
+
+
+def replace_field(cfg, name: str, value):
+    """``cfg`` with field ``name`` (a NormConfig field, or a group's as 'group.field') set to ``value``."""
+    if "." in name:
+        group, field = name.split(".", 1)
+        return dataclasses.replace(cfg, **{group: dataclasses.replace(getattr(cfg, group), **{field: value})})
+    return dataclasses.replace(cfg, **{name: value})
+
+
+def with_fields(cfg, fields: dict):
+    for name, value in fields.items():
+        cfg = replace_field(cfg, name, value)
+    return cfg
 
 
 def parse(spec: str):
@@ -64,7 +78,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("specs", nargs="+", help="op,rows,width:name=field=value;field=value|name2=...")
     ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--out", type=Path, default=None, help="JSON of every round's % of copy")
+    ap.add_argument("--out", type=Path, default=None, help="JSON of every round's %% of copy")
     args = ap.parse_args()
     device = torch.device("cuda")
     cases = {c.name: c for c in CASES}
@@ -78,7 +92,7 @@ def main() -> None:
         table, key, wrap = slot(device, op, rows, width)
         stored = table[key]
         base = stored[1] if isinstance(stored, tuple) else stored
-        variants = {"pick": base, **{n: dataclasses.replace(base, **f) for n, f in fields.items()}}
+        variants = {"pick": base, **{n: with_fields(base, f) for n, f in fields.items()}}
         shape = next(s for s in case.shapes(False) if (s.rows, s.width) == (rows, width))
         n_sets, n_calls = timing_plan(case.bytes_moved(shape, torch.bfloat16), "rotate")
         gen = torch.Generator(device=device)

@@ -1,9 +1,9 @@
-"""Registers and spills of the engine's decode-step kernels, compiled for sm_90a without a GPU:
-the batch-1 GEMV variants and decode_attention's launch configs (and its TMA experiment:
-shared memory, and whether the pipeliner keeps tiles in flight); then flash_attention's TMA
-tiles beside their pointer twins.
+"""Registers and spills of the engine's kernels, compiled for sm_90a without a GPU: the norm's
+split modes and "loop" picks, the batch-1 GEMV variants and decode_attention's launch configs
+(and its TMA experiment: shared memory, and whether the pipeliner keeps tiles in flight);
+then flash_attention's TMA tiles beside their pointer twins.
 
-    python tools/ptxas_report.py      # needs triton (3.6 = the GPU image's) and CUDA's ptxas
+    python tools/ptxas_report.py [norm]   # needs triton (3.6 = the GPU image's) and a ptxas
 
 Triton compiles the kernel to PTX for a Hopper target on any machine; ptxas -v then gives
 the resource report the device would. A fused kernel that spills is unfused in disguise.
@@ -27,7 +27,9 @@ import triton.language as tl  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-PTXAS = os.environ.get("PTXAS", "/usr/local/cuda/bin/ptxas")
+# the ptxas Triton ships that reads the PTX version this Triton writes (a system CUDA's may not)
+_BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+PTXAS = os.environ.get("PTXAS", str(_BIN / "ptxas-blackwell" if (_BIN / "ptxas-blackwell").exists() else _BIN / "ptxas"))
 POINTERS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "y_ptr": "*bf16", "res_ptr": "*bf16",
             "ss_out_ptr": "*fp32", "ss_in_ptr": "*fp32", "nw_ptr": "*bf16",  # the GEMV
             "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "o_ptr": "*bf16", "seqlens_ptr": "*i32",
@@ -188,37 +190,47 @@ def attention_report(head_dim: int, tile: tuple, use_tma: bool) -> str:
     return f"{regs:>3s} registers, {spill}, {k.metadata.shared // 1024} KiB shared"
 
 
-# Split-row norms as launched on rows of 65536 bf16 (2**26 elements: M = 1024, C = 8 chunks
-# of 8192): the ints Triton marks divisible by 16 get the mark here too; C = 8 does not.
-NORM_INTS = dict(M=1024, N=65536, C=8, seg_n=65536, stride_xm=65536, stride_rm=65536, stride_ym=65536,
-                 stride_hm=65536)
-
-
-def _even(const_n: int, split: int, block_n: int) -> bool:
-    """The launcher's ``even`` for a dense row of ``const_n`` columns (0: a runtime width)."""
-    if not const_n:
-        return False
+# Split-row norms as launched on dense bf16 rows: the ints Triton marks divisible by 16 get
+# the mark here too (the chunk count C gets it where it is a multiple of 16).
+def _norm_meta(cfg, phase: int, is_rms: bool, residual: bool, width: int) -> dict:
+    """The constexprs ``norm._launch`` gives ``cfg`` on a Hopper GPU (PDL on, clusters
+    launchable) for dense, 16-byte-aligned bf16 rows of ``width``, the L2 read-ahead as from
+    ``ahead_min_rows`` rows."""
     picks = importlib.import_module("onetrip.ops._norm_picks")
-    parts, seg = picks.segments(const_n, picks.NormConfig("loop", 1, block_n, 4, split=split))
-    return const_n == parts * seg and seg % block_n == 0
+    fits = importlib.import_module("onetrip.ops._norm_smem").smem_fits
+    l2 = importlib.import_module("onetrip.ops._norm_l2")
+    split, seg = picks.segments(width, cfg)
+    loop = cfg.mode == "loop"
+    const_n = width if cfg.const_n else 0
+    even = const_n > 0 and const_n == seg * split and seg % cfg.block_n == 0
+    smem = cfg.reuse.smem_segment and loop and not residual and even and fits(seg, cfg.block_n, cfg.num_warps, 2)
+    half = cfg.order.half_steps and smem and fits(seg, cfg.block_n // 2, cfg.num_warps, 2)
+    whole = loop and cfg.block_m == 1 and even
+    ahead = cfg.l2.ahead_rows if whole and (2 * seg) % l2.L2_REQUEST.value == 0 else 0
+    first = min(seg, cfg.l2.first_chunks * cfg.block_n)
+    if not (whole and (cfg.split.cluster or split == 1) and (2 * first) % l2.L2_REQUEST.value == 0):
+        first = 0
+    C = triton.cdiv(width, cfg.block_n)
+    return dict(IS_RMS=is_rms, GEMMA=False, HAS_RESIDUAL=residual, HAS_WEIGHT=True, HAS_BIAS=not is_rms,
+                PHASE=phase, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_C=max(2, triton.next_power_of_2(C)),
+                CONST_N=const_n, LATE_WB=cfg.late_weight, PDL=1, UNROLL=cfg.unroll, SPLIT=split,
+                SEG_N=seg if const_n else 0, CLUSTER=cfg.split.cluster and split > 1, PASSES=0,
+                KEEP_ROW=cfg.hints.keep_row, DROP_Y=cfg.hints.drop_y, KEEP_WB=cfg.hints.keep_weight,
+                HOLD=0 if smem else cfg.reuse.held_chunks, STORE_H=cfg.reuse.store_h_early and residual, SMEM=smem,
+                SMEM_PER_CHUNK=cfg.reuse.smem_sum_per_chunk and smem, WB_EARLY=cfg.order.early_weight_chunks,
+                WB_WITH_COPIES=cfg.order.weight_with_copies, HALF_STEPS=half,
+                NEXT_FIRST=cfg.order.next_before_store, FMA=cfg.affine_fma, L2_FIRST=first, AHEAD=ahead,
+                LANES=32 * cfg.num_warps if ahead or first else 32)
 
 
-def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: int = 8192,
-                hints: bool = False, stash: bool = False, vec: bool = False, unroll: int = 1,
-                const_n: int = 0, split: int = 1, block_m: int = 1, hold: int = 0, drop_y: bool = False,
-                cluster: bool = False, shelf: bool = False, fold: bool = False, pf: int = 0, maxnreg: int = 0,
-                wb_pre: int = 0, wb_early: bool = False, pipe: int = 0) -> str:
-    """The split-row norm kernel at ``phase`` (norm._COOP, _STATS, _APPLY, _LOOP); ``split``
-    programs a row of ``const_n`` (or 65536) columns in mode "loop", waiting on each other;
-    ``block_m`` rows a program; ``hold`` chunks held in registers between the passes."""
+def norm_report(phase: int, is_rms: bool, residual: bool, cfg, width: int = 65536, rows: int = 1024) -> str:
+    """Registers and spills of the norm kernel at ``phase`` (norm._ROWS .. _LOOP) launched with
+    NormConfig ``cfg`` on ``rows`` dense bf16 rows of ``width`` (``_norm_meta``)."""
     fn = importlib.import_module("onetrip.ops.norm")._norm_kernel
-    const = dict(IS_RMS=is_rms, GEMMA=False, HAS_RESIDUAL=residual, HAS_WEIGHT=True, HAS_BIAS=not is_rms,
-                 PHASE=phase, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_C=max(2, NORM_INTS["N"] // block_n),
-                 HINTS=hints, STASH=stash and residual, VEC=vec, UNROLL=unroll, CONST_N=const_n, SPLIT=split,
-                 SEG_N=(const_n // split if const_n else 0), LOOP_PART=0, HOLD=hold, DROP_Y=drop_y, CLUSTER=cluster,
-                 LATE_WB=False, SHELF=shelf, FOLD=fold,  # every constexpr: ASTSource binds no defaults
-                 EVEN=_even(const_n, split, block_n), PF=pf, PF_LANES=32 * warps if pf else 32,  # as _launch
-                 WB_PRE=wb_pre, WB_EARLY=wb_early and shelf, PIPE=pipe)
+    const = _norm_meta(cfg, phase, is_rms, residual, width)
+    split, seg = importlib.import_module("onetrip.ops._norm_picks").segments(width, cfg)
+    ints = dict(M=rows, N=width, C=triton.cdiv(width, cfg.block_n), seg_n=seg, stride_xm=width, stride_rm=width,
+                stride_ym=width, stride_hm=width)
     sig, attrs = {}, {}
     for i, n in enumerate(fn.arg_names):
         if n in const:
@@ -227,63 +239,33 @@ def norm_report(phase: int, is_rms: bool, residual: bool, warps: int, block_n: i
             sig[n] = {"part_ptr": "*fp32", "sync_ptr": "*i32"}.get(n, "*bf16")
         else:
             sig[n] = "fp32" if n == "eps" else "i32"
-        if n.endswith("_ptr") or (sig[n] == "i32" and NORM_INTS[n] % 16 == 0):
+        if n.endswith("_ptr") or (sig[n] == "i32" and ints[n] % 16 == 0):
             attrs[(i,)] = [["tt.divisibility", 16]]
-    k = _compile_marked(fn, sig, const, attrs, warps, None, maxnreg)
+    k = _compile_marked(fn, sig, const, attrs, cfg.num_warps, None, cfg.maxnreg)
     regs, spill, line = _ptxas(k.asm["ptx"])
     smem = re.search(r"(\d+) bytes smem", line)
-    return f"{regs:>3s} registers, {spill}" + (f", {smem.group(1)} bytes static shared" if shelf and smem else "")
+    return f"{regs:>3s} registers, {spill}" + (f", {smem.group(1)} bytes static shared" if const["SMEM"] and smem else "")
 
 
 def norm_main() -> None:
-    """``python tools/ptxas_report.py norm`` runs this part alone."""
+    """``python tools/ptxas_report.py norm`` runs this part alone: the split modes at chunks of
+    8192 on 64K rows, then every "loop" pick of the tables as ``norm_config`` launches it."""
+    norm = importlib.import_module("onetrip.ops.norm")
     kinds = ((True, False), (True, True), (False, False), (False, True))
-    for phase, mode in ((1, "coop"), (2, "two_pass stats"), (3, "two_pass apply"), (4, "loop")):
+    for phase, mode in ((1, "coop"), (2, "two_pass stats"), (3, "two_pass apply")):
         for is_rms, residual in kinds:
             for warps in (4, 8):
                 label = f"{'add_' if residual else ''}{'rms' if is_rms else 'layer'}_norm {mode} 8192"
-                print(f"norm {label:40s} {warps} warps: {norm_report(phase, is_rms, residual, warps)}")
-    norm = importlib.import_module("onetrip.ops.norm")
+                cfg = norm.NormConfig("two_pass" if phase > 1 else "coop", 1, 8192, warps)
+                print(f"norm {label:40s} {warps} warps: {norm_report(phase, is_rms, residual, cfg)}")
     loop_picks = [("", key[0], key[1], width, c) for key, picks in norm.LOOP_PICKS.items() for width, c in picks.items()]
     loop_picks += [(f"{gpu} ", is_rms, residual, width, c) for gpu, table in norm.PICKS_GPU.items()
                    for (mode, is_rms, residual, width), c in table.items() if mode == "loop"]
     loop_picks += [(f"{gpu} <{rows} rows ", is_rms, residual, width, c) for gpu, table in norm.FEW_ROWS_GPU.items()
                    for (mode, is_rms, residual, width), (rows, c) in table.items()]
-    for gpu, is_rms, residual, width, c in loop_picks:  # the loop configs norm_config launches
-        label = f"{gpu}{'add_' if residual else ''}{'rms' if is_rms else 'layer'}_norm loop {width // 1024}K: " \
-            f"{c.block_n}{' hints' if c.hints else ''}{' stash' if c.stash else ''}{' vec' if c.vec else ''}" \
-            f"{' unroll ' + str(c.unroll) if c.unroll > 1 else ''}{' const' if c.const_n else ''}" \
-            f"{' split ' + str(c.split) if c.split > 1 else ''}{' hold ' + str(c.hold) if c.hold else ''}" \
-            f"{' drop_y' if c.drop_y else ''}{' cluster' if c.cluster else ''}{' shelf' if c.shelf else ''}" \
-            f"{' fold' if c.fold else ''}{f' pf {c.pf}' if c.pf else ''}{f' maxnreg {c.maxnreg}' if c.maxnreg else ''}" \
-            f"{f' wb_pre {c.wb_pre}' if c.wb_pre else ''}{' early' if c.wb_early else ''}" \
-            f"{f' pipe {c.pipe}' if c.pipe else ''}"
-        shelf = c.shelf and not residual  # as the launcher takes it (the shelf holds nothing)
-        regs = norm_report(4, is_rms, residual, c.num_warps, c.block_n, c.hints, c.stash, c.vec, c.unroll,
-                           width if c.const_n else 0, c.split, c.block_m, 0 if shelf else c.hold, c.drop_y,
-                           c.cluster, shelf, c.fold, c.pf, c.maxnreg, c.wb_pre, c.wb_early,
-                           c.pipe)  # pf as from c.pf_rows rows
-        print(f"norm {label:60s} {c.num_warps:2d} warps: {regs}")
-    for is_rms, residual in kinds:  # "loop" split: 4 programs a 256K row, 16 warps, chunks of 8192
-        for const_n in (0, 262144):
-            label = f"{'add_' if residual else ''}{'rms' if is_rms else 'layer'}_norm loop split 4 256K" \
-                f"{' const' if const_n else ''}"
-            print(f"norm {label:52s} 16 warps: "
-                  f"{norm_report(4, is_rms, residual, 16, 8192, True, True, True, 1, const_n, 4)}")
-    for is_rms, residual in kinds:  # "loop" split as clusters of 16: 256K rows, 16 warps, chunks of 8192
-        for hold in (0, 1):
-            label = f"{'add_' if residual else ''}{'rms' if is_rms else 'layer'}_norm loop cluster 16 hold {hold} 256K"
-            print(f"norm {label:52s} 16 warps: "
-                  f"{norm_report(4, is_rms, residual, 16, 8192, True, True, True, 1, 262144, 16, 1, hold, True, True)}")
-    for is_rms, residual in kinds:  # "loop", 2 rows a program: 64K rows, 32 warps, chunks of 8192
-        label = f"{'add_' if residual else ''}{'rms' if is_rms else 'layer'}_norm loop 2 rows 64K const"
-        print(f"norm {label:52s} 32 warps: "
-              f"{norm_report(4, is_rms, residual, 32, 8192, True, True, True, 1, 65536, 1, 2)}")
-    for is_rms, residual in kinds:  # "loop", chunks held in registers: 128K rows, 32 warps, chunks of 16384
-        for hold in (1, 2):
-            label = f"{'add_' if residual else ''}{'rms' if is_rms else 'layer'}_norm loop hold {hold} 128K const"
-            print(f"norm {label:52s} 32 warps: "
-                  f"{norm_report(4, is_rms, residual, 32, 16384, True, True, True, 1, 131072, 1, 1, hold)}")
+    for gpu, is_rms, residual, width, c in loop_picks:
+        label = f"{gpu}{'add_' if residual else ''}{'rms' if is_rms else 'layer'}_norm loop {width // 1024}K"
+        print(f"norm {label:44s} {c.num_warps:2d} warps: {norm_report(4, is_rms, residual, c, width)}  {c}")
 
 
 def main() -> int:

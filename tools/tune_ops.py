@@ -5,11 +5,13 @@
 For each kernel family and width (rows = 2**26 / width, bf16: 128 MiB per tensor) it times every candidate
 config (CUDA graph replay, L2 flushed before each rep, median; --rotate N: N calls back to
 back over N copies of the buffers, as the ops bench times with 4-6 (the last call's writes
-still in the L2 at the end are not paid, so small N flatters small shapes: NOTES.md,
-thirty-second session, run 17); --repeat R: R interleaved rounds
-over the candidates, their median), and records GB/s, % of the
-copy bandwidth, and the compiler's report of the kernel (registers, spills, shared
-memory). The chosen heuristics in the ops come from this table (benchmarks/NOTES.md).
+still in the L2 at the end are not paid, so small N flatters small shapes); --repeat R: R
+interleaved rounds over the candidates, their median), and records GB/s, % of the copy
+bandwidth, and the compiler's report of the kernel (registers, spills, shared memory). The
+ops' launch tables come from these sweeps.
+
+NormConfig fields are named as the config names them; a group's field as ``group.field``
+(``--flip hints.drop_y``, ``--vary l2.ahead_rows=8,16``, ``--set reuse.store_h_early=True``).
 """
 
 from __future__ import annotations
@@ -30,11 +32,34 @@ bg = importlib.import_module("onetrip.ops.bias_gelu")  # the package re-exports 
 glu = importlib.import_module("onetrip.ops.glu")
 norm = importlib.import_module("onetrip.ops.norm")
 from onetrip.ops._common import TileConfig
-from onetrip.ops._shelf import shelf_fits
+from onetrip.ops._norm_smem import smem_fits
 
 WIDTHS = [1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144]
 DT = torch.bfloat16
 ELEMS = 2**26
+
+
+def get_field(cfg, name: str):
+    """``cfg``'s field ``name``: a NormConfig field, or a group's as 'group.field'."""
+    obj = cfg
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def replace_field(cfg, name: str, value):
+    """``cfg`` with field ``name`` (a NormConfig field, or a group's as 'group.field') set to ``value``."""
+    if "." in name:
+        group, field = name.split(".", 1)
+        return dataclasses.replace(cfg, **{group: dataclasses.replace(getattr(cfg, group), **{field: value})})
+    return dataclasses.replace(cfg, **{name: value})
+
+
+def _loop(chunk, warps, residual, block_m=1, split=1, held=0, drop_y=False, cluster=False, smem=False, **fields):
+    """A "loop" candidate with the L2 hints (h stored early with a residual), the width a constant."""
+    return norm.NormConfig("loop", block_m, chunk, warps, const_n=True, split=norm.Split(split, cluster),
+                           hints=norm.CacheHints(keep_row=True, drop_y=drop_y),
+                           reuse=norm.Reuse(held_chunks=held, store_h_early=residual, smem_segment=smem), **fields)
 
 
 def tile_candidates(width):
@@ -72,11 +97,11 @@ def norm_candidates(width):
 
 
 def focus_candidates(width, rows, is_rms, residual, splits=(), block_ms=(), unrolls=(), holds=(), picks=False,
-                     held=False, cluster=False, shelf=False):
+                     held=False, cluster=False, smem=False):
     """--focus: today's pick (and it with the width as a constant), the coop split, and
-    "loop" with its L2 hints (a residual: h stashed) at six chunk / warp pairs (torch.compile's
-    own reductions run a program of 16-32 warps per row, with the shapes as constants), with
-    block-wide or per-lane sums (vec), and with the width a runtime value or a constant.
+    "loop" with its L2 hints (a residual: h stored early) at six chunk / warp pairs
+    (torch.compile's own reductions run a program of 16-32 warps per row, with the shapes as
+    constants), with the width a runtime value or a constant.
     ``splits`` (--split): instead of that grid, "loop" with each of these programs a row
     (per-lane sums, constant width) at three chunk / warp pairs; ``block_ms`` (--block-m):
     "loop" over that many rows a program, at up to 16 elements a thread; ``unrolls``
@@ -84,12 +109,11 @@ def focus_candidates(width, rows, is_rms, residual, splits=(), block_ms=(), unro
     that many chunks held in registers between the passes, a row a program and split as
     the pick is (no 32-warp programs with a residual: they spill). ``picks`` (--picks): the
     pick alone (an A/B of two builds of the kernel, one process each); ``held`` (--held):
-    rows split so that each program's whole segment stays in registers between the passes
-    (hold = its chunks: no re-read at all, one exchange of sums a program); ``cluster``
-    (--cluster): split rows whose programs are one thread-block cluster (sums through
-    shared memory, Hopper), 4-16 programs a row, 0-1 chunks held; with ``shelf`` (--shelf)
-    each of those without a residual whose segment fits the shared-memory shelf also with
-    it, right after."""
+    rows split so that each program's whole segment stays in registers between the passes;
+    ``cluster`` (--cluster): split rows whose programs are one thread-block cluster (sums
+    through shared memory, Hopper), 4-16 programs a row, 0-1 chunks held; with ``smem``
+    (--smem) each of those without a residual whose segment fits shared memory also with
+    the segment copied there, right after."""
     pick = norm.norm_config(rows, width, torch.device("cuda"), is_rms=is_rms, has_residual=residual)
     yield pick
     if picks:
@@ -100,38 +124,33 @@ def focus_candidates(width, rows, is_rms, residual, splits=(), block_ms=(), unro
         for split, (chunk, warps), hold in itertools.product((4, 8, 16), ((2048, 8), (4096, 8), (4096, 16),
                                                                           (8192, 16)), (0, 1)):
             if chunk * split * (hold + 1) <= width:
-                cfg = norm.NormConfig("loop", 1, chunk, warps, hints=True, stash=residual, vec=True, const_n=True,
-                                      split=split, hold=hold, drop_y=not residual, cluster=True)
+                cfg = _loop(chunk, warps, residual, split=split, held=hold, drop_y=not residual, cluster=True)
                 yield cfg
-                if shelf and not residual and hold == 0 and shelf_fits(width // split, chunk, warps, 2):
-                    yield dataclasses.replace(cfg, shelf=True)
+                if smem and not residual and hold == 0 and smem_fits(width // split, chunk, warps, 2):
+                    yield replace_field(cfg, "reuse.smem_segment", True)
         return
     if held:
         for chunk, warps, hold in ((4096, 8, 2), (8192, 16, 1), (8192, 16, 2), (16384, 32, 2)):
             split = width // (chunk * hold)
             if 2 <= split <= 16 and not (residual and warps == 32):
-                yield norm.NormConfig("loop", 1, chunk, warps, hints=True, stash=residual, vec=True, const_n=True,
-                                      split=split, hold=hold, drop_y=True)
+                yield _loop(chunk, warps, residual, split=split, held=hold, drop_y=True)
         return
     if splits:
         for split, (chunk, warps) in itertools.product(splits, ((8192, 16), (8192, 32), (16384, 32))):
             if chunk * split <= width:
-                yield norm.NormConfig("loop", 1, chunk, warps, hints=True, stash=residual, vec=True, const_n=True,
-                                      split=split)
+                yield _loop(chunk, warps, residual, split=split)
     for bm, (chunk, warps) in itertools.product(block_ms, ((4096, 16), (4096, 32), (8192, 16), (8192, 32),
                                                            (16384, 32))):
         if chunk < width and bm * chunk // (32 * warps) <= 16:
-            yield norm.NormConfig("loop", bm, chunk, warps, hints=True, stash=residual, vec=True, const_n=True)
+            yield _loop(chunk, warps, residual, block_m=bm)
     for unroll, (chunk, warps) in itertools.product(unrolls, ((4096, 16), (4096, 32), (8192, 16), (8192, 32),
                                                               (16384, 32))):
         if chunk * unroll <= width:
-            yield norm.NormConfig("loop", 1, chunk, warps, hints=True, stash=residual, vec=True, const_n=True,
-                                  unroll=unroll)
+            yield _loop(chunk, warps, residual, unroll=unroll)
     for hold, (chunk, warps), split in itertools.product(holds, ((8192, 16), (8192, 32), (16384, 32)),
-                                                         sorted({1, pick.split})):
+                                                         sorted({1, pick.split.programs})):
         if chunk * split * (hold + 1) <= width and not (residual and warps == 32):
-            yield norm.NormConfig("loop", 1, chunk, warps, hints=True, stash=residual, vec=True, const_n=True,
-                                  split=split, hold=hold)
+            yield _loop(chunk, warps, residual, split=split, held=hold)
     if splits or block_ms or unrolls or holds:
         return
     coop = norm.NormConfig("coop", 1, 8192, 4)
@@ -141,8 +160,8 @@ def focus_candidates(width, rows, is_rms, residual, splits=(), block_ms=(), unro
                          (16384, 32)):
         if chunk >= width:
             continue
-        for vec, const_n in itertools.product((False, True), (False, True)):
-            cfg = norm.NormConfig("loop", 1, chunk, warps, hints=True, stash=residual, vec=vec, const_n=const_n)
+        for const_n in (False, True):
+            cfg = replace_field(_loop(chunk, warps, residual), "const_n", const_n)
             if cfg != pick and cfg != dataclasses.replace(pick, const_n=True):
                 yield cfg
 
@@ -158,14 +177,17 @@ def near_candidates(width, rows, is_rms, residual):
     seen = {pick}
 
     def ok(c):
-        segment = c.block_n * c.split * (c.hold + 1)
-        return (1 <= c.split <= 16 and segment <= width and c not in seen
-                and not (residual and c.num_warps == 32 and c.hold > 0)  # spills
+        split, hold = c.split.programs, c.reuse.held_chunks
+        return (split * c.block_n * (hold + 1) <= width and c not in seen
+                and not (residual and c.num_warps == 32 and hold > 0)  # spills
                 and c.block_n // (32 * c.num_warps) <= 64)
-    steps = [dict(split=pick.split * 2), dict(split=max(1, pick.split // 2)), dict(hold=min(2, pick.hold + 1)),
-             dict(hold=max(0, pick.hold - 1)), dict(drop_y=not pick.drop_y), dict(unroll=1 if pick.unroll > 1 else 2)]
-    steps += [dict(block_n=chunk, num_warps=warps) for chunk, warps in ((4096, 16), (8192, 16), (8192, 32), (16384, 32))]
-    variants = [dataclasses.replace(pick, **step) for step in steps]
+    split, hold = pick.split.programs, pick.reuse.held_chunks
+    steps = [("split.programs", min(16, split * 2)), ("split.programs", max(1, split // 2)),
+             ("reuse.held_chunks", min(2, hold + 1)), ("reuse.held_chunks", max(0, hold - 1)),
+             ("hints.drop_y", not pick.hints.drop_y), ("unroll", 1 if pick.unroll > 1 else 2)]
+    variants = [replace_field(pick, name, value) for name, value in steps]
+    variants += [dataclasses.replace(pick, block_n=chunk, num_warps=warps)
+                 for chunk, warps in ((4096, 16), (8192, 16), (8192, 32), (16384, 32))]
     for c in variants:
         if ok(c):
             seen.add(c)
@@ -241,18 +263,18 @@ def main():
                     "its whole segment in registers (hold = its chunks), in place of the single-row grid")
     ap.add_argument("--cluster", action="store_true", help="with --focus: split rows launched as thread-block "
                     "clusters (4-16 programs a row, sums through shared memory), in place of the single-row grid")
-    ap.add_argument("--shelf", action="store_true", help="with --focus --cluster: each cluster candidate without a "
-                    "residual whose segment fits also with the shared-memory shelf, timed beside it")
+    ap.add_argument("--smem", action="store_true", help="with --focus --cluster: each cluster candidate without a "
+                    "residual whose segment fits also with the segment in shared memory, timed beside it")
     ap.add_argument("--near", action="store_true", help="norms: today's pick and its neighbours one step away "
                     "in each knob (near_candidates), to re-sweep the picks on another GPU model")
     ap.add_argument("--picks", action="store_true", help="with --focus: time today's pick alone (A/B runs of "
                     "two builds, e.g. a patch from benchmarks/experiments applied in between)")
     ap.add_argument("--flip", action="append", default=[], help="with --focus --picks: also time the pick with "
-                    "this boolean NormConfig field negated (repeatable, e.g. drop_y)")
+                    "this boolean NormConfig field negated (repeatable, e.g. hints.drop_y)")
     ap.add_argument("--vary", action="append", default=[], metavar="FIELD=V1,V2", help="with --focus --picks: "
-                    "also time the pick with this NormConfig field at each value (repeatable, e.g. pf=8,16)")
+                    "also time the pick with this NormConfig field at each value (repeatable, e.g. l2.ahead_rows=8,16)")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="with --focus: set a "
-                    "NormConfig field on every candidate but the pick (repeatable, e.g. drop_y=True)")
+                    "NormConfig field on every candidate but the pick (repeatable, e.g. hints.drop_y=True)")
     ap.add_argument("--rotate", type=int, default=1, help="calls a timed replay runs back to back, each on the "
                     "next of as many copies of the inputs and outputs, time per call (the ops bench's 'rotate' "
                     "timing, which runs 4-6; fewer leave more of each call's writes unpaid when the timer stops: "
@@ -278,9 +300,8 @@ def main():
     for width in widths:
         rows = args.elems // width
         w = torch.randn(width, device=dev, generator=g).to(DT)
-        # LayerNorm's bias: a tensor of its own (until the twenty-sixth session it was w itself,
-        # which halved the weight-and-bias traffic pass 2 reads from L2 and put LayerNorm's
-        # wide picks 0.6-1 point above what the ops bench, with two tensors, measures).
+        # LayerNorm's bias: a tensor of its own, as in the ops bench (w for both halves the
+        # weight-and-bias traffic and reads 0.6-1 point high).
         bias = torch.randn(width, device=dev, generator=g).to(DT)
         sets = []  # a call's inputs and outputs, one copy a call of a --rotate replay
         for _ in range(rotate):
@@ -330,18 +351,20 @@ def main():
                 cands = list(near_candidates(width, rows, is_rms, res))
             elif args.focus:
                 cands = list(focus_candidates(width, rows, is_rms, res, splits, block_ms, unrolls, holds, args.picks,
-                                              args.held, args.cluster, args.shelf))
+                                              args.held, args.cluster, args.smem))
             else:
                 cands = list(norm_candidates(width))
             if args.picks:  # the pick against itself with a flag flipped
-                cands += [dataclasses.replace(cands[0], **{f: not getattr(cands[0], f)}) for f in args.flip]
+                cands += [replace_field(cands[0], f, not get_field(cands[0], f)) for f in args.flip]
                 for f, vals in (a.split("=", 1) for a in args.vary):
-                    cands += [dataclasses.replace(cands[0], **{f: eval(v)}) for v in vals.split(",")]
-            if args.set:  # e.g. drop_y=True on every candidate but the pick (flipped and varied ones too)
-                fields = {k: eval(v) for k, v in (a.split("=", 1) for a in args.set)}
-                cands = [cands[0]] + [dataclasses.replace(c, **fields) for c in cands[1:]]
+                    cands += [replace_field(cands[0], f, eval(v)) for v in vals.split(",")]
+            if args.set:  # e.g. hints.drop_y=True on every candidate but the pick (flipped and varied ones too)
+                for k, v in (a.split("=", 1) for a in args.set):
+                    cands = [cands[0]] + [replace_field(c, k, eval(v)) for c in cands[1:]]
             if args.config:  # today's pick against the given configs
-                cands = [cands[0]] + [eval(c, {"NormConfig": norm.NormConfig}) for c in args.config]
+                names = {n: getattr(norm, n) for n in ("NormConfig", "Split", "CacheHints", "Reuse", "LoadOrder",
+                                                        "L2Requests")}
+                cands = [cands[0]] + [eval(c, names) for c in args.config]
             cands = [c for c in cands if modes is None or c.mode in modes]
             best[(fam, width)] = sweep_family(fam, width, mk, cands, nbytes, copy, results, rows, rotate,
                                               args.repeat)

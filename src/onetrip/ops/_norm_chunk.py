@@ -1,12 +1,12 @@
 """Chunk-level jit helpers of the residual-add + norm kernel (``norm.py``): the loads and
 stores of a (rows, cols) tile, its statistics, and one chunk of mode "loop"'s two passes
-(``_norm_jit._loop_row`` walks them)."""
+(``_norm_jit`` walks them)."""
 
 import triton
 import triton.language as tl
 
 from ._jit import cast_out
-from ._shelf import shelf_load
+from ._ptx import smem_load8
 
 
 @triton.jit
@@ -49,16 +49,15 @@ def _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_
 def _store_y(y_ptr, h, mean, rstd, w, b, rows, cols, mask, stride_ym,
              IS_RMS: tl.constexpr, GEMMA: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
              mean_lo=0.0, TWO_PART: tl.constexpr = False, EVICT: tl.constexpr = tl.constexpr(""),
-             FOLD: tl.constexpr = False):
+             FMA: tl.constexpr = False):
     """y = norm(h) from its statistics (scalars, or (BLOCK_M, 1) columns), stored rounded.
     TWO_PART: the mean is mean + mean_lo, kept as two float32s (see ``_mean_rstd``).
-    FOLD (LayerNorm with a weight, 16-bit y): y = (h - (mean + mean_lo)) * (rstd * w) + b,
+    FMA (LayerNorm with a weight, 16-bit y): y = (h - (mean + mean_lo)) * (rstd * w) + b,
     a subtraction, a multiply and an FMA an element instead of five operations; the pair
     folded into one float32 is off by half an ulp of the mean, which a 16-bit y rounds away
-    (float32 y keeps the two parts). Mode "loop" configs with ``fold`` only: on an H100 it
-    took layer_norm 128K / 256K 84.6 / 79.8 -> 89.6 / 84.6% on machines where the unfolded
-    shelf kernel ran 5 points slow, and cost mode "rows" up to 24 points (8192 wide: a whole
-    row's rstd * w held)."""
+    (float32 y keeps the two parts). Mode "loop" only (``affine_fma``): on an H100, layer_norm
+    128K 84.6 -> 89.6% of copy; in mode "rows" it cost up to 24 points (a whole row's rstd * w
+    held)."""
     if IS_RMS:
         y = h * rstd
         if HAS_WEIGHT:
@@ -67,7 +66,7 @@ def _store_y(y_ptr, h, mean, rstd, w, b, rows, cols, mask, stride_ym,
             else:  # Llama: round to x's dtype, then multiply by the weight
                 y = cast_out(y, y_ptr.dtype.element_ty).to(tl.float32) * w.to(tl.float32)[None, :]
     else:
-        FOLDED: tl.constexpr = FOLD and HAS_WEIGHT and y_ptr.dtype.element_ty != tl.float32
+        FOLDED: tl.constexpr = FMA and HAS_WEIGHT and y_ptr.dtype.element_ty != tl.float32
         if FOLDED:
             y = (h - (mean + mean_lo)) * (rstd * w.to(tl.float32)[None, :])
         elif TWO_PART:
@@ -93,7 +92,7 @@ def _mean_rstd(h, mask, N, eps, CORRECTED: tl.constexpr):
     the variance; the mean stays the pair (mean, mean_lo), because folded into one float32
     near 100 it would again be off by up to half an ulp of 100 (3.8e-6: 2.3x PyTorch's
     error on one seed in 40). The extra reduction cost a 16-bit LayerNorm up to 40% of its
-    bandwidth on an H200, whose rounding hides the error anyway, so 16-bit inputs skip it.
+    bandwidth on an H200, and 16-bit rounding hides the error anyway, so 16-bit inputs skip it.
     """
     mean = tl.sum(h, axis=1) / N
     d = tl.where(mask, h - mean[:, None], 0.0)
@@ -168,32 +167,27 @@ def _chunk_cols(col0, i, N, BLOCK_N: tl.constexpr, EVEN: tl.constexpr):
 
 @triton.jit
 def _ahead_cols(col0, i, N, SEG, BLOCK_N: tl.constexpr, EVEN: tl.constexpr):
-    """``_chunk_cols`` of a chunk loaded one ahead (``PIPE``): none of its columns inside the
+    """``_chunk_cols`` of a chunk loaded one ahead (``next_before_store``): none of its columns inside the
     row when it starts past the segment (the loop's last chunk has no next)."""
     cols, col_ok = _chunk_cols(col0, i, N, BLOCK_N, EVEN)
     return cols, tl.where(i < SEG, col_ok, False)
 
 
 @triton.jit
-def _accumulate(v1, v2, d, VEC: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Pass 1's running sums of d and d^2: per lane (VEC, reduced once after the loop) or
-    per row."""
-    if VEC:
-        v1 += d
-        v2 += d * d
-    else:
-        v1 += _row_sums(d, BLOCK_M)
-        v2 += _row_sums(d * d, BLOCK_M)
+def _accumulate(v1, v2, d):
+    """Pass 1's running sums of d and d^2, per lane (reduced once after the pass)."""
+    v1 += d
+    v2 += d * d
     return v1, v2
 
 
 @triton.jit
-def _pass1_h(x, r, h_ptr, rows, cols, mask, stride_hm, HAS_RESIDUAL: tl.constexpr, STASH: tl.constexpr,
+def _pass1_h(x, r, h_ptr, rows, cols, mask, stride_hm, HAS_RESIDUAL: tl.constexpr, STORE_H: tl.constexpr,
              KEEP: tl.constexpr):
     """h of one chunk in pass 1 of mode "loop" (float32) from its loaded x and r (``_load_xr``:
-    with STASH read for the last time, DROP; else with KEEP, for pass 2 to find them in L2).
-    STASH: h is stored rounded (KEEP: pass 2 reads it), then used as stored."""
-    if STASH:
+    with STORE_H read for the last time, DROP; else with KEEP, for pass 2 to find them in L2).
+    STORE_H: h is stored rounded (KEEP: pass 2 reads it), then used as stored."""
+    if STORE_H:
         h = _sum_h(x, r, h_ptr, rows, cols, mask, stride_hm, True, True, KEEP)
         return cast_out(h, h_ptr.dtype.element_ty).to(tl.float32)
     return _sum_h(x, r, h_ptr, rows, cols, mask, stride_hm, HAS_RESIDUAL, False)
@@ -201,11 +195,11 @@ def _pass1_h(x, r, h_ptr, rows, cols, mask, stride_hm, HAS_RESIDUAL: tl.constexp
 
 @triton.jit
 def _held_pass1(x_ptr, r_ptr, h_ptr, rows, M, col0, i, N, c, stride_xm, stride_rm, stride_hm,
-                HAS_RESIDUAL: tl.constexpr, STASH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                HAS_RESIDUAL: tl.constexpr, STORE_H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 EVEN: tl.constexpr, DROP: tl.constexpr, xr=None, LOADED: tl.constexpr = False):
     """Pass 1 of a chunk that pass 2 takes from registers: read once (DROP; LOADED: ``xr``
     is its ``_load_xr`` pair, loaded by the caller), h stored now, returned as held (x's
-    dtype where that is exact: no residual, or h as the stash stores it; else float32) with
+    dtype where that is exact: no residual, or h as STORE_H stores it; else float32) with
     its d = h - c (masked)."""
     cols, col_ok = _chunk_cols(col0, i, N, BLOCK_N, EVEN)
     mask = _tile_mask(rows, M, col_ok, BLOCK_M)
@@ -214,7 +208,7 @@ def _held_pass1(x_ptr, r_ptr, h_ptr, rows, M, col0, i, N, c, stride_xm, stride_r
     else:
         x, r = _load_xr(x_ptr, r_ptr, rows, cols, mask, stride_xm, stride_rm, HAS_RESIDUAL, DROP)
     h = _sum_h(x, r, h_ptr, rows, cols, mask, stride_hm, HAS_RESIDUAL, True, DROP)
-    if STASH or not HAS_RESIDUAL:
+    if STORE_H or not HAS_RESIDUAL:
         held = cast_out(h, x_ptr.dtype.element_ty)
     else:
         held = h
@@ -223,14 +217,14 @@ def _held_pass1(x_ptr, r_ptr, h_ptr, rows, M, col0, i, N, c, stride_xm, stride_r
 
 @triton.jit
 def _pass2_src(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL: tl.constexpr,
-               SHELF: tl.constexpr, STASH: tl.constexpr, DROP: tl.constexpr):
-    """The global loads of a streamed pass-2 chunk, as stored (``_load_xr``'s pair): h as
-    stashed, or x and r; nothing from the shelf (pass 2 reads it there)."""
+               SMEM: tl.constexpr, STORE_H: tl.constexpr, DROP: tl.constexpr):
+    """The global loads of a streamed pass-2 chunk, as stored (``_load_xr``'s pair): h as pass
+    1 stored it, or x and r; nothing with SMEM (pass 2 reads shared memory)."""
     xs = 0.0
     rs = 0.0
-    if STASH and not SHELF:
+    if STORE_H and not SMEM:
         xs, rs = _load_xr(h_ptr, r_ptr, rows, cols, mask, stride_hm, stride_rm, False, DROP)
-    elif not SHELF:
+    elif not SMEM:
         xs, rs = _load_xr(x_ptr, r_ptr, rows, cols, mask, stride_xm, stride_rm, HAS_RESIDUAL, DROP)
     return xs, rs
 
@@ -239,42 +233,40 @@ def _pass2_src(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stri
 def _pass2_chunk(x_ptr, r_ptr, y_ptr, h_ptr, w, b, held, base, rows, M, col0, i, N, c, rstd, mean_lo,
                  stride_xm, stride_rm, stride_ym, stride_hm, IS_RMS: tl.constexpr, GEMMA: tl.constexpr,
                  HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, EVEN: tl.constexpr, HELD: tl.constexpr, SHELF: tl.constexpr,
-                 STASH: tl.constexpr, DROP: tl.constexpr, DROP_Y: tl.constexpr, FOLD: tl.constexpr,
+                 BLOCK_N: tl.constexpr, EVEN: tl.constexpr, HELD: tl.constexpr, SMEM: tl.constexpr,
+                 STORE_H: tl.constexpr, DROP: tl.constexpr, DROP_Y: tl.constexpr, FMA: tl.constexpr,
                  LOADED: tl.constexpr = False):
     """Pass 2 of the chunk at column col0 + i, given its weight and bias: y from ``held``
-    (HELD: the registers pass 1 kept; y stored with DROP), or from the shelf at ``base``, h
-    as stashed, or x (and r, h stored), y stored with DROP_Y. LOADED: ``held`` is the
-    chunk's ``_pass2_src`` pair, loaded by the caller (pass 2's read-ahead)."""
+    (HELD: the registers pass 1 kept; y stored with DROP), or from shared memory at ``base``
+    (SMEM), h as pass 1 stored it (STORE_H), or x (and r, h stored), y stored with DROP_Y.
+    LOADED: ``held`` is the chunk's ``_pass2_src`` pair, loaded by the caller."""
     cols, col_ok = _chunk_cols(col0, i, N, BLOCK_N, EVEN)
     mask = _tile_mask(rows, M, col_ok, BLOCK_M)
     if HELD:
         _store_y(y_ptr, held.to(tl.float32), c, rstd, w, b, rows, cols, mask, stride_ym, IS_RMS, GEMMA, HAS_WEIGHT,
-                 HAS_BIAS, mean_lo, TWO_PART=not IS_RMS, EVICT=DROP, FOLD=FOLD)
+                 HAS_BIAS, mean_lo, TWO_PART=not IS_RMS, EVICT=DROP, FMA=FMA)
     else:
-        if SHELF:
-            h = shelf_load(base + 2 * (i + tl.arange(0, BLOCK_N))[None, :], rstd, x_ptr).to(tl.float32)
+        if SMEM:
+            h = smem_load8(base + 2 * (i + tl.arange(0, BLOCK_N))[None, :], rstd, x_ptr).to(tl.float32)
         else:
             if LOADED:
                 xs, rs = held
             else:
                 xs, rs = _pass2_src(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm,
-                                    HAS_RESIDUAL, SHELF, STASH, DROP)
-            h = _sum_h(xs, rs, h_ptr, rows, cols, mask, stride_hm, HAS_RESIDUAL and not STASH, True, DROP)
+                                    HAS_RESIDUAL, SMEM, STORE_H, DROP)
+            h = _sum_h(xs, rs, h_ptr, rows, cols, mask, stride_hm, HAS_RESIDUAL and not STORE_H, True, DROP)
         _store_y(y_ptr, h, c, rstd, w, b, rows, cols, mask, stride_ym, IS_RMS, GEMMA, HAS_WEIGHT, HAS_BIAS,
-                 mean_lo, TWO_PART=not IS_RMS, EVICT=DROP_Y, FOLD=FOLD)
+                 mean_lo, TWO_PART=not IS_RMS, EVICT=DROP_Y, FMA=FMA)
 
 
 @triton.jit
 def _pre_wb(w_ptr, b_ptr, col0, N, BLOCK_N: tl.constexpr, EVEN: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-            HAS_BIAS: tl.constexpr, WB_PRE: tl.constexpr, EVICT: tl.constexpr = tl.constexpr(""),
-            START: tl.constexpr = 0):
-    """The (weight, bias) of a segment's chunks START .. WB_PRE - 1, a tuple for pass 2, asked
-    for just before the program waits (on the shelf's copies, or on the exchange of sums), so
-    that their L2 round trip overlaps the wait (``_loop_row``'s WB_PRE); EVICT: ``_load_wb``'s
-    hint (``_loop_row``'s WB_LAST)."""
+            HAS_BIAS: tl.constexpr, CHUNKS: tl.constexpr, EVICT: tl.constexpr = tl.constexpr("")):
+    """The (weight, bias) of a segment's first CHUNKS chunks of BLOCK_N, a tuple for pass 2,
+    asked for just before the program waits (on its copies, or on the exchange of sums), so
+    that their L2 round trip overlaps the wait; EVICT: ``_load_wb``'s hint."""
     wb = ()
-    for k in tl.static_range(START, WB_PRE):
+    for k in tl.static_range(CHUNKS):
         cols, col_ok = _chunk_cols(col0, k * BLOCK_N, N, BLOCK_N, EVEN)
         wb = wb + (_load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS, EVICT),)
     return wb

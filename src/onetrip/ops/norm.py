@@ -8,38 +8,24 @@
 Bytes, for rows x N elements of b bytes each: the unfused reference reads x and r and
 writes h (add kernel), then reads h and writes y (norm kernel): 5 passes. Fused: read x
 and r, write h and y: 4 passes, the minimum. Without a residual the saving is in launches
-and intermediates: HF's RMSNorm is ~7 kernels (cast, pow, mean, add, rsqrt, mul, cast,
-mul) moving ~8 passes where one kernel moves 2.
+and intermediates: HF's RMSNorm is ~7 kernels moving ~8 passes where one kernel moves 2.
 
 How rows are covered (``NormConfig.mode``):
-  * "rows": a program holds whole rows in registers (up to ``block_n`` = N, rounded up to
-    a power of two) and several narrow rows per program. One read of each byte.
-  * "coop": wider rows are split into C chunks of ``block_n`` held by C programs at once.
-    Each writes its chunk's partial statistics, waits on a per-row counter until all C
-    partials are in, combines them (Chan's formula for the variance) and normalizes the
-    chunk it still holds in registers: still one read of each byte. Programs take work in
-    the order they start (a ticket counter), so a program only ever waits for chunks that
-    are running or can start: no deadlock as long as C programs fit on the GPU at once,
-    which is why "coop" is only chosen for C <= number of SMs.
+  * "rows": a program holds ``block_m`` whole rows in registers (``block_n`` >= N). One
+    read of each byte.
+  * "coop": a wider row is split into C chunks of ``block_n`` held by C programs at once.
+    Each writes its chunk's partial statistics, waits on a per-row counter until all C are
+    in, combines them (Chan's formula for the variance) and normalizes the chunk it still
+    holds. Programs take work in the order they start (a ticket counter), so a program only
+    waits for chunks that are running or can start: no deadlock while C programs fit on the
+    GPU at once, which is why "coop" is chosen only for C <= the number of SMs.
   * "two_pass": the same split in two launches (statistics, then apply), re-reading the
-    chunk. Used under Triton's interpreter, which runs programs one after another and so
-    cannot wait on a sibling, and for C above the SM count.
-  * "loop": a program per row walks its chunks twice, statistics then apply; the second
-    pass finds the row in L2 while the rows of the programs in flight fit there (eviction
-    hints keep them; with a residual, pass 1 stores h and pass 2 re-reads h alone; the
-    first chunks may stay in registers instead, ``hold``). No program waits on another,
-    except with ``split``: a row's 2-16 programs exchange their sums once between the
-    passes (as "coop" does), so each holds a fraction of the row in L2; with ``cluster``
-    (Hopper) those programs are one thread-block cluster and the sums go through
-    distributed shared memory, not global atomics (``_cluster.py``); with ``shelf`` (no
-    residual) a program copies its segment into shared memory and both passes read it
-    there (``_shelf.py``); with ``pf`` (Hopper) each program, its own reads done, asks
-    the L2 for its segment of a later row, with ``l2_first`` for its own first chunks
-    before it waits for the previous kernel (``_l2_ahead.py``); with ``wb_pre`` and ``pipe``
-    the loads of pass 2's weight and of each next chunk go out ahead of the stores that
-    would otherwise hold them back (a store may alias them). Chosen where
-    ``LOOP_PICKS`` has the width (8K RMSNorm and from 16K wide without a residual, 32K-256K
-    with one) and there is a row for every SM (``norm_config``).
+    chunk: under Triton's interpreter (which runs programs one after another and so cannot
+    wait on a sibling) and for C above the SM count.
+  * "loop": a program per row (or per segment of a row, ``split``) walks its chunks twice,
+    statistics then apply; the second pass finds the row in L2, or in registers or shared
+    memory (``_norm_jit.py`` describes each knob). Chosen where the tables of
+    ``_norm_picks.py`` have the width and there is a row for every SM.
 """
 
 from __future__ import annotations
@@ -51,6 +37,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from ._cluster import cluster_ok, launch_clusters
 from ._common import (
     FLOAT_DTYPES,
     acc_dtype,
@@ -63,145 +50,84 @@ from ._common import (
     is_interpreting,
     output,
     pdl_args,
-    prefer_carveout,
     rows_out,
     use_triton,
 )
-from ._cluster import cluster_ok, launch_clusters
 from ._jit import pdl_start
-from ._l2_ahead import l2_first
-from ._l2_ahead import requests as l2_requests
 from ._norm_chunk import _chunk_stats, _load_h, _load_wb, _mean_rstd, _store_y
 from ._norm_jit import _loop_row, _wait_row
-from ._norm_picks import (FEW_ROWS_GPU, LOOP_PICKS, PICKS_GPU, ROWS_PICKS, NormConfig, _can_wait, launch_segments,
-                          norm_config)
-from ._shelf import shelf_fits
-from ._stamp import check_trace
+from ._norm_l2 import l2_first
+from ._norm_l2 import requests as l2_requests
+from ._norm_picks import (FEW_ROWS_GPU, LOOP_PICKS, PICKS_GPU, ROWS_PICKS, CacheHints, L2Requests, LoadOrder,
+                          NormConfig, Reuse, Split, can_wait, launch_segments, norm_config)
+from ._norm_smem import smem_fits
 
-_ROWS, _COOP, _STATS, _APPLY, _LOOP = 0, 1, 2, 3, 4  # the kernel's PHASE
+# the kernel's PHASE: a "rows" tile, a "coop" chunk, "two_pass"'s statistics and apply, a "loop" program
+_ROWS, _COOP, _STATS, _APPLY, _LOOP = (tl.constexpr(p) for p in range(5))
 
 
 @triton.jit
-def _norm_kernel(
-    x_ptr, r_ptr, w_ptr, b_ptr,       # x, r: (M, N) rows; w, b: (N,)
-    y_ptr, h_ptr,                     # y = norm(h), h = x + r: (M, N) rows
-    part_ptr, sync_ptr,               # split rows: (M, C, 2) fp32 partials ("loop": (M, SPLIT, 3));
-                                      # int32 [ticket, M row counters]
-    M, N, C, seg_n,                   # seg_n: "loop" split, the columns of a row's segment
-    stride_xm, stride_rm, stride_ym, stride_hm,
-    eps,
-    IS_RMS: tl.constexpr, GEMMA: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
-    PHASE: tl.constexpr,              # _ROWS, _COOP, _STATS, _APPLY or _LOOP
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
-    HINTS: tl.constexpr = False, STASH: tl.constexpr = False, VEC: tl.constexpr = False,  # "loop": _loop_row
-    UNROLL: tl.constexpr = 1,
-    CONST_N: tl.constexpr = 0,  # "loop", "rows": the width, when every row stride equals it (0: runtime)
-    SPLIT: tl.constexpr = 1,    # "loop": programs a row (segments of seg_n columns)
-    SEG_N: tl.constexpr = 0,    # "loop" with CONST_N: seg_n as a constant
-    LOOP_PART: tl.constexpr = 0,  # "loop" split: 0 both passes (waiting), 1 pass 1, 2 pass 2
-    HOLD: tl.constexpr = 0,     # "loop": chunks a program holds in registers between the passes
-    DROP_Y: tl.constexpr = False,  # "loop" with HINTS: the streamed y stored evict_first too
-    CLUSTER: tl.constexpr = False,  # "loop" split: launched as clusters of SPLIT (_cluster.launch_clusters)
-    LATE_WB: tl.constexpr = False,  # "rows": the weight and bias loaded after the statistics
-    SHELF: tl.constexpr = False,  # "loop": pass 2 takes the chunks from shared memory (_shelf.py)
-    FOLD: tl.constexpr = False,  # "loop" LayerNorm, 16-bit y: the affine as FMAs (_store_y)
-    EVEN: tl.constexpr = False,  # "loop": dense rows of CONST_N cut into SPLIT segments of whole chunks (no masks)
-    PF: tl.constexpr = 0,       # "loop", EVEN: after pass 1, the segment of the row PF rows on asked of the L2
-    PF_LANES: tl.constexpr = 32,  # with PF, FIRST or WB_FIRST: the program's threads (a lane each, none asked twice)
-    WB_PRE: tl.constexpr = 0,   # "loop": pass 2's first WB_PRE chunks' weight and bias loaded before the exchange
-    WB_EARLY: tl.constexpr = False,  # with SHELF and WB_PRE: loaded right after the shelf's copies are issued
-    PIPE: tl.constexpr = 0,     # "loop": chunk k+1's loads before chunk k's stores (1: pass 1, 2: pass 2, 3: both)
-    TRACE: tl.constexpr = False,  # "loop" cluster: each program's phase stamps at part_ptr (_norm_jit._loop_row)
-    PDL: tl.constexpr = 0,      # programmatic dependent launch (_common.pdl_mode says why)
-    FIRST: tl.constexpr = 0,    # "loop", EVEN, PDL: columns of the program's segment asked of the L2 before the wait
-    SHELF_PIPE: tl.constexpr = 0,  # with SHELF: the segment's chunks, each summed as it lands (0: off; _shelf)
-    WB_LAST: tl.constexpr = False,  # "loop": the weight and bias loaded L1::evict_last (_loop_row)
-    WB_MIX: tl.constexpr = False,  # with WB_EARLY: only the first chunk's with the copies, the rest after the sums
-    HALF_STEPS: tl.constexpr = 0,  # with SHELF: pass 2 in this many half-chunk steps, weight and bias ahead
-    WB_FIRST: tl.constexpr = 0,  # like FIRST: the first WB_FIRST rows' programs ask for their weight and bias
-):
-    if FIRST > 0:  # a hint, safe before the wait (_l2_ahead.l2_first)
-        l2_first(x_ptr, r_ptr, M, HAS_RESIDUAL, SPLIT, SEG_N, FIRST, CONST_N, PF_LANES)
-    if WB_FIRST > 0:  # the weight and bias as WB_FIRST rows of stride 0: the first rows' programs ask
-        l2_first(w_ptr, b_ptr, WB_FIRST, HAS_BIAS, SPLIT, SEG_N, SEG_N, 0, PF_LANES)
-    pdl_start(PDL)  # wait for the previous kernel's writes, then let the next one's programs in
-    # CONST_N > 0 ("loop", "rows"): the width (and so the dense rows' strides) as constants,
-    # so the trip count, masks and row addresses are known to the compiler (each choice below
-    # is made at compile time: the runtime values are not even read then).
-    n = CONST_N if CONST_N > 0 else N
-    sx = CONST_N if CONST_N > 0 else stride_xm
-    sr = CONST_N if CONST_N > 0 else stride_rm
-    sy = CONST_N if CONST_N > 0 else stride_ym
-    sh = CONST_N if CONST_N > 0 else stride_hm
-    if PHASE == 4:
-        if SPLIT > 1 and LOOP_PART == 0 and not CLUSTER:
-            t = tl.atomic_add(sync_ptr, 1)  # ticket in start order, as "coop" (no deadlock)
-        else:
-            t = tl.program_id(0)  # a cluster's ranks run together: no order to keep
-        BLOCK_S: tl.constexpr = 2 if SPLIT <= 2 else (4 if SPLIT <= 4 else (8 if SPLIT <= 8 else 16))
-        seg_cols = SEG_N if CONST_N > 0 else seg_n  # the segment as a constant too
-        _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, t // SPLIT, t % SPLIT, M, n, seg_cols,
-                  sx, sr, sy, sh, eps, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, HINTS,
-                  STASH, VEC, UNROLL, SPLIT, BLOCK_S, LOOP_PART,
-                  EVEN, HOLD, DROP_Y, CLUSTER, SHELF, FOLD, PF, PF_LANES, WB_PRE, WB_EARLY, PIPE, TRACE, SHELF_PIPE,
-                  WB_LAST, WB_MIX, HALF_STEPS)
-        return
-    # -- which chunk of columns (and, split, which row) this program owns -------------------
-    if PHASE == 1:
-        t = tl.atomic_add(sync_ptr, 1)  # ticket in start order (see the module docstring)
+def _rows_tile(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, t, M, n, sx, sr, sy, sh, eps, IS_RMS: tl.constexpr,
+               GEMMA: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LATE_WB: tl.constexpr):
+    """Mode "rows": the BLOCK_M whole rows of tile ``t``, h stored, y = norm(h) stored. LATE_WB:
+    the weight and bias loaded after the statistics, not live while the rows load (layer_norm
+    1K on an H100: 98.1 -> 98.6% of copy)."""
+    cols = tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+    col_ok = cols < n  # with BLOCK_N == CONST_N the column mask folds away
+    w = 0.0
+    b = 0.0
+    if not LATE_WB:
+        w, b = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS)
+    rows = t * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
+    mask = (rows < M)[:, None] & col_ok[None, :]
+    h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, sx, sr, sh, HAS_RESIDUAL, True)
+    if IS_RMS:
+        mean = 0.0
+        mean_lo = 0.0
+        rstd = tl.rsqrt(tl.sum(h * h, axis=1) / n + eps)[:, None]  # (BLOCK_M, 1)
     else:
-        t = tl.program_id(0)
+        mean, mean_lo, rstd = _mean_rstd(h, mask, n, eps, x_ptr.dtype.element_ty == tl.float32)
+        mean = mean[:, None]
+        mean_lo = mean_lo[:, None]
+        rstd = rstd[:, None]
+    if LATE_WB:
+        w, b = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS)
+    _store_y(y_ptr, h, mean, rstd, w, b, rows, cols, mask, sy, IS_RMS, GEMMA, HAS_WEIGHT, HAS_BIAS,
+             mean_lo, TWO_PART=x_ptr.dtype.element_ty == tl.float32 and not IS_RMS)
+
+
+@triton.jit
+def _split_chunk(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, t, N, C, stride_xm, stride_rm,
+                 stride_ym, stride_hm, eps, IS_RMS: tl.constexpr, GEMMA: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                 HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, PHASE: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_C: tl.constexpr):
+    """Modes "coop" and "two_pass": chunk t % C of row t // C. Its partial statistics (RMSNorm:
+    sum h^2; LayerNorm: mean and M2) go to ``part_ptr`` (M, C, 2); "coop" then waits for the
+    row's C partials and normalizes the chunk it holds, "two_pass" returns (_STATS) and its
+    second launch (_APPLY) re-reads the chunk. Statistics stay scalars: a (1, BLOCK_C) tensor
+    of partials broadcast against the chunk made the compiler pick a layout for the whole
+    chunk that ran 10-100x slower (H200)."""
     chunk = t % C
     cols = chunk * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
-    col_ok = cols < n  # "rows" with BLOCK_N == CONST_N: the column mask folds away
-    if PHASE == 0 and LATE_WB:
-        w = 0.0  # loaded after the statistics (below)
-        b = 0.0
-    else:
-        w, b = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS)
-
-    if PHASE == 0:
-        # -- whole rows: a tile of BLOCK_M rows ----------------------------------------------
-        # (Giving each program several tiles, to load the weight once for all of them, was
-        # slower in every case swept on an H200: benchmarks/NOTES.md.)
-        rows = t * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
-        mask = (rows < M)[:, None] & col_ok[None, :]
-        h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, sx, sr, sh, HAS_RESIDUAL, True)
+    col_ok = cols < N
+    w, b = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS)
+    row = t // C
+    rows = row + tl.arange(0, 1)
+    mask = col_ok[None, :]
+    h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL,
+                PHASE != 3)  # the apply pass of "two_pass" recomputes h; it was stored already
+    part = part_ptr + (row.to(tl.int64) * C + chunk) * 2
+    if PHASE != 3:
         if IS_RMS:
-            mean = 0.0
-            mean_lo = 0.0
-            rstd = tl.rsqrt(tl.sum(h * h, axis=1) / n + eps)[:, None]  # (BLOCK_M, 1)
+            s0 = tl.sum(h * h)
+            s1 = s0
         else:
-            mean, mean_lo, rstd = _mean_rstd(h, mask, n, eps, x_ptr.dtype.element_ty == tl.float32)
-            mean = mean[:, None]
-            mean_lo = mean_lo[:, None]
-            rstd = rstd[:, None]
-        if LATE_WB:
-            w, b = _load_wb(w_ptr, b_ptr, cols, col_ok, HAS_WEIGHT, HAS_BIAS)
-        _store_y(y_ptr, h, mean, rstd, w, b, rows, cols, mask, sy, IS_RMS, GEMMA, HAS_WEIGHT, HAS_BIAS,
-                 mean_lo, TWO_PART=x_ptr.dtype.element_ty == tl.float32 and not IS_RMS)
-    else:
-        # -- split rows (BLOCK_M == 1): statistics are scalars. Keeping them scalar matters: a
-        # (1, BLOCK_C) tensor of partials broadcast against the (1, BLOCK_N) chunk made the
-        # compiler pick a layout for the whole chunk that ran 10-100x slower (H200).
-        row = t // C
-        rows = row + tl.arange(0, 1)
-        mask = col_ok[None, :]
-        h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, stride_xm, stride_rm, stride_hm, HAS_RESIDUAL,
-                    PHASE != 3)  # the apply pass of "two_pass" recomputes h; it was stored already
-        part = part_ptr + (row.to(tl.int64) * C + chunk) * 2
-        if PHASE != 3:
-            if IS_RMS:
-                s0 = tl.sum(h * h)
-                s1 = s0
-            else:
-                n_here = tl.minimum(N - chunk * BLOCK_N, BLOCK_N).to(tl.float32)
-                s0, s1 = _chunk_stats(h, mask, n_here, x_ptr.dtype.element_ty == tl.float32)  # mean, M2
-            tl.store(part, s0)
-            tl.store(part + 1, s1)
-        if PHASE == 2:
-            return
+            n_here = tl.minimum(N - chunk * BLOCK_N, BLOCK_N).to(tl.float32)
+            s0, s1 = _chunk_stats(h, mask, n_here, x_ptr.dtype.element_ty == tl.float32)  # mean, M2
+        tl.store(part, s0)
+        tl.store(part + 1, s1)
+    if PHASE != 2:
         if PHASE == 1:  # grid-wide wait for this row's C partials
             _wait_row(sync_ptr + 1 + row, C)
         cidx = tl.arange(0, BLOCK_C)
@@ -226,14 +152,77 @@ def _norm_kernel(
         _store_y(y_ptr, h, mean, rstd, w, b, rows, cols, mask, stride_ym, IS_RMS, GEMMA, HAS_WEIGHT, HAS_BIAS)
 
 
-def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bool,
-            config: NormConfig | None = None, trace: torch.Tensor | None = None):
-    """Launch on validated 2-D views (unit column stride); ``h`` is None without a residual.
-    ``trace``: an int64 (programs, len(STAMP_FIELDS)) tensor for each program's phase stamps
-    (_stamp.py); only a launch of clusters takes one.
+@triton.jit
+def _norm_kernel(
+    x_ptr, r_ptr, w_ptr, b_ptr,       # x, r: (M, N) rows; w, b: (N,)
+    y_ptr, h_ptr,                     # y = norm(h), h = x + r: (M, N) rows
+    part_ptr, sync_ptr,               # split rows: float32 partials ((M, C, 2); "loop": (M, SPLIT, 3));
+                                      # int32 [ticket, M row counters]
+    M, N, C, seg_n,                   # C: chunks a row ("coop", "two_pass"); seg_n: a "loop" segment's columns
+    stride_xm, stride_rm, stride_ym, stride_hm,
+    eps,
+    # the op
+    IS_RMS: tl.constexpr, GEMMA: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+    # the tile
+    PHASE: tl.constexpr,              # _ROWS, _COOP, _STATS, _APPLY or _LOOP
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_C: tl.constexpr,            # C rounded up to a power of two
+    CONST_N: tl.constexpr,            # "rows", "loop": the width, when every row stride equals it (0: runtime)
+    LATE_WB: tl.constexpr,            # "rows": the weight and bias loaded after the statistics
+    PDL: tl.constexpr,                # programmatic dependent launch (_common.pdl_mode)
+    # "loop" (_norm_jit describes each)
+    UNROLL: tl.constexpr, SPLIT: tl.constexpr,
+    SEG_N: tl.constexpr,              # with CONST_N: seg_n as a constant
+    CLUSTER: tl.constexpr,            # a row's SPLIT programs one thread-block cluster
+    PASSES: tl.constexpr,             # 0: both passes; 1 / 2: pass 1 / pass 2 of the interpreter's two launches
+    KEEP_ROW: tl.constexpr, DROP_Y: tl.constexpr, KEEP_WB: tl.constexpr,
+    HOLD: tl.constexpr, STORE_H: tl.constexpr, SMEM: tl.constexpr, SMEM_PER_CHUNK: tl.constexpr,
+    WB_EARLY: tl.constexpr, WB_WITH_COPIES: tl.constexpr, HALF_STEPS: tl.constexpr, NEXT_FIRST: tl.constexpr,
+    FMA: tl.constexpr,
+    L2_FIRST: tl.constexpr,           # columns of the program's segment asked of the L2 before the PDL wait
+    AHEAD: tl.constexpr,              # after pass 1, this segment of the row AHEAD rows on asked of the L2
+    LANES: tl.constexpr,              # the program's threads (with L2 requests: a lane each)
+):
+    if L2_FIRST > 0:  # a hint, safe before the wait (_norm_l2.l2_first)
+        l2_first(x_ptr, r_ptr, M, HAS_RESIDUAL, SPLIT, SEG_N, L2_FIRST, CONST_N, LANES)
+    pdl_start(PDL)  # wait for the previous kernel's writes, then let the next one's programs in
+    # CONST_N > 0: the width and dense rows' strides as constants, so trip counts, masks and
+    # row addresses are known to the compiler (the runtime values are then not read).
+    n = CONST_N if CONST_N > 0 else N
+    sx = CONST_N if CONST_N > 0 else stride_xm
+    sr = CONST_N if CONST_N > 0 else stride_rm
+    sy = CONST_N if CONST_N > 0 else stride_ym
+    sh = CONST_N if CONST_N > 0 else stride_hm
+    if PHASE == _LOOP:
+        if SPLIT > 1 and PASSES == 0 and not CLUSTER:
+            t = tl.atomic_add(sync_ptr, 1)  # ticket in start order, as "coop" (no deadlock)
+        else:
+            t = tl.program_id(0)  # a cluster's ranks run together: no order to keep
+        # dense rows cut into SPLIT segments of whole chunks: no masks
+        EVEN: tl.constexpr = CONST_N > 0 and CONST_N == SEG_N * SPLIT and SEG_N % BLOCK_N == 0
+        seg_cols = SEG_N if CONST_N > 0 else seg_n
+        _loop_row(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, t // SPLIT, t % SPLIT, M, n, seg_cols,
+                  sx, sr, sy, sh, eps, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, SEG_N, EVEN,
+                  UNROLL, SPLIT, CLUSTER, PASSES, KEEP_ROW, DROP_Y, KEEP_WB, HOLD, STORE_H, SMEM, SMEM_PER_CHUNK,
+                  WB_EARLY, WB_WITH_COPIES, HALF_STEPS, NEXT_FIRST, FMA, AHEAD, LANES)
+    elif PHASE == _ROWS:
+        _rows_tile(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, tl.program_id(0), M, n, sx, sr, sy, sh, eps, IS_RMS,
+                   GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, LATE_WB)
+    else:
+        if PHASE == _COOP:
+            t = tl.atomic_add(sync_ptr, 1)  # ticket in start order (see the module docstring)
+        else:
+            t = tl.program_id(0)
+        _split_chunk(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, part_ptr, sync_ptr, t, N, C, stride_xm, stride_rm,
+                     stride_ym, stride_hm, eps, IS_RMS, GEMMA, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, PHASE, BLOCK_N,
+                     BLOCK_C)
 
-    Returns the compiled kernel of the last launch (its ``n_regs``, ``n_spills``) or None.
-    """
+
+def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bool,
+            config: NormConfig | None = None):
+    """Launch on validated 2-D views (unit column stride); ``h`` is None without a residual.
+    Returns the compiled kernel of the last launch (its ``n_regs``, ``n_spills``) or None."""
     M, N = x.shape
     if M == 0 or N == 0:
         return None
@@ -241,33 +230,27 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
     cfg = config or norm_config(M, N, x.device, is_rms=is_rms, has_residual=residual is not None, dense=dense)
     C = triton.cdiv(N, cfg.block_n)
     split, seg = launch_segments(N, cfg)
-    # A split row's programs wait on each other in one launch on a GPU; the interpreter
-    # runs programs one at a time, so there the passes are two launches.
-    wait = _can_wait(x.device)
-    # cfg.cluster where a cluster of `split` can be launched (Hopper); elsewhere the split
-    # row exchanges its sums through global memory as without it.
-    cluster = cfg.mode == "loop" and cfg.cluster and split > 1 and wait and cluster_ok(x.device, split)
-    if cfg.mode == "loop" and split > 1 and cfg.block_m != 1:
-        raise ValueError(f"config.block_m={cfg.block_m} with split={cfg.split}: a split row is one row a program")
+    loop = cfg.mode == "loop"
+    # A split row's programs wait on each other in one launch on a GPU; the interpreter runs
+    # programs one at a time, so there the passes are two launches.
+    wait = can_wait(x.device)
+    # a cluster where one of `split` can be launched (Hopper); elsewhere the sums go through global memory
+    cluster = loop and cfg.split.cluster and split > 1 and wait and cluster_ok(x.device, split)
     const_n = N if cfg.const_n and dense else 0
-    # cfg.shelf (no residual) where a compiled kernel runs both passes (not the interpreter's
-    # two launches), the rows are dense with the width a constant and cut into whole chunks
-    # (``even``: no masks, the copies have none; then the width is a multiple of 8 too), every
-    # row starts 16-byte aligned (so each thread's elements of pass 2 come in 16-byte runs)
-    # and the segment fits (_shelf.shelf_fits); elsewhere pass 2 reads L2.
+    # the shared-memory segment where a compiled kernel runs both passes, over dense rows of a
+    # constant width cut into whole chunks (no masks: the copies have none), every row 16-byte
+    # aligned (pass 2 reads 16-byte runs) and the segment fits (smem_fits); elsewhere pass 2 reads L2
     even = const_n > 0 and const_n == seg * split and seg % cfg.block_n == 0
-    shelf = (cfg.shelf and cfg.mode == "loop" and cfg.block_m == 1 and residual is None and x.is_cuda
-             and not is_interpreting() and (split == 1 or wait) and even
-             and x.data_ptr() % 16 == 0 and y.data_ptr() % 16 == 0
-             and shelf_fits(seg, cfg.block_n, cfg.num_warps, x.element_size()))
-    # cfg.half_steps where the shelf serves and half a chunk still gives each thread runs of 8 (shelf_fits)
-    half_steps = cfg.half_steps and shelf and shelf_fits(seg, cfg.block_n // 2, cfg.num_warps, x.element_size())
-    # the L2 requests: cfg.pf after pass 1, cfg.l2_first and cfg.wb_first before the PDL wait (_l2_ahead.requests)
-    pdl = pdl_args(x)  # the launch's PDL arguments, also whether l2_first may ask before the wait
-    pf, first, wb_first = l2_requests(cfg, x, residual, M, seg, even, cluster or split == 1, bool(pdl), weight,
-                                      bias)
+    smem = (cfg.reuse.smem_segment and loop and cfg.block_m == 1 and residual is None and x.is_cuda
+            and not is_interpreting() and (split == 1 or wait) and even
+            and x.data_ptr() % 16 == 0 and y.data_ptr() % 16 == 0
+            and smem_fits(seg, cfg.block_n, cfg.num_warps, x.element_size()))
+    # half steps where shared memory serves and half a chunk still gives each thread runs of 8
+    half_steps = cfg.order.half_steps and smem and smem_fits(seg, cfg.block_n // 2, cfg.num_warps, x.element_size())
+    pdl = pdl_args(x)  # the launch's PDL arguments, also whether L2 requests may go before the wait
+    ahead, first = l2_requests(cfg, x, residual, M, seg, even, cluster or split == 1, bool(pdl))
 
-    def launch(phase, part_of_loop, part, sync, clusters):
+    def launch(phase, passes, part, sync, clusters):
         args = (x, residual if residual is not None else x, weight if weight is not None else x,
                 bias if bias is not None else x, y, h if h is not None else x, part, sync,
                 M, N, C, seg,
@@ -277,35 +260,27 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
         meta = dict(
             IS_RMS=is_rms, GEMMA=gemma,
             HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
-            PHASE=phase, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_C=max(2, triton.next_power_of_2(C)),
-            HINTS=cfg.hints, STASH=cfg.stash and residual is not None, VEC=cfg.vec,
-            UNROLL=cfg.unroll, CONST_N=const_n, SPLIT=split, SEG_N=seg if const_n else 0, LOOP_PART=part_of_loop,
-            # (two launches: pass 2 cannot hold pass 1's registers; the shelf holds the whole segment)
-            HOLD=cfg.hold if part_of_loop == 0 and not shelf else 0,
-            DROP_Y=cfg.drop_y, CLUSTER=clusters, LATE_WB=cfg.late_wb, SHELF=shelf,
-            FOLD=cfg.fold, EVEN=even, PF=pf if part_of_loop == 0 else 0,
-            PF_LANES=32 * cfg.num_warps if pf or first or wb_first else 32,
-            WB_PRE=cfg.wb_pre if cfg.mode == "loop" and part_of_loop != 1 else 0, WB_EARLY=cfg.wb_early and shelf,
-            WB_MIX=cfg.wb_mix and shelf,  # (NormConfig refuses wb_mix without wb_early)
-            HALF_STEPS=2 * seg // cfg.block_n if half_steps and part_of_loop == 0 else 0,
-            WB_FIRST=wb_first,
-            SHELF_PIPE=seg // cfg.block_n if cfg.shelf_pipe and shelf else 0,
-            WB_LAST=cfg.wb_last and cfg.mode == "loop",
-            PIPE=cfg.pipe if cfg.mode == "loop" else 0, TRACE=trace is not None, FIRST=first, **pdl,
+            PHASE=phase.value, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_C=max(2, triton.next_power_of_2(C)),
+            CONST_N=const_n, LATE_WB=cfg.late_weight, PDL=pdl.get("PDL", 0),
+            UNROLL=cfg.unroll, SPLIT=split, SEG_N=seg if const_n else 0, CLUSTER=clusters, PASSES=passes,
+            KEEP_ROW=cfg.hints.keep_row, DROP_Y=cfg.hints.drop_y, KEEP_WB=cfg.hints.keep_weight,
+            # (two launches: pass 2 cannot take pass 1's registers; shared memory holds the whole segment)
+            HOLD=cfg.reuse.held_chunks if passes == 0 and not smem else 0,
+            STORE_H=cfg.reuse.store_h_early and residual is not None, SMEM=smem,
+            SMEM_PER_CHUNK=cfg.reuse.smem_sum_per_chunk and smem,
+            WB_EARLY=cfg.order.early_weight_chunks if passes != 1 else 0,
+            WB_WITH_COPIES=cfg.order.weight_with_copies, HALF_STEPS=half_steps and passes == 0,
+            NEXT_FIRST=cfg.order.next_before_store, FMA=cfg.affine_fma,
+            L2_FIRST=first, AHEAD=ahead if passes == 0 else 0, LANES=32 * cfg.num_warps if ahead or first else 32,
             num_warps=cfg.num_warps, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
+            **({"launch_pdl": pdl["launch_pdl"]} if pdl else {}),
         )
         if clusters:  # None when this Triton's launcher cannot be given a cluster size
-            kernel = launch_clusters(_norm_kernel, M, split, *args, **meta)
-        else:
-            kernel = _norm_kernel[(triton.cdiv(M, cfg.block_m) * (split if cfg.mode == "loop" else C),)](*args, **meta)
-        if x.is_cuda:
-            prefer_carveout(kernel, cfg.carveout)  # from the next launch on
-        return kernel
+            return launch_clusters(_norm_kernel, M, split, *args, **meta)
+        return _norm_kernel[(triton.cdiv(M, cfg.block_m) * (split if loop else C),)](*args, **meta)
 
-    if trace is not None:
-        check_trace(trace, M * split, cluster, repr(cfg))
     if cluster:
-        kernel = launch(_LOOP, 0, trace if trace is not None else x, x, True)
+        kernel = launch(_LOOP, 0, x, x, True)
         if kernel is not None:
             return kernel
     part = x
@@ -318,8 +293,8 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
         sync = torch.zeros(1 + M, dtype=torch.int32, device=x.device)
     phases = {"rows": ((_ROWS, 0),), "coop": ((_COOP, 0),), "two_pass": ((_STATS, 0), (_APPLY, 0)),
               "loop": ((_LOOP, 0),) if split == 1 or wait else ((_LOOP, 1), (_LOOP, 2))}[cfg.mode]
-    for phase, part_of_loop in phases:
-        kernel = launch(phase, part_of_loop, part, sync, False)
+    for phase, passes in phases:
+        kernel = launch(phase, passes, part, sync, False)
     return kernel
 
 
@@ -466,5 +441,5 @@ def layer_norm_ref(x, weight, bias, eps=1e-5):
 
 # the ops and references, and (for tests and benchmarks) the config chooser and its tables
 __all__ = ["add_rms_norm", "add_rms_norm_ref", "rms_norm", "rms_norm_ref", "add_layer_norm", "add_layer_norm_ref",
-           "layer_norm", "layer_norm_ref", "norm_config", "NormConfig", "LOOP_PICKS", "ROWS_PICKS", "PICKS_GPU",
-           "FEW_ROWS_GPU"]
+           "layer_norm", "layer_norm_ref", "norm_config", "NormConfig", "Split", "CacheHints", "Reuse", "LoadOrder",
+           "L2Requests", "LOOP_PICKS", "ROWS_PICKS", "PICKS_GPU", "FEW_ROWS_GPU"]

@@ -1,6 +1,7 @@
-"""The norm kernel's read-ahead into the L2 (``NormConfig.pf``, ``ops/_l2_ahead.py``): each
-"loop" program, its pass-1 reads in, asks the L2 for its segment of the row ``pf`` rows on.
-A hint: the results must be the same as without it, rows past the end included."""
+"""The norm kernel's L2 requests (``NormConfig.l2``, ``ops/_norm_l2.py``): each "loop" program
+asks the L2 for its first chunks before the PDL wait (``first_chunks``) or, its pass-1 reads
+in, for its segment of the row ``ahead_rows`` on. Hints: the results must be the same as
+without them, rows past the end included."""
 
 import dataclasses
 
@@ -8,14 +9,23 @@ import pytest
 import torch
 
 from onetrip.ops import norm as norm_mod
-from onetrip.ops._l2_ahead import ahead_ok
-from onetrip.ops.norm import NormConfig
+from onetrip.ops._norm_l2 import can_ask
+from onetrip.ops.norm import CacheHints, L2Requests, LoadOrder, NormConfig, Reuse, Split
 from onetrip.testing import poison_
 
 from conftest import ON_GPU
 from test_norm import KINDS, _check, _params
 
 HOPPER = ON_GPU and torch.cuda.get_device_capability()[0] >= 9
+KEEP_DROP = CacheHints(keep_row=True, drop_y=True)
+
+
+def _ahead(rows, min_rows=0):
+    return L2Requests(ahead_rows=rows, ahead_min_rows=min_rows)
+
+
+def _no_l2(cfg):
+    return dataclasses.replace(cfg, l2=L2Requests())
 
 
 def _run(x, r, w, b, kind, cfg, taken):
@@ -35,25 +45,27 @@ def test_ahead_falls_back(device, gen):
     x = torch.randn(9, 8192, generator=gen, device=device).to(torch.bfloat16)
     r = torch.randn(9, 8192, generator=gen, device=device).to(torch.bfloat16)
     w, b = _params("layer", 8192, torch.bfloat16, device, gen)
-    cfg = NormConfig("loop", 1, 1024, 4, vec=True, const_n=True, split=4, pf=2)
+    cfg = NormConfig("loop", 1, 1024, 4, const_n=True, split=Split(4), l2=_ahead(2))
     _run(x, r, w, b, "layer", cfg, taken=HOPPER)  # 2048-column segments: 4 KB of bf16
-    assert not ahead_ok(3000, x)  # not whole requests
+    assert not can_ask(3000, x)  # not whole requests
     odd = torch.empty(9 * 8192 + 1, dtype=torch.bfloat16, device=device)[1:].view(9, 8192)
-    assert not ahead_ok(4096, x, odd)  # 2 bytes off 16
-    _run(x, None, w, b, "layer", NormConfig("loop", 1, 512, 4, vec=True, const_n=True, split=8, pf=2), taken=False)
+    assert not can_ask(4096, x, odd)  # 2 bytes off 16
+    _run(x, None, w, b, "layer", NormConfig("loop", 1, 512, 4, const_n=True, split=Split(8), l2=_ahead(2)), taken=False)
 
 
 @pytest.mark.skipif(not HOPPER, reason="the bulk L2 prefetch is Hopper's inline PTX")
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("cfg", [
-    NormConfig("loop", 1, 4096, 16, hints=True, vec=True, const_n=True, split=4, drop_y=True, pf=1),  # waiting
-    NormConfig("loop", 1, 4096, 16, hints=True, vec=True, const_n=True, split=4, hold=1, cluster=True, pf=3),
-    NormConfig("loop", 1, 4096, 8, vec=True, const_n=True, split=4, stash=True, shelf=True, fold=True,
-               cluster=True, pf=32)], ids=["split", "cluster-hold", "cluster-shelf-stash"])
+    NormConfig("loop", 1, 4096, 16, const_n=True, split=Split(4), hints=KEEP_DROP, l2=_ahead(1)),  # waiting
+    NormConfig("loop", 1, 4096, 16, const_n=True, split=Split(4, cluster=True), hints=CacheHints(keep_row=True),
+               reuse=Reuse(held_chunks=1), l2=_ahead(3)),
+    NormConfig("loop", 1, 4096, 8, const_n=True, affine_fma=True, split=Split(4, cluster=True),
+               reuse=Reuse(store_h_early=True, smem_segment=True), l2=_ahead(32))],
+    ids=["split", "cluster-held", "cluster-smem-h-early"])
 def test_ahead_gpu(gen, kind, residual, cfg):
     """Rows of 64K in 4 segments of 32 KB (8 requests a program), 9 rows so that the last
-    rows ask for rows past the end (nothing is issued for them), pf of 1-32 rows; eagerly
+    rows ask for rows past the end (nothing is issued for them), 1-32 rows ahead; eagerly
     and replayed from a CUDA graph with new inputs, level with the same config without it."""
     device = torch.device("cuda")
     width = 65536
@@ -61,7 +73,7 @@ def test_ahead_gpu(gen, kind, residual, cfg):
     r = torch.randn(9, width, generator=gen, device=device).to(torch.bfloat16) if residual else None
     w, b = _params(kind, width, torch.bfloat16, device, gen)
     y, h = _run(x, r, w, b, kind, cfg, taken=True)
-    y0, h0 = _run(x, r, w, b, kind, dataclasses.replace(cfg, pf=0), taken=False)
+    y0, h0 = _run(x, r, w, b, kind, _no_l2(cfg), taken=False)
     assert torch.equal(y, y0) and (h is None or torch.equal(h, h0))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -77,31 +89,34 @@ def test_ahead_gpu(gen, kind, residual, cfg):
 
 @pytest.mark.skipif(not HOPPER, reason="the bulk L2 prefetch is Hopper's inline PTX")
 def test_ahead_from_rows(gen):
-    """``pf_rows``: the read-ahead is compiled in from that many rows on and left out below
+    """``ahead_min_rows``: the read-ahead is compiled in from that many rows on and left out below
     them (a rule by the shape, so a captured graph keeps the launch it was captured with);
     the result is the same either way."""
     device = torch.device("cuda")
-    cfg = NormConfig("loop", 1, 4096, 8, vec=True, const_n=True, split=4, shelf=True, fold=True, cluster=True,
-                     pf=4, pf_rows=9)
+    cfg = NormConfig("loop", 1, 4096, 8, const_n=True, affine_fma=True, split=Split(4, cluster=True),
+                     reuse=Reuse(smem_segment=True), l2=_ahead(4, 9))
     w, b = _params("layer", 65536, torch.bfloat16, device, gen)
     for rows in (8, 9, 17):
         x = torch.randn(rows, 65536, generator=gen, device=device).to(torch.bfloat16)
         _run(x, None, w, b, "layer", cfg, taken=rows >= 9)
 
 
-@pytest.mark.parametrize("field, value", [("pf", -1), ("pf_rows", -3), ("wb_first", -2)])
-def test_ahead_fields_checked(field, value):
-    """A negative read-ahead or row threshold is refused when the config is made, naming the field."""
-    with pytest.raises(ValueError, match=field):
-        NormConfig("loop", 1, 4096, 8, **{field: value})
+@pytest.mark.parametrize("field, value", [("ahead_rows", -1), ("ahead_min_rows", -3), ("first_chunks", -2)])
+def test_l2_fields_checked(field, value):
+    """A negative request or row threshold is refused when the config is made, naming the field."""
+    with pytest.raises(ValueError, match=f"L2Requests.{field}={value} must be >= 0"):
+        L2Requests(**{field: value})
 
 
 FIRST_CFGS = [
-    NormConfig("loop", 1, 4096, 8, vec=True, const_n=True, split=4, shelf=True, fold=True, cluster=True, maxnreg=48,
-               l2_first=4),  # the shelf in a cluster (rms_norm's and layer_norm's 256K picks)
-    NormConfig("loop", 1, 8192, 16, vec=True, const_n=True, split=4, stash=True, hold=2, wb_pre=2, pipe=1,
-               cluster=True, l2_first=1),  # a cluster holding chunks (add_rms_norm's)
-    NormConfig("loop", 1, 4096, 8, hints=True, vec=True, const_n=True, l2_first=2)]  # one program a row
+    NormConfig("loop", 1, 4096, 8, const_n=True, maxnreg=48, affine_fma=True, split=Split(4, cluster=True),
+               reuse=Reuse(smem_segment=True), l2=L2Requests(first_chunks=4)),  # shared memory in a cluster
+    NormConfig("loop", 1, 8192, 16, const_n=True, split=Split(4, cluster=True),
+               reuse=Reuse(held_chunks=2, store_h_early=True),
+               order=LoadOrder(early_weight_chunks=2, next_before_store=1),
+               l2=L2Requests(first_chunks=1)),  # a cluster holding chunks (add_rms_norm's)
+    NormConfig("loop", 1, 4096, 8, const_n=True, hints=CacheHints(keep_row=True),
+               l2=L2Requests(first_chunks=2))]  # one program a row
 
 
 def _first_taken(kernel) -> bool:
@@ -114,9 +129,9 @@ def _first_taken(kernel) -> bool:
 @pytest.mark.skipif(not HOPPER, reason="the bulk L2 prefetch and PDL are Hopper's")
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("residual", [False, True])
-@pytest.mark.parametrize("cfg", FIRST_CFGS, ids=["cluster-shelf", "cluster-hold", "row"])
+@pytest.mark.parametrize("cfg", FIRST_CFGS, ids=["cluster-smem", "cluster-held", "row"])
 def test_first_gpu(gen, kind, residual, cfg, monkeypatch):
-    """``l2_first``: each program asks the L2 for its first chunks (x, and r) before it waits
+    """``first_chunks``: each program asks the L2 for its first chunks (x, and r) before it waits
     for the previous kernel, here the same launch writing that x (9 rows of 64K): the
     outputs are bitwise those without it, eagerly and replayed from a CUDA graph with new
     inputs."""
@@ -137,7 +152,7 @@ def test_first_gpu(gen, kind, residual, cfg, monkeypatch):
     assert _first_taken(chain())
     torch.cuda.synchronize()
     _check(kind, x, r, w, b, 1e-6, y, h)
-    y1, h1 = _run(x, r, w, b, kind, dataclasses.replace(cfg, l2_first=0), taken=False)
+    y1, h1 = _run(x, r, w, b, kind, _no_l2(cfg), taken=False)
     assert torch.equal(y, y1) and (h is None or torch.equal(h, h1))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -163,60 +178,12 @@ def test_first_needs_pdl(gen, monkeypatch):
     monkeypatch.setenv("ONETRIP_PDL", "0")
     _run(x, None, w, b, "rms", FIRST_CFGS[0], taken=False)
     monkeypatch.setenv("ONETRIP_PDL", "1")
-    _run(x, None, w, b, "rms", dataclasses.replace(FIRST_CFGS[1], cluster=False), taken=False)
+    _run(x, None, w, b, "rms", dataclasses.replace(FIRST_CFGS[1], split=Split(4)), taken=False)
 
 
 def test_first_falls_back(device, gen):
-    """Under the interpreter or on the CPU ``l2_first`` and ``wb_first`` ask for nothing, and
-    the result is right."""
+    """Under the interpreter or on the CPU ``first_chunks`` asks for nothing, and the result is right."""
     x = torch.randn(5, 8192, generator=gen, device=device).to(torch.bfloat16)
     w, b = _params("layer", 8192, torch.bfloat16, device, gen)
-    _run(x, None, w, b, "layer", NormConfig("loop", 1, 1024, 4, vec=True, const_n=True, split=4, cluster=True,
-                                            l2_first=8), taken=HOPPER)
-    _run(x, None, w, b, "layer", NormConfig("loop", 1, 1024, 4, vec=True, const_n=True, split=4, cluster=True,
-                                            wb_first=2), taken=HOPPER)
-
-
-@pytest.mark.skipif(not HOPPER, reason="the bulk L2 prefetch and PDL are Hopper's")
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("residual", [False, True])
-@pytest.mark.parametrize("cfg", FIRST_CFGS, ids=["cluster-shelf", "cluster-hold", "row"])
-def test_wb_first_gpu(gen, kind, residual, cfg, monkeypatch):
-    """``wb_first``: the first rows' programs ask the L2 for their segment's weight (and bias)
-    before they wait for the previous kernel, here the one writing that weight (a norm of
-    one row into it; 9 rows of 64K, the first 2 asking): the outputs are bitwise those
-    without it, eagerly and replayed from a CUDA graph with a new weight. Without a weight
-    nothing is asked."""
-    monkeypatch.setenv("ONETRIP_PDL", "1")
-    device = torch.device("cuda")
-    width = 65536
-    rms, gemma = kind != "layer", kind == "gemma"
-    cfg = dataclasses.replace(cfg, l2_first=0, wb_first=2)
-    x = torch.randn(9, width, generator=gen, device=device).to(torch.bfloat16)
-    r = torch.randn(9, width, generator=gen, device=device).to(torch.bfloat16) if residual else None
-    w0, b = _params(kind, width, torch.bfloat16, device, gen)
-    src = torch.randn(1, width, generator=gen, device=device).to(torch.bfloat16)
-    w = poison_(torch.empty(1, width, dtype=torch.bfloat16, device=device))
-    y, h = poison_(torch.empty_like(x)), poison_(torch.empty_like(x)) if residual else None
-
-    def chain():  # the first call writes the weight, the second (PDL) asks for it before it waits
-        norm_mod._launch(src, None, w0, None, w, None, 1e-6, True, False, None)
-        return norm_mod._launch(x, r, w[0], b, y, h, 1e-6, rms, gemma, cfg)
-
-    assert _first_taken(chain())
-    torch.cuda.synchronize()
-    _check(kind, x, r, w[0], b, 1e-6, y, h)
-    y1, h1 = _run(x, r, w[0], b, kind, dataclasses.replace(cfg, wb_first=0), taken=False)
-    assert torch.equal(y, y1) and (h is None or torch.equal(h, h1))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        chain()
-    src.copy_(torch.randn(1, width, generator=gen, device=device))
-    for t in (w, y, h):
-        if t is not None:
-            poison_(t)
-    graph.replay()
-    torch.cuda.synchronize()
-    _check(kind, x, r, w[0], b, 1e-6, y, h)
-    if kind == "layer":  # no weight: nothing to ask for
-        _run(x, r, None, b, kind, cfg, taken=False)
+    _run(x, None, w, b, "layer", NormConfig("loop", 1, 1024, 4, const_n=True, split=Split(4, cluster=True),
+                                            l2=L2Requests(first_chunks=8)), taken=HOPPER)
