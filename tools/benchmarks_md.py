@@ -2,6 +2,7 @@
 
     python tools/benchmarks_md.py            # rewrite BENCHMARKS.md
     python tools/benchmarks_md.py --check    # exit 1 if BENCHMARKS.md is not what the results give
+    python tools/benchmarks_md.py --take RUN.json [...]  # a new run becomes its suite's curated result
 
 The curated results are the latest run of each suite on each GPU, as ``onetrip bench SUITE``
 writes it: ``benchmarks/results/<gpu>/<suite>[-<tag>].json``, each ``{"meta": {...}, "results":
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -322,10 +324,35 @@ def render() -> str:
     return "\n".join(parts).rstrip() + "\n"
 
 
+SUITES = ("decode-attention", "attention", "decode", "demo", "gemv", "ops")  # a run's file name starts with one
+
+
+def take(run: Path, tag: str | None) -> Path:
+    """Copy ``run`` (a bench's JSON; its PNG beside it too) to ``RESULTS/<gpu>/<suite>[-<tag>].json``."""
+    data = json.loads(run.read_text())
+    gpu_name = data.get("meta", {}).get("gpu", "") if isinstance(data, dict) else ""
+    gpu = next((g for g in GPUS if g in gpu_name.lower()), None)
+    suite = data["meta"].get("suite") or next((s for s in SUITES if run.name.startswith(s + "-")), None)
+    if gpu is None or suite is None:
+        raise SystemExit(f"{run}: cannot tell its GPU ({gpu_name!r}; known: {GPUS}) or suite (file name "
+                         f"starting with one of {SUITES})")
+    dest = RESULTS / gpu / (f"{suite}-{tag}" if tag else suite)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(run, dest.with_suffix(".json"))
+    if run.with_suffix(".png").exists():
+        shutil.copyfile(run.with_suffix(".png"), dest.with_suffix(".png"))
+    return dest.with_suffix(".json")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if BENCHMARKS.md differs from the results")
+    parser.add_argument("--take", type=Path, nargs="+", metavar="RUN.json",
+                        help="make these runs (a bench's JSON output) their suite's curated result first")
+    parser.add_argument("--tag", help="with --take: stored as <suite>-<tag>.json (e.g. a second decode run)")
     args = parser.parse_args()
+    for run in args.take or ():
+        print(f"took {run} as {take(run, args.tag).relative_to(ROOT)}")
     text = render()
     if args.check:
         if TARGET.read_text() != text:

@@ -1,7 +1,7 @@
 """Registers and spills of the engine's kernels, compiled for sm_90a without a GPU: the norm's
 split modes and "loop" picks, the batch-1 GEMV variants and decode_attention's launch configs
-(and its TMA experiment: shared memory, and whether the pipeliner keeps tiles in flight);
-then flash_attention's TMA tiles beside their pointer twins.
+(shared memory, and whether the pipeliner keeps tiles in flight); then flash_attention's TMA
+tiles beside their pointer twins.
 
     python tools/ptxas_report.py [norm]   # needs triton (3.6 = the GPU image's) and a ptxas
 
@@ -39,7 +39,7 @@ FLOATS = ("eps", "qk_scale", "softcap_log2")
 BASE = dict(W_EVICT="evict_first", HAS_BIAS=False, RES_OUT=False, NORM_IN=False, NORM_LATE=False, BLOCK_SS=512,
             SPLIT=False, USE_DOT=False, EVEN_K=True, SILU_MUL=False, BLOCK_M=1, BLOCK_N=8, BLOCK_K=1024,
             ACC=tl.float32, PDL=0, EARLY=0)
-VARIANTS = {  # (constexprs, num_warps): the engine's configs at batch 1 (_gemv_config)
+VARIANTS = {  # (constexprs, num_warps): the engine's configs at batch 1 (_gemv_launch.gemv_config)
     "qkv/o/down plain, 8 x 1024": ({}, 8),
     "qkv + RMSNorm prologue": ({"NORM_IN": True}, 8),
     "qkv + RMSNorm, rsqrt late": ({"NORM_IN": True, "NORM_LATE": True}, 8),
@@ -48,7 +48,7 @@ VARIANTS = {  # (constexprs, num_warps): the engine's configs at batch 1 (_gemv_
     "gate_up / lm_head + RMSNorm, 16 x 256": ({"NORM_IN": True, "BLOCK_N": 16, "BLOCK_K": 256}, 4),
     "qkv + RMSNorm, PDL wait": ({"NORM_IN": True, "PDL": 1}, 8),
     "qkv + RMSNorm, PDL, one weight chunk before the wait": ({"NORM_IN": True, "PDL": 1, "EARLY": 1}, 8),
-    # the launch table (skinny_matmul._TUNED_GEMV)
+    # the launch table (_gemv_picks.TUNED_GEMV)
     "table: 1B gate_up + RMSNorm, 16 x 256": ({"NORM_IN": True, "BLOCK_N": 16, "BLOCK_K": 256}, 8),
     "table: 1B gate_up plain, 32 x 256": ({"BLOCK_N": 32, "BLOCK_K": 256}, 4),
     "table: 8B qkv (+ RMSNorm), 8 x 512": ({"NORM_IN": True, "BLOCK_K": 512}, 4),
@@ -107,8 +107,7 @@ def report(fn, constexprs: dict, num_warps: int) -> str:
 # decode_attention at 32 query / 8 kv heads, q_len 1 (16 score rows: tl.dot's minimum), split-KV
 DECODE = dict(GROUP=4, Q_LEN=1, PAGED=False, PAGE_SIZE=1, SOFTCAP=False, HAS_WINDOW=False, SPLIT=True,
               PRECISION="tf32", BLOCK_M=16, BLOCK_D=128, MIN_TILES=4, APPEND=False, INTERLEAVED=False,
-              BLOCK_Q=16, TABLE_AHEAD=False, USE_TMA=False, TRIGGER=False,  # constexprs with defaults are passed too
-              k_desc=None, v_desc=None)                      # (ASTSource needs them); no descriptors
+              BLOCK_Q=16, TABLE_AHEAD=False, TRIGGER=False)  # constexprs with defaults are passed too
 
 
 # decode_attention as launched at batch 1 x 4K (bf16, 32 / 8 heads, head dim 128, 8 splits):
@@ -125,22 +124,18 @@ DECODE_INTS = dict(kv_heads=8, num_splits=8, head_dim=128, half=0, stride_qb=409
                    window_left=0)
 
 
-def decode_launch_report(block_n: int, warps: int, stages: int, use_tma: bool, **constexprs) -> str:
+def decode_launch_report(block_n: int, warps: int, stages: int, **constexprs) -> str:
     """Registers, spills and shared memory of ``_decode_kernel`` (contiguous, split, q_len 1,
     group 4, DECODE_INTS' marks) at this tile and ``num_stages``, and its pipeline as
-    compiled: the asynchronous copies in the PTX (cp.async.bulk.tensor for TMA, cp.async
-    for pointers), the buffers per K/V tile (the leading dim of the key loop's shared
+    compiled: the asynchronous copies in the PTX (cp.async), the buffers per K/V tile (the leading dim of the key loop's shared
     allocations; none: one tile at a time) and the copies issued inside the loop.
     ``constexprs`` override DECODE's (PAGED, PAGE_SIZE, APPEND, TABLE_AHEAD, ...)."""
-    fn = importlib.import_module("onetrip.ops.decode_attention")._decode_kernel
-    const = {**DECODE, "BLOCK_N": block_n, "USE_TMA": use_tma, **constexprs}
+    fn = importlib.import_module("onetrip.ops._decode_jit")._decode_kernel
+    const = {**DECODE, "BLOCK_N": block_n, **constexprs}
     bd = const["BLOCK_D"]
     sig, attrs = {}, {}
     for i, n in enumerate(fn.arg_names):
-        if n.endswith("_desc") and use_tma:  # (1, BLOCK_N, 1, BLOCK_D) blocks, see _decode_tma
-            sig[n] = f"tensordesc<bf16[1,{block_n},1,{bd}]>"
-            const.pop(n)
-        elif n in const:
+        if n in const:
             sig[n] = "constexpr"
         else:
             sig[n] = POINTERS.get(n, "fp32" if n in FLOATS else "i32")
@@ -151,9 +146,9 @@ def decode_launch_report(block_n: int, warps: int, stages: int, use_tma: bool, *
     ptx, ttgir = k.asm["ptx"], k.asm["ttgir"]
     loop = ttgir[ttgir.find("scf.for"):]
     loop = loop[:loop.find("scf.yield")]
-    tile = f"1x{block_n}x1x{bd}" if use_tma else f"{block_n}x{bd}"
+    tile = f"{block_n}x{bd}"
     buffers = sorted({int(b) for b in re.findall(rf"memdesc<(\d+)x{tile}xbf16", ttgir)})
-    copy = "cp.async.bulk.tensor" if use_tma else "cp.async.commit_group"
+    copy = "cp.async.commit_group"
     return (f"{regs:>3s} registers, {spill}, {k.metadata.shared // 1024:3d} KiB shared; "
             f"{ptx.count(copy):2d} {copy}, K/V buffers {'/'.join(map(str, buffers)) or 'none'}, "
             f"{loop.count('_copy_global_to_local')} copies issued in the loop")
@@ -274,10 +269,10 @@ def main() -> int:
         norm_main()
         return 0
     norm_main()
-    fn = importlib.import_module("onetrip.ops.skinny_matmul")._skinny_matmul_kernel
+    fn = importlib.import_module("onetrip.ops._gemv_jit")._skinny_matmul_kernel
     for label, (const, warps) in VARIANTS.items():
         print(f"GEMV {label:50s} {warps} warps: {report(fn, {**BASE, **const}, warps)}")
-    fn = importlib.import_module("onetrip.ops.decode_attention")._decode_kernel
+    fn = importlib.import_module("onetrip.ops._decode_jit")._decode_kernel
     for append, page in ((False, 0), (False, 64), (False, 256), (True, 0), (True, 64)):  # page 0: contiguous
         for warps in (4, 8):
             for block_n in (32, 64, 128):
@@ -287,12 +282,11 @@ def main() -> int:
     for append, page in ((False, 64), (False, 256), (True, 64)):  # the paged rule, as launched (3 stages)
         label = f"block_n  64, paged-{page}{', append' if append else ''}, table ahead, launch marks"
         print(f"decode_attention {label:42s} 8 warps: "
-              f"{decode_launch_report(64, 8, 3, False, PAGED=True, PAGE_SIZE=page, APPEND=append, TABLE_AHEAD=True)}")
-    for block_n in (64, 128):  # launch-marked; the TMA experiment (DecodeConfig.use_tma), head dim 128
-        for use_tma in (False, True):
-            for stages in (1, 2, 3, 4):  # the pointer path launches at Triton's default, 3
-                label = f"block_n {block_n:3d}, {'TMA' if use_tma else 'pointer'}, {stages} stages, launch marks"
-                print(f"decode_attention {label:42s} 8 warps: {decode_launch_report(block_n, 8, stages, use_tma)}")
+              f"{decode_launch_report(64, 8, 3, PAGED=True, PAGE_SIZE=page, APPEND=append, TABLE_AHEAD=True)}")
+    for block_n in (64, 128):  # launch-marked, head dim 128
+        for stages in (1, 2, 3, 4):  # the launch takes Triton's default, 3
+            label = f"block_n {block_n:3d}, {stages} stages, launch marks"
+            print(f"decode_attention {label:42s} 8 warps: {decode_launch_report(block_n, 8, stages)}")
     tiles = importlib.import_module("onetrip.ops._attention_tma").TMA_TILES
     for head_dim, configs in tiles.items():
         for tile in configs:

@@ -9,7 +9,6 @@ leading layout is expressed by a row stride, or copied once when it cannot be.""
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import math
 import os
@@ -168,39 +167,6 @@ def call_op(op, *args):
     if fn is not None and not torch.autograd.profiler._is_profiler_enabled and _direct_ok(args):
         return fn(*args)
     return op(*args)
-
-
-@functools.lru_cache(maxsize=1)
-def _libcuda():
-    """The CUDA driver library, or None where it cannot be loaded."""
-    try:
-        return ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return None
-
-
-_CARVEOUT_ATTRIBUTE = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
-
-
-def prefer_carveout(kernel, percent: int) -> None:
-    """Ask the driver to run ``kernel`` (a compiled Triton kernel, after its first launch)
-    with ``percent`` of each SM's L1 / shared-memory array as shared memory (the rest is L1);
-    -1 gives the choice back to the driver. A hint: the driver takes at least what the
-    kernel's shared memory needs.
-
-    Why: left to itself the driver picks the split per launch, so as to run beside the
-    kernels already launched, and the wide norms' speed hangs on it (H100): rms_norm
-    256 x 256K 88.3% of copy with <= 32 KB of shared memory, 80.8% with >= 64 KB (its pass 2
-    finds its segment in L1); layer_norm's shelf 85.4% at 164 KB, 43% at <= 64 KB. Set once
-    per kernel and value (a ctypes call; not a stream operation, so also safe while a CUDA
-    graph is captured)."""
-    if kernel is None or getattr(kernel, "_onetrip_carveout", -1) == percent:
-        return
-    fn, lib = getattr(kernel, "function", None), _libcuda()
-    if fn is None or lib is None:
-        return
-    if lib.cuFuncSetAttribute(ctypes.c_void_p(fn), ctypes.c_int(_CARVEOUT_ATTRIBUTE), ctypes.c_int(percent)) == 0:
-        kernel._onetrip_carveout = percent
 
 
 def is_interpreting() -> bool:
