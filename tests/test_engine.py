@@ -2,14 +2,13 @@
 the model's own greedy loop, for both backends; ragged batches, on a paged cache too; EOS,
 streaming, errors; on a GPU, graphs on and off give identical tokens."""
 
-import importlib
-
 import pytest
 import torch
 
 from onetrip.engine import Engine, SamplingParams
 from onetrip.engine.generate import bucket_for
-from onetrip.models import Model, greedy_generate, save_model
+from onetrip.models import FusedOptions, Model, greedy_generate, save_model
+from onetrip.ops.skinny_matmul import GEMV_PICKS
 
 from conftest import DEVICE, ON_GPU
 from test_models import TINY, VARIANTS
@@ -130,6 +129,24 @@ def test_sampling_is_seeded(gen):
     assert engine.generate(prompt, 16, sampling=SamplingParams(temperature=1.0, seed=124)).tokens != a
 
 
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.8, top_k=20, seed=2)])
+def test_advance_kernel_matches_op_by_op(sampling, gen):
+    """The fused backend's step bookkeeping in one ``ops.advance`` launch (the default) or op
+    by op (``FusedOptions(advance_kernel=False)``): the same tokens, greedy and sampled, for
+    a batch of 3 (bucket 4) where one sequence stops at an EOS."""
+    model = _model("llama", "fused", seed=12)
+    prompts = _prompts(gen, [4, 2, 6])
+    engine = Engine(model, max_seq=24, max_batch=4, graphs=False, check_every=2)
+    free = engine.generate(prompts, 8, sampling=sampling).tokens
+    eos = (free[1][3],)
+    runs = []
+    for options in (FusedOptions(), FusedOptions(advance_kernel=False)):
+        model.fused_options = options
+        runs.append(engine.generate(prompts, 8, sampling=sampling, eos_ids=eos).tokens)
+    assert runs[0] == runs[1]
+    assert runs[0][1] == free[1][: free[1].index(eos[0]) + 1]
+
+
 def test_bucket_for():
     assert [bucket_for(b) for b in (1, 2, 3, 4, 5, 8, 9, 33)] == [1, 2, 4, 4, 8, 8, 16, 64]
     with pytest.raises(ValueError, match="batch must be >= 1, got 0"):
@@ -181,12 +198,11 @@ def test_pdl_gives_identical_tokens(monkeypatch, early_weights):
     loaded before the wait. The same greedy tokens as without."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("programmatic dependent launch needs sm_90 or later")
-    skinny_matmul = importlib.import_module("onetrip.ops.skinny_matmul")  # the module, not the op
     model = _model("llama", "fused", seed=5, dtype=torch.bfloat16)
+    model.fused_options = FusedOptions(gemv_picks=GEMV_PICKS.with_early(early_weights))
     prompt = _prompts(torch.Generator(device=DEVICE).manual_seed(1), [600])
     runs = []
     for m in (0, 1):
         monkeypatch.setenv("ONETRIP_PDL", str(m))
-        monkeypatch.setattr(skinny_matmul, "EARLY_CHUNKS", dict.fromkeys(skinny_matmul.EARLY_CHUNKS, early_weights))
         runs.append(Engine(model, max_seq=1024, max_batch=1, graphs=True).generate(prompt, 24).tokens)
     assert runs[0] == runs[1]

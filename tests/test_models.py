@@ -69,6 +69,9 @@ QWEN25_05B_JSON = {  # Qwen/Qwen2.5-0.5B: no head_dim field (hidden / heads = 64
     "max_position_embeddings": 32768, "use_sliding_window": False, "sliding_window": 32768,
 }
 
+QWEN3_JSON = {**QWEN25_05B_JSON, "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "head_dim": 128,
+              "attention_bias": False, "layer_types": ["full_attention"] * 24}
+
 
 def test_from_hf_matches_presets():
     assert ModelConfig.from_hf(LLAMA_32_1B_JSON) == get_config("llama-3.2-1b")
@@ -77,8 +80,7 @@ def test_from_hf_matches_presets():
     v5 = {k: v for k, v in LLAMA_32_1B_JSON.items() if k not in ("rope_theta", "rope_scaling")}
     v5["rope_parameters"] = {**LLAMA_32_1B_JSON["rope_scaling"], "rope_theta": 500000.0}
     assert ModelConfig.from_hf(v5) == get_config("llama-3.2-1b")
-    qwen3 = ModelConfig.from_hf({**QWEN25_05B_JSON, "architectures": ["Qwen3ForCausalLM"], "head_dim": 128,
-                                 "attention_bias": False})
+    qwen3 = ModelConfig.from_hf(QWEN3_JSON)
     assert qwen3.qk_norm and not qwen3.attention_bias and qwen3.head_dim == 128
 
 
@@ -89,14 +91,37 @@ def test_to_hf_round_trip(config):
 
 @pytest.mark.parametrize("change, message", [
     ({"architectures": ["MistralForCausalLM"]}, "unsupported architecture 'MistralForCausalLM'"),
-    ({"architectures": []}, "unsupported architecture None"),
+    ({"architectures": [], "model_type": "mistral"}, "no 'architectures' and its model_type 'mistral'"),
+    ({"architectures": None, "model_type": None}, "no 'architectures' and its model_type None"),
     ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope scaling type 'yarn'"),
     ({"attention_bias": True}, "attention_bias=True"),
+    ({"num_attention_heads": None}, "LlamaForCausalLM: the config has no 'num_attention_heads'"),
 ])
 def test_from_hf_rejects(change, message):
+    hf = {k: v for k, v in {**LLAMA_32_1B_JSON, **change}.items() if v is not None}
     with pytest.raises(ValueError, match=message):
-        ModelConfig.from_hf({**LLAMA_32_1B_JSON, **change})
+        ModelConfig.from_hf(hf)
+
+
+@pytest.mark.parametrize("base", [LLAMA_32_1B_JSON, QWEN25_05B_JSON, QWEN3_JSON])
+def test_from_hf_reads_model_type_without_architectures(base):
+    """transformers picks the class from model_type when "architectures" is absent."""
+    bare = {k: v for k, v in base.items() if k != "architectures"}
+    assert ModelConfig.from_hf(bare) == ModelConfig.from_hf(base)
+
+
+@pytest.mark.parametrize("base", [QWEN25_05B_JSON, QWEN3_JSON])
+@pytest.mark.parametrize("change, message", [
+    ({"use_sliding_window": True}, "use_sliding_window=True is not supported"),
+    ({"layer_types": ["full_attention"] * 20 + ["sliding_attention"] * 4},
+     "layer_types has 4 layer.s. of kind 'sliding_attention' .the first is layer 20."),
+])
+def test_from_hf_rejects_sliding_window(base, change, message):
+    """Sliding-window layers attend over a window, not the whole context: refused, not run wrong."""
+    arch = base["architectures"][0]
+    with pytest.raises(ValueError, match=f"{arch}: {message}"):
+        ModelConfig.from_hf({**base, **change})
 
 
 # ---- rotary tables --------------------------------------------------------------------------
@@ -261,6 +286,40 @@ def test_bad_directories(tmp_path):
         n: "model-00001-of-00001.safetensors" for n in tensors}}))
     with pytest.raises(FileNotFoundError, match="shard 'model-00001-of-00001.safetensors'"):
         load_model(tmp_path)
+
+
+@pytest.mark.parametrize("shard", [None, 20_000])
+def test_truncated_weights_named(tmp_path, shard):
+    """A weights file cut short (an interrupted download) or overwritten: a ValueError naming it."""
+    save_model(Model.random(TINY, seed=0), tmp_path, max_shard_bytes=shard)
+    file = sorted(tmp_path.glob("model*.safetensors"))[-1]
+    data = file.read_bytes()
+    for broken in (data[: len(data) // 2], b"<html>not found</html>", b""):
+        file.write_bytes(broken)
+        with pytest.raises(ValueError, match=f"'{file}' is not a readable safetensors file.*corrupt or truncated"):
+            load_model(tmp_path)
+
+
+def test_bad_config_json_named(tmp_path):
+    """Invalid JSON, a missing key, an unsupported option: each error names config.json."""
+    save_model(Model.random(TINY, seed=0), tmp_path)
+    cfg = tmp_path / "config.json"
+    hf = json.loads(cfg.read_text())
+    cfg.write_text(json.dumps(hf)[:40])
+    with pytest.raises(ValueError, match=f"'{cfg}' is not valid JSON"):
+        load_model(tmp_path)
+    cfg.write_text(json.dumps({k: v for k, v in hf.items() if k != "num_attention_heads"}))
+    with pytest.raises(ValueError, match=f"'{cfg}': LlamaForCausalLM: the config has no 'num_attention_heads'"):
+        load_model(tmp_path)
+    cfg.write_text(json.dumps([hf]))
+    with pytest.raises(ValueError, match=f"'{cfg}' holds a JSON list, not an object"):
+        load_model(tmp_path)
+    qwen3 = dataclasses.replace(TINY, qk_norm=True).to_hf()
+    cfg.write_text(json.dumps({**qwen3, "use_sliding_window": True}))
+    with pytest.raises(ValueError, match=f"'{cfg}': Qwen3ForCausalLM: use_sliding_window=True"):
+        load_model(tmp_path)
+    cfg.write_text(json.dumps({k: v for k, v in hf.items() if k != "architectures"}))  # model_type "llama"
+    assert load_model(tmp_path).config == TINY
 
 
 def test_bad_tensors(tmp_path):

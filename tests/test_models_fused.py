@@ -11,17 +11,16 @@ import copy
 import pytest
 import torch
 
-from onetrip.models import Model
-from onetrip.models import fused as fused_mod
+from onetrip.models import FusedOptions, Model
 from onetrip.testing import assert_close
 
 from conftest import DEVICE
 from test_models import TINY, VARIANTS
 
 
-def _pair(variant, seed):
+def _pair(variant, seed, options=FusedOptions()):
     """(eager float32, eager float64, fused float32) models with the same weights."""
-    model = Model.random(VARIANTS[variant], torch.float32, DEVICE, seed=seed)
+    model = Model.random(VARIANTS[variant], torch.float32, DEVICE, seed=seed, fused_options=options)
     exact = copy.deepcopy(model).to(torch.float64)
     fused = copy.deepcopy(model)
     fused.backend = "fused"
@@ -45,10 +44,10 @@ def _run(models, chunks, batch, max_seq):
 
 @pytest.mark.parametrize("append_in_attention", [False, True])
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_fused_matches_eager(variant, append_in_attention, gen, monkeypatch):
+def test_fused_matches_eager(variant, append_in_attention, gen):
     """Decode steps through append_kv + decode_attention, or append_attention (one launch)."""
-    monkeypatch.setattr(fused_mod, "APPEND_IN_ATTENTION", append_in_attention)
-    eager, exact, fused = _pair(variant, seed=int(torch.randint(0, 1000, (1,), generator=gen, device=DEVICE)))
+    eager, exact, fused = _pair(variant, seed=int(torch.randint(0, 1000, (1,), generator=gen, device=DEVICE)),
+                                options=FusedOptions(append_in_attention=append_in_attention))
     tokens = torch.randint(0, TINY.vocab_size, (2, 23), generator=gen, device=DEVICE)
     # A prefill of 19 (> MAX_Q_LEN: flash_attention), 2 single-token steps, then a chunk of
     # 2 (decode_attention with q_len 2, causal among the new tokens).
@@ -85,6 +84,8 @@ def test_backend_errors():
     with pytest.raises(ValueError, match="backend must be one of eager, fused; got 'triton'"):
         model.backend = "triton"
     assert model.backend == "eager"
+    with pytest.raises(TypeError, match="fused_options must be a FusedOptions, got dict"):
+        Model.random(TINY, seed=0, fused_options={"append_in_attention": False})
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))

@@ -199,7 +199,7 @@ def run_gemv_bench(out_dir: Path, quick: bool = False, compile: bool = False,
     each preset. ``quick``: M = 1 only. ``compile``: add torch.compile(F.linear).
     """
     from . import report
-    from .ops import _raise_recompile_limit
+    from .ops import raise_recompile_limit
 
     console = console or report.console()
     dtype, device = torch.bfloat16, torch.device("cuda")
@@ -214,7 +214,7 @@ def run_gemv_bench(out_dir: Path, quick: bool = False, compile: bool = False,
     stem = Path(out_dir) / f"gemv-{harness.slug(meta['gpu'])}-bf16-{meta['date'][:10].replace('-', '')}"
     compiled = None
     if compile:
-        _raise_recompile_limit()
+        raise_recompile_limit()
         compiled = torch.compile(F.linear, dynamic=False)
     flush = harness.new_flush_buffer(device)
     records: list[dict] = []

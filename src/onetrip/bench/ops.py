@@ -12,9 +12,8 @@ Timing (``TIMINGS``): "rotate" (the default) replays one CUDA graph of ``calls``
 to back over ``input_sets`` copies of the inputs that together pass 256 MiB, so each call
 reads its inputs from HBM, and divides by ``calls``: the time of a kernel among others, as
 in a model's forward, each call finding the previous one's output dirty in L2. "single"
-(the bench before 2026-11-22's thirteenth session) replays a graph of one call after an L2
-flush, so each call starts on a clean L2; on an H200 the two agree within ~1% at 2**26
-elements (see ``harness.time_ms``). Per
+replays a graph of one call after an L2 flush, so each call starts on a clean L2; on an
+H200 the two agree within ~1% at 2**26 elements (see ``device.time_ms``). Per
 (op, shape, provider) a record holds median_ms, p20_ms, p80_ms, bytes (each input read
 once, each output written once), gbs, pct_of_copy (of the measured copy bandwidth),
 max_diff_vs_eager (max |output - eager output|), error (why a provider could not run);
@@ -183,7 +182,7 @@ def add_speedup(records: list[dict]) -> None:
             r["speedup_vs_best_peer"], r["best_peer"] = best["median_ms"] / r["median_ms"], best["provider"]
 
 
-def _raise_recompile_limit(n: int = 64) -> None:
+def raise_recompile_limit(n: int = 64) -> None:
     """Static shapes recompile once per shape; the default limit (8) would fall back to eager."""
     cfg = torch._dynamo.config
     name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
@@ -225,7 +224,7 @@ def run_ops_bench(ops: Sequence[str] | None, dtype: torch.dtype, out_dir: Path, 
     console.print(f"{meta['gpu']}: copy bandwidth {meta['copy_gbs']:.0f} GB/s (read + write)")
     stem = Path(out_dir) / (f"ops-{harness.slug(meta['gpu'])}-{meta['dtype']}-{meta['date'][:10].replace('-', '')}"
                             + ("-single" if timing == "single" else ""))
-    _raise_recompile_limit()
+    raise_recompile_limit()
     flush = harness.new_flush_buffer(device)
     records: list[dict] = []
     columns = (TextColumn("{task.description:<44}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())

@@ -15,7 +15,7 @@ buffers (so it can be captured once and replayed):
     tok    = nxt;  lens += 1;  step += 1
 
 The fused backend runs the last two lines (and, greedy, the second stage of the argmax) as
-one kernel, ``ops.advance``; the eager backend op by op.
+one kernel, ``ops.advance`` (``FusedOptions.advance_kernel``); the eager backend op by op.
 
 With ``graphs=True`` on a GPU that is one ``CUDAGraph.replay()`` per token: one launch
 from the host instead of hundreds. One graph is captured per batch-size bucket (powers
@@ -45,14 +45,11 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from ..graphs import capture
-from ..models.llama import KVCache, Model
+from ..models.layers import KVCache
+from ..models.llama import Model
 from ..models.paged import SINK, PagedKVCache, PagePlan, pages_for, plan_pages
 from ..ops.advance import advance_greedy, advance_ref, advance_tokens
 from .sampling import SamplingParams, sample
-
-# The fused backend's step bookkeeping in one launch (ops.advance); False: op by op, as
-# the eager backend does it (the A/B switch of benchmarks/ab_next.py).
-FUSED_ADVANCE = True
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -130,7 +127,8 @@ class Engine:
         for any batch the contiguous cache takes; less bounds the cache's memory, and a
         batch whose pages do not fit is refused with a ValueError.
 
-    After a paged ``generate``, ``plan`` is the ``PagePlan`` its sequences ran on.
+    After a paged ``generate``, ``plan`` is the ``PagePlan`` its sequences ran on. The fused
+    backend's variants, the step's ``advance_kernel`` among them, are ``model.fused_options``.
     """
 
     def __init__(self, model: Model, *, max_seq: int = 2048, max_batch: int = 1, graphs: bool = True,
@@ -212,9 +210,10 @@ class Engine:
                  lens: Optional[torch.Tensor] = None) -> None:
         """Sample from logits (bucket, vocab), record the token, feed it next, and add one to
         ``lens`` when given: in place. The fused backend does the bookkeeping in one launch
-        (``ops.advance``; greedy, with the argmax's second stage), the eager one op by op."""
+        (``ops.advance``; greedy, with the argmax's second stage) unless its
+        ``FusedOptions.advance_kernel`` is off; the eager one op by op."""
         state = (slot.done, slot.eos, slot.out, slot.tok, slot.step, lens)
-        if self.model.backend != "fused" or not FUSED_ADVANCE:
+        if self.model.backend != "fused" or not self.model.fused_options.advance_kernel:
             advance_ref(sample(logits, sampling, slot.step), *state)
         elif sampling.greedy:
             advance_greedy(logits, *state)
@@ -229,7 +228,7 @@ class Engine:
         if not self.graphs:
             self._decode_step(slot, sampling)
             return
-        key = (sampling, self.model.backend)
+        key = (sampling, self.model.backend, self.model.fused_options)
         if slot.graph is None or slot.graph_key != key:
             slot.graph = self._capture(slot, sampling)
             slot.graph_key = key

@@ -130,7 +130,7 @@ def hash_uniform(seed: int, step: torch.Tensor, rows: torch.Tensor, cols: torch.
 
 def _gumbel(u: torch.Tensor) -> torch.Tensor:
     # u in [2**-24, 1 - 2**-24] gives g in about [-2.8, 16.6]: a token 19 nats (prob. ratio
-    # 5e-9) below the best can never win, a truncation far below any sampling error we see.
+    # 5e-9) below the best can never win, a truncation far below any sampling error that matters.
     return -torch.log(-torch.log(u))
 
 

@@ -21,6 +21,10 @@ from typing import Optional
 import torch
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+# config.json's "model_type" -> its architecture, for configs without "architectures".
+MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+# Keys config.json must have (everything else has a default).
+REQUIRED_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 
 
 @dataclass(frozen=True)
@@ -105,23 +109,30 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, hf: dict) -> "ModelConfig":
-        """Read a Hugging Face ``config.json`` dict (Llama, Qwen2 or Qwen3).
+        """Read a Hugging Face ``config.json`` dict (Llama, Qwen2 or Qwen3): the family from
+        "architectures", or from "model_type" where there is none (as transformers does).
 
-        Raises ValueError naming the architecture or the option that is not supported.
+        Raises ValueError naming the architecture, the missing key or the option that is
+        not supported.
         """
-        archs = hf.get("architectures") or []
-        arch = archs[0] if archs else None
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(f"unsupported architecture {arch!r} (config 'architectures' = {archs!r}); "
-                             f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+        arch = _architecture(hf)
+        missing = [key for key in REQUIRED_KEYS if key not in hf]
+        if missing:
+            raise ValueError(f"{arch}: the config has no {', '.join(map(repr, missing))} "
+                             f"(required: {', '.join(REQUIRED_KEYS)})")
+        if hf.get("use_sliding_window"):
+            raise ValueError(f"{arch}: use_sliding_window=True is not supported (only full attention)")
+        other = {i: kind for i, kind in enumerate(hf.get("layer_types") or []) if kind != "full_attention"}
+        if other:
+            raise ValueError(f"{arch}: layer_types has {len(other)} layer(s) of kind "
+                             f"{', '.join(map(repr, sorted(set(other.values()))))} (the first is layer {min(other)}); "
+                             f"only 'full_attention' is supported")
         act = hf.get("hidden_act", "silu")
         if act != "silu":
             raise ValueError(f"{arch}: hidden_act {act!r} is not supported, only 'silu'")
         if hf.get("mlp_bias"):
             raise ValueError(f"{arch}: mlp_bias=True is not supported")
         if arch == "Qwen2ForCausalLM":
-            if hf.get("use_sliding_window"):
-                raise ValueError("Qwen2ForCausalLM: use_sliding_window=True is not supported")
             bias = True  # Qwen2 always has q/k/v biases (and none on o)
         else:
             if hf.get("attention_bias"):  # in HF Llama/Qwen3 this also puts a bias on o_proj
@@ -159,7 +170,7 @@ class ModelConfig:
 
     def to_hf(self, torch_dtype: Optional[torch.dtype] = None) -> dict:
         """A ``config.json`` dict that ``from_hf`` (and transformers) read back to this config."""
-        model_type = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
+        model_type = {arch: name for name, arch in MODEL_TYPES.items()}
         out = {
             "architectures": [self.architecture],
             "model_type": model_type[self.architecture],
@@ -186,6 +197,22 @@ class ModelConfig:
         if torch_dtype is not None:
             out["torch_dtype"] = str(torch_dtype).removeprefix("torch.")
         return out
+
+
+def _architecture(hf: dict) -> str:
+    """The supported architecture a config.json dict names; ValueError for any other."""
+    archs = hf.get("architectures") or []
+    if archs:
+        if archs[0] not in SUPPORTED_ARCHITECTURES:
+            raise ValueError(f"unsupported architecture {archs[0]!r} (config 'architectures' = {archs!r}); "
+                             f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+        return archs[0]
+    model_type = hf.get("model_type")
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"the config has no 'architectures' and its model_type {model_type!r} is not a supported "
+                         f"family; supported: architectures {', '.join(SUPPORTED_ARCHITECTURES)} or model_type "
+                         f"{', '.join(MODEL_TYPES)}")
+    return MODEL_TYPES[model_type]
 
 
 _LLAMA3_1B_SCALING = RopeScaling(32.0, 1.0, 4.0, 8192)

@@ -1,6 +1,7 @@
 """The fused forward of the Llama-family decoder: the same weights as ``llama.Model``, run
 on onetrip's kernels. Selected with ``model.backend = "fused"`` (``llama.Model.forward``
-dispatches here); the eager forward in llama.py stays the reference it is checked against.
+dispatches here); the eager layers (``layers.py``) are the reference it is checked against.
+``FusedOptions`` (passed to ``Model``) picks between measured variants.
 
 One layer at a decode step, kernel by kernel (Llama; Qwen2 adds the q/k/v bias to the
 QKV GEMM, Qwen3 two RMSNorms of the q and k heads):
@@ -9,7 +10,7 @@ QKV GEMM, Qwen3 two RMSNorms of the q and k heads):
     qkv  = normed @ wqkv^T                            one GEMM for q, k and v
     append_kv(q, k, v, k_cache, v_cache, lens, cos, sin)   RoPE on q, k + k, v into the cache
     o    = decode_attention(q, k_cache, v_cache, lens + 1)  split-KV over the cache
-           (or both in one launch, append_attention: APPEND_IN_ATTENTION)
+           (or both in one launch, append_attention: FusedOptions.append_in_attention)
     x    = o @ wo^T
     normed, res = add_rms_norm(x, res, mlp_norm)      the residual add rides in the norm
     y    = silu_mul(normed @ w_gate_up^T)             one GEMM for gate and up
@@ -30,9 +31,11 @@ sequence's pages gathered into a contiguous copy first.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from dataclasses import dataclass
+from typing import Optional, Protocol, Sequence
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 from ..ops.append_attention import append_attention
@@ -43,69 +46,95 @@ from ..ops.gemv_norm import gemv_add_residual, gemv_rms_norm, loads_weight_early
 from ..ops.glu import silu_mul
 from ..ops.norm import add_rms_norm, rms_norm
 from ..ops.rotary import apply_rotary
-from ..ops.skinny_matmul import silu_mul_matmul, skinny_matmul
+from ..ops.skinny_matmul import GEMV_PICKS, GemvPicks, silu_mul_matmul, skinny_matmul
+from .config import ModelConfig
+from .layers import Attention, Block, take_positions
 
-if TYPE_CHECKING:  # llama.py imports this module
-    from .llama import Attention, Model
+
+@dataclass(frozen=True)
+class FusedOptions:
+    """Variants of the fused backend's decode step (prefill always appends to the cache, then
+    attends); the defaults are the measured picks.
+
+    append_in_attention: a decode step appends K/V and attends in one ``append_attention``
+        launch, instead of ``append_kv`` then ``decode_attention``.
+    trigger_o: at batch 1, the attention kernel triggers the o GEMV's launch at its start
+        where that GEMV loads its whole weight before its PDL wait
+        (``gemv_norm.loads_weight_early``), so W_o streams during the attention.
+    advance_kernel: the engine ends each step (record the token, EOS, lens += 1, step += 1;
+        greedy, the argmax's second stage too) with one ``ops.advance`` kernel, not op by op.
+    gemv_picks: the batch-1 GEMVs' measured launches (``ops.skinny_matmul.GEMV_PICKS``);
+        another ``GemvPicks`` A/Bs a launch or the early weight chunks.
+    """
+
+    append_in_attention: bool = True  # H200 step: 1B 0.872 -> 0.849 ms, 8B 4.003 -> 3.967 ms
+    trigger_o: bool = True  # H100 1B step 1.041 -> 1.028 ms (the 8B's o GEMV does not load early: unchanged)
+    advance_kernel: bool = True  # ~9 small kernels fewer: H200 step 1B 0.861 -> 0.837 ms, 8B 3.980 -> 3.952 ms
+    gemv_picks: GemvPicks = GEMV_PICKS
+
+    def __deepcopy__(self, memo: dict) -> "FusedOptions":
+        return self  # immutable, and GemvPicks' read-only mappings cannot be deep-copied
 
 
-# Decode steps (q_len <= MAX_Q_LEN) append the new tokens inside the attention kernel
-# (``append_attention``: one launch) instead of append_kv + decode_attention: on an H200
-# (benchmarks/ab_next.py round 9) the 1B step 0.872 -> 0.849 ms, the 8B 4.003 -> 3.967 ms.
-# False restores the pair; prefill always appends, then attends.
-APPEND_IN_ATTENTION = True
-# At batch 1, where the o GEMV after the attention loads its whole weight before its PDL
-# wait (``gemv_norm.loads_weight_early``: Llama-3.2-1B's 2048 x 2048 launch), the attention
-# kernel triggers it at its start (``append_attention(trigger_next=True)``), so W_o streams
-# while the attention's chain of small loads runs with the HBM idle. H100 (round 21,
-# benchmarks/NOTES.md): 1B step 1.041 -> 1.028 ms. False: the attention never triggers.
-TRIGGER_O = True
+class Decoder(Protocol):
+    """What the fused forward reads of a model (``llama.Model`` is one)."""
+
+    config: ModelConfig
+    embed: nn.Embedding
+    layers: Sequence[Block]
+    norm: torch.Tensor  # (hidden,) the final RMSNorm's weight
+
+    @property
+    def head_weight(self) -> torch.Tensor:  # (vocab, hidden): the LM head's, or the tied embedding's
+        ...
 
 
 def _gemv(x: torch.Tensor) -> bool:
     """One 16-bit row on a GPU (batch-1 decode, the LM head of one sequence): onetrip's
-    GEMV streams the weight faster than cuBLAS on every 1B/8B projection there
-    (benchmarks/NOTES.md, "skinny matmul"); anything else goes to cuBLAS."""
+    GEMV, 1.02-1.42x cuBLAS on the ten 1B/8B projections (H200); more rows go to cuBLAS,
+    which reads at 21-98% of copy at 32 rows against Triton's 18-88%."""
     return x.is_cuda and x.numel() == x.shape[-1] and x.dtype != torch.float32
 
 
-def _linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """x @ weight^T (+ bias)."""
-    return skinny_matmul(x, weight, bias) if _gemv(x) else F.linear(x, weight, bias)
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], picks: GemvPicks) -> torch.Tensor:
+    """x @ weight^T (+ bias); ``picks``: the GEMV's launches."""
+    return skinny_matmul(x, weight, bias, picks=picks) if _gemv(x) else F.linear(x, weight, bias)
 
 
-def _down(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def _down(gate_up: torch.Tensor, weight: torch.Tensor, picks: GemvPicks) -> torch.Tensor:
     """(silu(gate) * up) @ weight^T: at batch 1 one GEMV with SwiGLU in its prologue."""
-    return silu_mul_matmul(gate_up, weight) if _gemv(gate_up) else F.linear(silu_mul(gate_up), weight)
+    if _gemv(gate_up):
+        return silu_mul_matmul(gate_up, weight, picks=picks)
+    return F.linear(silu_mul(gate_up), weight)
 
 
-def take_positions(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """x (batch, seq, ...) -> (batch, 1, ...): row ``index[b]`` of each sequence."""
-    return x[torch.arange(x.shape[0], device=x.device), index][:, None]
-
-
-def _attention(attn: "Attention", x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+def _attention(attn: Attention, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                lens: Optional[torch.Tensor], lens_after: Optional[torch.Tensor],
-               positions: Optional[torch.Tensor], starts: Optional[list[int]] = None) -> torch.Tensor:
+               positions: Optional[torch.Tensor], starts: Optional[list[int]], options: FusedOptions
+               ) -> torch.Tensor:
     """x (batch, seq, hidden) normed -> (batch, seq, hidden) before the residual add.
 
     With a cache: ``lens`` (batch,) int32 tokens cached before this call, ``lens_after`` =
-    lens + seq. Without: ``positions`` (batch, seq), the tokens' positions, give the rotary
-    angles and attention is causal within the call (only used there). ``starts``: lens on
-    the host, for a prefill (read once per forward, not once per layer).
+    lens + seq (None where append_attention counts them itself). Without: ``positions``
+    (batch, seq), the tokens' positions, give the rotary angles and attention is causal
+    within the call (only used there). ``starts``: lens on the host, for a prefill (read
+    once per forward, not once per layer).
     """
-    qkv = _linear(x, attn.wqkv.weight, attn.wqkv.bias)  # (batch, seq, q + 2 kv heads x head_dim)
-    out = _attend(attn, qkv.view(*x.shape[:2], -1), cos, sin, lens, lens_after, positions, starts)
-    return _linear(out, attn.wo.weight)
+    picks = options.gemv_picks
+    qkv = _linear(x, attn.wqkv.weight, attn.wqkv.bias, picks)  # (batch, seq, q + 2 kv heads x head_dim)
+    out = _attend(attn, qkv.view(*x.shape[:2], -1), cos, sin, lens, lens_after, positions, starts,
+                  options.append_in_attention)
+    return _linear(out, attn.wo.weight, None, picks)
 
 
-def _attend(attn: "Attention", qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+def _attend(attn: Attention, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
             lens: Optional[torch.Tensor], lens_after: Optional[torch.Tensor],
-            positions: Optional[torch.Tensor], starts: Optional[list[int]] = None,
+            positions: Optional[torch.Tensor], starts: Optional[list[int]], append_in_attention: bool,
             trigger_next: bool = False) -> torch.Tensor:
     """qkv (batch, seq, (heads + 2 kv_heads) x head_dim) -> attention output (batch, seq,
-    heads x head_dim), before the output projection. ``trigger_next``: append_attention's
-    scheduling hint for the kernel after it."""
+    heads x head_dim), before the output projection. ``append_in_attention``: a decode
+    step appends and attends in one ``append_attention`` launch; ``trigger_next``: that
+    kernel's scheduling hint for the kernel after it."""
     c = attn.config
     b, s, _ = qkv.shape
     q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
@@ -121,7 +150,7 @@ def _attend(attn: "Attention", qkv: torch.Tensor, cos: torch.Tensor, sin: torch.
     if cache is None:
         q, k = apply_rotary(q, k, cos, sin, positions)
         out = flash_attention(q, k, v, causal=True)
-    elif s <= MAX_Q_LEN and APPEND_IN_ATTENTION:
+    elif s <= MAX_Q_LEN and append_in_attention:
         out = append_attention(q, k, v, cache.k, cache.v, lens, cos, sin, block_table=cache.block_table,
                                trigger_next=trigger_next)
     else:
@@ -164,45 +193,48 @@ def _prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     return out
 
 
-def forward_fused(model: "Model", tokens: torch.Tensor, cache_seqlens: Optional[torch.Tensor],
+def forward_fused(model: Decoder, tokens: torch.Tensor, cache_seqlens: Optional[torch.Tensor],
                   positions: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
-                  logits_index: Optional[torch.Tensor] = None) -> torch.Tensor:
+                  logits_index: Optional[torch.Tensor] = None, options: FusedOptions = FusedOptions()
+                  ) -> torch.Tensor:
     """Logits (batch, seq, vocab) of ``tokens`` (batch, seq) through onetrip's kernels.
 
     Called by ``Model.forward`` after its argument checks, with ``positions`` (batch, seq)
-    int64 (None with a cache: append_kv takes them from cache_seqlens), the float32 rotary tables ``cos, sin`` (max_pos, head_dim / 2) and the optional
-    ``logits_index`` (see ``Model.forward``). No host
-    synchronisation on the decode path (seq <= MAX_Q_LEN with a cache): capturable.
+    int64 (None with a cache: append_kv takes them from cache_seqlens), the float32 rotary
+    tables ``cos, sin`` (max_pos, head_dim / 2), the optional ``logits_index`` (see
+    ``Model.forward``) and the model's ``FusedOptions``. No host synchronisation on the
+    decode path (seq <= MAX_Q_LEN with a cache): capturable.
     """
     c = model.config
     b, s = tokens.shape
     lens = lens_after = None
     if model.layers and model.layers[0].attn.cache is not None:
         lens = cache_seqlens if cache_seqlens.dtype == torch.int32 else cache_seqlens.to(torch.int32)
-        if s <= MAX_Q_LEN and not APPEND_IN_ATTENTION:
+        if s <= MAX_Q_LEN and not options.append_in_attention:
             lens_after = lens + s  # decode_attention counts the appended tokens (one tiny kernel per step)
 
     x = F.embedding(tokens, model.embed.weight)  # (batch, seq, hidden)
     if b * s == 1 and _gemv(x) and lens is not None:
-        return _decode_one_row(model, x, cos, sin, lens, lens_after)
+        return _decode_one_row(model, x, cos, sin, lens, lens_after, options)
     residual = None
     # A prefill reads the lengths on the host once here, not once a layer: each read waits
     # for the GPU to drain, so with one a layer the host's launches never ran ahead of it.
     starts = lens.tolist() if lens is not None and s > MAX_Q_LEN else None
     for layer in model.layers:
         normed, residual = add_rms_norm(x, residual, layer.attn_norm, c.rms_norm_eps)
-        x = _attention(layer.attn, normed, cos, sin, lens, lens_after, positions, starts)
+        x = _attention(layer.attn, normed, cos, sin, lens, lens_after, positions, starts, options)
         normed, residual = add_rms_norm(x, residual, layer.mlp_norm, c.rms_norm_eps)
         mlp = layer.mlp
-        x = _down(_linear(normed, mlp.w_gate_up.weight), mlp.w_down.weight)
+        x = _down(_linear(normed, mlp.w_gate_up.weight, None, options.gemv_picks), mlp.w_down.weight,
+                  options.gemv_picks)
     if logits_index is not None:
         x, residual = take_positions(x, logits_index), take_positions(residual, logits_index)
     x, _ = add_rms_norm(x, residual, model.norm, c.rms_norm_eps)
-    return _linear(x, model.head_weight)  # (batch, seq, vocab)
+    return _linear(x, model.head_weight, None, options.gemv_picks)  # (batch, seq, vocab)
 
 
-def _decode_one_row(model: "Model", x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                    lens: torch.Tensor, lens_after: torch.Tensor) -> torch.Tensor:
+def _decode_one_row(model: Decoder, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                    lens: torch.Tensor, lens_after: Optional[torch.Tensor], options: FusedOptions) -> torch.Tensor:
     """One token of one sequence (x (1, 1, hidden)): every projection a GEMV, and each
     residual add + RMSNorm carried by the GEMVs around it (``ops.gemv_norm``):
 
@@ -212,26 +244,27 @@ def _decode_one_row(model: "Model", x: torch.Tensor, cos: torch.Tensor, sin: tor
         gu  = gemv_rms_norm(h, ss, mlp_norm, Wgate_up)
         h, ss = gemv_add_residual(gu, Wdown, h, silu_mul)   SwiGLU in the prologue
 
-    6 kernels per layer (7 with the split-KV merge; one fewer with APPEND_IN_ATTENTION) against
-    9-10; the first layer's norm
-    is an ``add_rms_norm`` of the embedding. Returns logits (1, 1, vocab)."""
+    6 kernels per layer (7 with the split-KV merge; one fewer with append_in_attention)
+    against 9-10; the first layer's norm is an ``add_rms_norm`` of the embedding. Returns
+    logits (1, 1, vocab)."""
     c = model.config
-    eps = c.rms_norm_eps
+    eps, picks = c.rms_norm_eps, options.gemv_picks
     h = ss = None
     # Every layer's W_o has one shape: whether its GEMV loads it early is asked once a step.
-    trigger_o = TRIGGER_O and bool(model.layers) and loads_weight_early(model.layers[0].attn.wo.weight)
+    trigger_o = (options.trigger_o and bool(model.layers)
+                 and loads_weight_early(model.layers[0].attn.wo.weight, picks=picks))
     for i, layer in enumerate(model.layers):
         attn, mlp = layer.attn, layer.mlp
         if i == 0:
             normed, h = add_rms_norm(x, None, layer.attn_norm, eps)
-            qkv = _linear(normed, attn.wqkv.weight, attn.wqkv.bias)
+            qkv = _linear(normed, attn.wqkv.weight, attn.wqkv.bias, picks)
         else:
-            qkv = gemv_rms_norm(h, ss, layer.attn_norm, eps, attn.wqkv.weight, attn.wqkv.bias)
-        o = _attend(attn, qkv.view(1, 1, -1), cos, sin, lens, lens_after, None,
-                    trigger_next=trigger_o)
-        h, ss = gemv_add_residual(o, attn.wo.weight, h)
-        gate_up = gemv_rms_norm(h, ss, layer.mlp_norm, eps, mlp.w_gate_up.weight)
-        h, ss = gemv_add_residual(gate_up, mlp.w_down.weight, h, silu_mul=True)
+            qkv = gemv_rms_norm(h, ss, layer.attn_norm, eps, attn.wqkv.weight, attn.wqkv.bias, picks=picks)
+        o = _attend(attn, qkv.view(1, 1, -1), cos, sin, lens, lens_after, None, None,
+                    options.append_in_attention, trigger_next=trigger_o)
+        h, ss = gemv_add_residual(o, attn.wo.weight, h, picks=picks)
+        gate_up = gemv_rms_norm(h, ss, layer.mlp_norm, eps, mlp.w_gate_up.weight, picks=picks)
+        h, ss = gemv_add_residual(gate_up, mlp.w_down.weight, h, silu_mul=True, picks=picks)
     if h is None:  # no layers
-        return _linear(rms_norm(x, model.norm, eps), model.head_weight)
-    return gemv_rms_norm(h, ss, model.norm, eps, model.head_weight).view(1, 1, -1)
+        return _linear(rms_norm(x, model.norm, eps), model.head_weight, None, picks)
+    return gemv_rms_norm(h, ss, model.norm, eps, model.head_weight, picks=picks).view(1, 1, -1)

@@ -8,8 +8,7 @@ A directory holds ``config.json`` and either ``model.safetensors`` or shards lis
 tensor names are Hugging Face's (``model.layers.{i}.self_attn.q_proj.weight``, ...); q/k/v
 are concatenated into ``attn.wqkv`` and gate/up into ``mlp.w_gate_up`` while loading, and
 split again when saving. Every tensor's shape is checked against the config before use.
-
-Not here yet: the tokenizer (``tokenizer.json``); callers pass token ids.
+The tokenizer (``tokenizer.json``) is ``engine.tokenizer``'s.
 """
 
 from __future__ import annotations
@@ -20,10 +19,11 @@ from pathlib import Path
 from typing import Optional, Union
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from .config import ModelConfig
+from .fused import FusedOptions
 from .llama import Model
 
 PathLike = Union[str, os.PathLike]
@@ -84,24 +84,57 @@ def _fused_names(config: ModelConfig) -> dict[str, list[str]]:
     return out
 
 
-def load_config(path: PathLike) -> ModelConfig:
-    """``ModelConfig`` from ``path/config.json``; FileNotFoundError or ValueError otherwise."""
+def _read_json(file: Path) -> dict:
+    """The JSON object in ``file``; ValueError naming the file when it is not one."""
+    try:
+        with open(file) as f:
+            data = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{str(file)!r} is not valid JSON ({exc}); the file is corrupt or truncated") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{str(file)!r} holds a JSON {type(data).__name__}, not an object")
+    return data
+
+
+def _hf_config(path: PathLike) -> tuple[Path, dict]:
+    """(the directory, its config.json as a dict); FileNotFoundError for either missing."""
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"checkpoint directory {str(path)!r} does not exist")
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise FileNotFoundError(f"{str(path)!r} has no config.json (expected a Hugging Face model directory)")
-    with open(cfg_file) as f:
-        return ModelConfig.from_hf(json.load(f))
+    return path, _read_json(cfg_file)
+
+
+def load_config(path: PathLike) -> ModelConfig:
+    """``ModelConfig`` from ``path/config.json``. FileNotFoundError for a missing directory or
+    file; ValueError naming the file for invalid JSON, a missing key or an unsupported model."""
+    return _config(*_hf_config(path))
+
+
+def _config(path: Path, hf: dict) -> ModelConfig:
+    """``ModelConfig.from_hf(hf)``, its ValueError prefixed with the config file's path."""
+    try:
+        return ModelConfig.from_hf(hf)
+    except ValueError as exc:
+        raise ValueError(f"{str(path / 'config.json')!r}: {exc}") from None
+
+
+def _open(file: Path):
+    """``safe_open`` of one weights file; ValueError naming it when it cannot be read."""
+    try:
+        return safe_open(file, framework="pt")
+    except SafetensorError as exc:
+        raise ValueError(f"{str(file)!r} is not a readable safetensors file ({exc}): it is corrupt or truncated "
+                         f"(an interrupted download?); fetch it again") from None
 
 
 def _tensor_files(path: Path) -> dict[str, Path]:
     """Tensor name -> the safetensors file that holds it."""
     index = path / INDEX_FILE
     if index.is_file():
-        with open(index) as f:
-            weight_map = json.load(f).get("weight_map")
+        weight_map = _read_json(index).get("weight_map")
         if not isinstance(weight_map, dict):
             raise ValueError(f"{str(index)!r} has no 'weight_map' dict")
         files = {name: path / shard for name, shard in weight_map.items()}
@@ -112,33 +145,35 @@ def _tensor_files(path: Path) -> dict[str, Path]:
     single = path / SINGLE_FILE
     if not single.is_file():
         raise FileNotFoundError(f"{str(path)!r} has neither {SINGLE_FILE} nor {INDEX_FILE}")
-    with safe_open(single, framework="pt") as f:
+    with _open(single) as f:
         return {name: single for name in f.keys()}
 
 
 @torch.no_grad()
-def load_model(path: PathLike, dtype: Optional[torch.dtype] = None, device=None) -> Model:
+def load_model(path: PathLike, dtype: Optional[torch.dtype] = None, device=None, *,
+               fused_options: FusedOptions = FusedOptions()) -> Model:
     """Load a Hugging Face Llama/Qwen2/Qwen3 directory into a ``Model``.
 
     dtype: the parameters' dtype (default: config.json's "torch_dtype" or "dtype", else
     float32);
     device: where the parameters live (default CPU). Tensors are read one at a time
     (memory-mapped), cast and copied, so the host never holds the whole checkpoint.
+    fused_options: the model's ``FusedOptions``.
 
     Raises FileNotFoundError for a missing directory, config or weights file; ValueError
-    for an unsupported architecture, a missing or unexpected tensor, or a tensor whose
-    shape does not match the config (naming the tensor, expected and found shapes).
+    for an unreadable config or weights file (naming it), an unsupported architecture, a
+    missing or unexpected tensor, or a tensor whose shape does not match the config
+    (naming the tensor, expected and found shapes).
     """
-    path = Path(path)
-    config = load_config(path)
+    path, hf = _hf_config(path)
+    config = _config(path, hf)
     if dtype is None:
-        with open(path / "config.json") as f:
-            hf = json.load(f)
         # transformers < 5 writes "torch_dtype", >= 5 "dtype".
         name = hf.get("torch_dtype") or hf.get("dtype") or "float32"
         dtype = getattr(torch, name, None)
         if not isinstance(dtype, torch.dtype):
-            raise ValueError(f"config.json: torch_dtype {name!r} is not a torch dtype; pass dtype=")
+            raise ValueError(f"{str(path / 'config.json')!r}: torch_dtype {name!r} is not a torch dtype; "
+                             f"pass dtype=")
     files = _tensor_files(path)
     expected = hf_shapes(config)
 
@@ -153,7 +188,7 @@ def load_model(path: PathLike, dtype: Optional[torch.dtype] = None, device=None)
                          f"with {config.num_layers} layers, e.g. {unexpected[:3]}")
 
     with torch.device("meta"):
-        model = Model(config, dtype)
+        model = Model(config, dtype, fused_options=fused_options)
     model = model.to_empty(device=device or "cpu")
     params = dict(model.named_parameters())
     handles = {}
@@ -164,7 +199,7 @@ def load_model(path: PathLike, dtype: Optional[torch.dtype] = None, device=None)
             for name in sources:
                 file = files[name]
                 if file not in handles:
-                    handles[file] = safe_open(file, framework="pt").__enter__()
+                    handles[file] = _open(file).__enter__()
                 t = handles[file].get_tensor(name)
                 if tuple(t.shape) != expected[name]:
                     raise ValueError(f"tensor {name!r} in {file.name}: expected shape {expected[name]} "
