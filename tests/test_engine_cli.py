@@ -1,6 +1,7 @@
 """The engine's commands on the CPU (tiny preset; fused kernels through the interpreter):
 generate, profile --model, demo, bench decode."""
 
+import io
 import json
 
 import pytest
@@ -10,7 +11,7 @@ from conftest import ON_GPU
 from onetrip.cli import main
 
 # These check what a machine without a GPU prints and records; on a GPU the same commands
-# time, count kernels and capture graphs (exercised by benchmarks/gpu_session.sh).
+# time, count kernels and capture graphs.
 cpu_only = pytest.mark.skipif(ON_GPU, reason="checks the CPU-only output")
 
 
@@ -22,7 +23,39 @@ def test_generate_writes_a_summary(tmp_path, capsys):
     s = json.loads(out.read_text())
     assert (s["batch"], s["new_tokens"], s["prompt_tokens"], s["backend"], s["page_size"]) == (3, 5, 32, "fused", None)
     assert s["decode_tok_s"] > 0 and s["pct_of_limit"] is None  # no bandwidth on a CPU
-    assert "Timings need a GPU" in capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "No CUDA GPU: tiny runs on the CPU, the fused kernels through Triton's interpreter" in err
+    assert "No CUDA GPU" not in out and "tiny · fused" in out  # stdout: the summary only
+
+
+@cpu_only
+def test_generate_shows_progress_on_stderr(tmp_path, capsys):
+    out = tmp_path / "g.json"
+    assert main(["generate", "--model", "tiny", "--backend", "eager", "--max-new-tokens", "16",
+                 "--json", str(out)]) == 0
+    stdout, stderr = capsys.readouterr()
+    lines = stderr.splitlines()
+    assert lines[0] == "No CUDA GPU: tiny runs on the CPU; tok/s here says nothing about GPU speed."
+    assert lines[1].startswith("generate: prefill done, 1/16 tokens, ")
+    assert [line.split(",")[0] for line in lines[2:]] == [f"generate: {n}/16 tokens" for n in range(2, 17, 2)]
+    assert "generate:" not in stdout and json.loads(out.read_text())["new_tokens"] == 16
+
+
+def test_progress_and_the_cpu_warning():
+    from rich.console import Console
+
+    from onetrip.engine.commands import GenerateProgress, cpu_warning
+
+    assert cpu_warning("llama-3.2-1b", "fused") == ("No CUDA GPU: llama-3.2-1b runs on the CPU, the fused kernels "
+                                                    "through Triton's interpreter; expect minutes. For a quick "
+                                                    "check: --model tiny.")
+    status = Console(file=io.StringIO(), width=200)  # not a terminal: lines, no bar
+    with GenerateProgress(status, 32, 5, lines=True) as progress:
+        for n in (1, 1, 2, 3, 5):
+            progress.tokens(n)
+    lines = status.file.getvalue().splitlines()
+    assert [line.rsplit(",", 1)[0] for line in lines] == [
+        "generate: prefill done, 1/5 tokens", "generate: 2/5 tokens", "generate: 3/5 tokens", "generate: 5/5 tokens"]
 
 
 @cpu_only
@@ -37,7 +70,7 @@ def test_generate_paged(tmp_path, capsys):
 
 def test_generate_errors(capsys):
     assert main(["generate", "--model", "no-such-model", "--max-new-tokens", "2"]) == 2
-    assert "neither a directory nor a preset" in capsys.readouterr().err
+    assert "neither a directory with config.json nor a preset; presets: llama-3.2-1b" in capsys.readouterr().err
     assert main(["generate", "--model", "tiny", "--prompt", "hello"]) == 2
     assert "--prompt needs a tokenizer" in capsys.readouterr().err
     assert main(["generate", "--model", "tiny", "--page-size", "16"]) == 2
@@ -48,14 +81,20 @@ def test_generate_errors(capsys):
 def test_profile_model_records_a_trace(tmp_path, capsys):
     trace = tmp_path / "t.json"
     assert main(["profile", "--model", "tiny", "--backend", "eager", "--steps", "2", "--trace-out", str(trace)]) == 0
-    assert trace.exists() and "No GPU activity" in capsys.readouterr().out
+    assert trace.exists() and "No GPU kernels in this trace" in capsys.readouterr().out
     assert main(["profile"]) == 2
     assert "give a TRACE file or --model" in capsys.readouterr().err
 
 
 @cpu_only
-def test_demo_on_the_cpu(tmp_path):
+def test_demo_on_the_cpu(tmp_path, capsys):
     assert main(["demo", "--out", str(tmp_path), "--new-tokens", "4"]) == 0
+    out = capsys.readouterr().out
+    for column in ("operators / step: ", "non-GEMM bytes / step: ", "tok/s (CPU): ", "same prefix: "):
+        assert f"\n{column}" in out, column  # a legend line per column
+    words = " ".join(out.split())  # the console wraps long lines
+    assert "kernels run through Triton's interpreter" in words and "the GPU figures are in README.md" in words
+    assert f"wrote {tmp_path / 'demo.json'}" in words and str(tmp_path / "demo-trace-fused.json") in words
     rows = json.loads((tmp_path / "demo.json").read_text())
     assert [r["mode"] for r in rows] == ["eager", "fused"]
     assert all(r["same_prefix"] == 4 for r in rows)
@@ -76,7 +115,7 @@ def test_profile_transformers_decode(tmp_path, capsys):
     trace = tmp_path / "hf.json"
     assert main(["profile", "--model", "tiny", "--backend", "transformers", "--steps", "2",
                  "--trace-out", str(trace)]) == 0
-    assert "No GPU activity" in capsys.readouterr().out  # a CPU trace: operators only
+    assert "No GPU kernels in this trace" in capsys.readouterr().out  # a CPU trace: operators only
     events = json.loads(trace.read_text())["traceEvents"]
     assert {e["name"] for e in events if e["name"].startswith("ProfilerStep#")} == {"ProfilerStep#0", "ProfilerStep#1"}
     assert any(e["name"] == "aten::linear" for e in events)

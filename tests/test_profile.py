@@ -371,8 +371,8 @@ def test_report_renders_and_json_round_trips(tmp_path):
 def test_streaming_memory_is_bounded(tmp_path):
     """A ~50 MB trace is analysed in a fresh process whose peak memory grows by less than the
     file's size (json.load alone would need several times it). Its time is printed, not
-    judged: a wall-clock bound of 30 s failed on an H100 host under the GPU suite's 12 workers
-    (15.5 s of analysis, 35 s with the process's start and imports; thirty-sixth session)."""
+    judged: on an H100 host under the GPU suite's 12 workers the analysis takes 15.5 s and
+    the process, start and imports included, 35 s."""
     path = tmp_path / "large.json"
     kernels = write_large_trace(path, 50_000_000)
     size = path.stat().st_size
@@ -407,7 +407,8 @@ def test_pytorch_recorded_cpu_trace():
     assert {(s.op, s.shape, s.dtype): s.occurrences for s in r.square_intermediates} == ATTENTION_SQUARES
     assert r.verdict.kind == "memory-bound, missing fusion"
     text = render_report(r, Console(record=True, width=160, file=io.StringIO())).export_text()
-    assert "No GPU activity" in text and "2x4x128x128" in text
+    assert "No GPU kernels in this trace" in text and "From the CPU operators alone" in text
+    assert "2x4x128x128" in text
 
 
 def test_live_pytorch_cpu_trace(tmp_path):

@@ -29,7 +29,9 @@ datasheet peak of the GPU named in the trace). ``--png`` / ``--html`` also draw 
 on a timeline (a PNG; a self-contained HTML page with hover details). ``--diff B.json``
 compares the trace (A) with B instead: kernels per step, step time, idle and launch-overhead
 shares, GPU time per kernel category, chains and verdicts of both, with B - A and B / A;
-then ``--json`` writes the comparison, and ``--png`` / ``--html`` draw A above B.
+then ``--json`` writes the comparison, and ``--png`` / ``--html`` draw A above B. A trace
+without GPU kernels (a CPU-only recording) gets what its operators show and a note on how
+to record a CUDA trace; its timeline is not drawn (exit 1). An empty trace is an error (exit 2).
 ``generate`` runs the decode engine on a checkpoint directory or a preset with random
 weights and reports prefill ms, decode tok/s, kernels per decode step and the achieved
 bandwidth as a % of the device's copy bandwidth.
@@ -48,7 +50,8 @@ from pathlib import Path
 DECODE_PROVIDERS = ("transformers", "gpt-fast", "onetrip-eager", "onetrip-fused", "onetrip-graphs", "onetrip-paged")
 
 
-def _build_parser(op_names: tuple[str, ...], dtype_names: tuple[str, ...]) -> argparse.ArgumentParser:
+def _build_parser(op_names: tuple[str, ...], dtype_names: tuple[str, ...],
+                  presets: tuple[str, ...]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="onetrip", description="Fused Triton kernels for transformer inference.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -107,8 +110,8 @@ def _build_parser(op_names: tuple[str, ...], dtype_names: tuple[str, ...]) -> ar
         "fused + CUDA-graph engine, all on the same weights; report tok/s, % of the bandwidth limit, kernels per "
         "decode step and time to first token. Without a GPU, check on the tiny preset that the providers "
         "generate the same tokens.")
-    model.add_argument("--preset", action="extend", nargs="+", metavar="NAME",
-                       help="presets (default: llama-3.2-1b llama-3.1-8b)")
+    model.add_argument("--preset", action="extend", nargs="+", metavar="NAME", choices=presets,
+                       help=f"presets (default: llama-3.2-1b llama-3.1-8b): {', '.join(presets)}")
     model.add_argument("--batch", action="extend", nargs="+", type=_positive, metavar="N",
                        help="batch sizes (default: 1 8 32)")
     model.add_argument("--provider", action="extend", nargs="+", metavar="NAME",
@@ -127,7 +130,8 @@ def _build_parser(op_names: tuple[str, ...], dtype_names: tuple[str, ...]) -> ar
         "achieved bandwidth per operator; or compare two traces (--diff); optionally draw the timeline.")
     prof.add_argument("trace", type=Path, nargs="?", help="trace file (.json or .json.gz)")
     prof.add_argument("--model", metavar="PATH|PRESET",
-                      help="instead of a trace: profile decode steps of the engine on this checkpoint or preset")
+                      help="instead of a trace: profile decode steps of the engine on this checkpoint directory "
+                      f"or preset ({', '.join(presets)})")
     prof.add_argument("--backend", choices=("eager", "fused", "transformers"), default="fused",
                       help="with --model (default fused); transformers: the same weights run by HF transformers "
                            "with its dynamic cache")
@@ -155,7 +159,8 @@ def _build_parser(op_names: tuple[str, ...], dtype_names: tuple[str, ...]) -> ar
         "limit, kernels per step, idle share, verdict) with the three timelines in one PNG. Without a GPU: "
         "the tiny preset on the CPU, operators and bytes per step from the CPU profiler.")
     demo.add_argument("--out", type=Path, default=Path("demo"), help="folder for traces, PNG, JSON (default demo/)")
-    demo.add_argument("--preset", help="default: llama-3.2-1b on a GPU, tiny on a CPU")
+    demo.add_argument("--preset", choices=presets, metavar="NAME",
+                      help=f"default: llama-3.2-1b on a GPU, tiny on a CPU; one of {', '.join(presets)}")
     demo.add_argument("--new-tokens", type=_positive, metavar="N", help="default: 128 on a GPU, 16 on a CPU")
     demo.set_defaults(func=_demo)
 
@@ -165,8 +170,8 @@ def _build_parser(op_names: tuple[str, ...], dtype_names: tuple[str, ...]) -> ar
         "prefill time, decode tok/s, kernels per decode step and the achieved bandwidth against the copy "
         "bandwidth of the device.")
     gen.add_argument("--model", required=True, metavar="PATH|PRESET",
-                     help="Hugging Face model directory, or a preset: llama-3.2-1b, llama-3.1-8b, qwen2.5-0.5b, "
-                     "qwen2.5-7b, tiny")
+                     help=f"Hugging Face model directory (with config.json), or a preset (random weights): "
+                     f"{', '.join(presets)}")
     what = gen.add_mutually_exclusive_group()
     what.add_argument("--prompt", metavar="TEXT", help="prompt text (needs the directory's tokenizer)")
     what.add_argument("--prompt-tokens", type=_positive, metavar="N", help="N random prompt tokens (default 32)")
@@ -290,6 +295,8 @@ def _gbs(text: str) -> float:
 def _profile(args: argparse.Namespace) -> int:
     from .profile import (TraceIndex, analyze_index, diff_reports, draw_timelines, read_trace, render_diff,
                           render_report, write_html_timeline)
+    from .bench.report import console
+    from .profile.report import hints
 
     if (args.trace is None) == (args.model is None):
         print("onetrip profile: give a TRACE file or --model PATH|PRESET (one of the two)", file=sys.stderr)
@@ -310,35 +317,49 @@ def _profile(args: argparse.Namespace) -> int:
         return 2
     if args.diff:
         result = diff_reports(*reports)
-        render_diff(result)
+        render_diff(result, console())
+        for tag, report in zip("AB", reports):
+            for line in hints(report):
+                print(f"{tag}: {line}")
     else:
         result = reports[0]
-        render_report(result)
+        render_report(result, console())
     if args.json:
         args.json.write_text(result.to_json())
         print(f"wrote {args.json}")
     labels = [f"{tag}{p.name}" for tag, p in zip(("A: ", "B: ") if args.diff else ("",), paths)]
+    status = 0
     for flag, out, draw in (("--png", args.png, draw_timelines), ("--html", args.html, write_html_timeline)):
         if out is None:
+            continue
+        bare = [str(p) for p, report in zip(paths, reports) if not report.gpu_activities]
+        if bare:  # the timeline draws GPU kernels per stream; a CPU-only trace has none
+            print(f"onetrip profile: {flag} {out} not written: no GPU kernels to draw in {', '.join(bare)} "
+                  "(the timeline needs a CUDA trace; see the note above)", file=sys.stderr)
+            status = 1
             continue
         try:
             draw(indexes, out, labels=labels)
         except (OSError, ValueError) as exc:
-            print(f"onetrip profile: {flag}: {exc}", file=sys.stderr)
-            return 2
+            print(f"onetrip profile: {flag} {out} not written: {exc}", file=sys.stderr)
+            status = 1
+            continue
         print(f"wrote {out}")
-    return 0
+    return status
 
 
 def _record_model_trace(args: argparse.Namespace) -> Path:
     """Profile ``args.steps`` decode steps of the engine on ``args.model``; the trace's path."""
     import torch
 
-    from .engine.commands import load
+    from .engine.commands import check_model, cpu_warning, load
     from .engine.generate import Engine
     from .profile import run as profile_run
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    check_model(args.model)
+    if device == "cpu" and args.model != "tiny":
+        print(cpu_warning(args.model, "fused" if args.backend == "fused" else "eager"), file=sys.stderr)
     model, _, label = load(args.model, torch.bfloat16 if device == "cuda" else torch.float32, device)
     prompts = torch.randint(0, model.config.vocab_size, (args.batch, 32),
                             generator=torch.Generator().manual_seed(0)).tolist()
@@ -410,8 +431,9 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
     from .bench.ops import DTYPES, OP_NAMES
+    from .models.config import PRESETS
 
-    args = _build_parser(OP_NAMES, tuple(DTYPES)).parse_args(argv)
+    args = _build_parser(OP_NAMES, tuple(DTYPES), tuple(PRESETS)).parse_args(argv)
     return args.func(args)
 
 

@@ -25,6 +25,7 @@ from typing import Optional
 
 import torch
 
+from .device import copy_bandwidth_gbs
 from .engine.budget import decode_budget
 from .engine.generate import Engine, common_prefix
 from .models import Model, get_config
@@ -34,6 +35,28 @@ from .profile.bandwidth import MATMUL_OUT, op_bytes
 from .profile.trace import read_trace
 
 MODES = (("eager", "eager", False), ("fused", "fused", False), ("fused + graphs", "fused", True))
+
+# Under the table: one line per column.
+SAME_PREFIX = ("same prefix: greedy tokens equal to eager's before the first difference. Random weights leave the "
+               "top logits near ties, so a different rounding (fused kernels, another GEMM split) can flip a pick "
+               "after a few tokens in 16-bit; in float32 the modes agree token for token (tests).")
+GPU_LEGEND = (
+    "tok/s: decode tokens per second, batch 1; % of limit: of the tok/s allowed by reading the weights and the "
+    "KV cache once per token at the measured copy bandwidth",
+    "kernels / step: GPU kernels per decode step (median of 5 profiled steps); from graphs: of them, those "
+    "replayed from a CUDA graph",
+    "idle share: of a step's GPU span, the gaps where no kernel runs; verdict: launch-bound, memory-bound "
+    "(missing fusion) or neither, as `onetrip profile` decides",
+    SAME_PREFIX,
+)
+CPU_LEGEND = (
+    "operators / step: top-level PyTorch operators one decode step calls (on a GPU each launches one kernel or "
+    "more); median of 5 profiled steps",
+    "non-GEMM bytes / step: bytes the operators other than matrix products read and write, from the recorded "
+    "shapes (a lower bound)",
+    "tok/s (CPU): decode tokens per second on this CPU",
+    SAME_PREFIX,
+)
 
 
 @dataclass(frozen=True)
@@ -138,10 +161,9 @@ def run_demo(out_dir: Path = Path("demo"), preset: Optional[str] = None, new_tok
     out_dir.mkdir(parents=True, exist_ok=True)
     bandwidth = None
     if gpu:
-        from .bench.harness import copy_bandwidth_gbs
         bandwidth = copy_bandwidth_gbs(device)
     else:
-        con.print("[yellow]No CUDA GPU: the tiny preset on the CPU, fused kernels through Triton's interpreter. "
+        con.print(f"[yellow]No CUDA GPU: the {preset} preset on the CPU, fused kernels through Triton's interpreter. "
                   "Timings, kernel counts and idle gaps need a GPU; the CPU profiler shows operators and bytes.[/]")
     model = Model.random(get_config(preset), dtype, device, seed=0)
     prompts = torch.randint(0, model.config.vocab_size, (1, 32), generator=torch.Generator().manual_seed(0)).tolist()
@@ -169,12 +191,19 @@ def run_demo(out_dir: Path = Path("demo"), preset: Optional[str] = None, new_tok
             [r.mode, f"{r.ops_per_step:.0f}", fmt(r.non_gemm_bytes_per_step, ",.0f"), f"{r.tok_s:.1f}"]
         table.add_row(*cells, f"{r.same_prefix}/{new_tokens}")
     con.print(table)
-    con.print("same prefix: greedy tokens equal to eager's before the first difference. Random weights leave "
-              "the top logits near ties, so a different rounding (fused kernels, another GEMM split) can flip "
-              "a pick after a few tokens in 16-bit; in float32 the modes agree token for token (tests).")
+    for line in GPU_LEGEND if gpu else CPU_LEGEND:
+        con.print(line, highlight=False)
+    if not gpu:
+        con.print("[yellow]On a CPU the fused kernels run through Triton's interpreter (Python, one program "
+                  "instance at a time), so tok/s here says nothing about speed; the GPU figures are in README.md.[/]")
+    summary = out_dir / "demo.json"
+    summary.write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")
+    wrote = f"wrote {summary} (the table as JSON)"
     if gpu:
         png = draw_timelines([r.trace for r in rows], out_dir / "demo-timelines.png", [r.mode for r in rows],
                              title=f"one decode step of {preset}: eager, fused, fused + CUDA graphs")
-        con.print(f"timelines: {png}; traces (open in Perfetto): " + ", ".join(r.trace for r in rows))
-    (out_dir / "demo.json").write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")
+        wrote += f", {png} (the three timelines)"
+    con.print(wrote, highlight=False)
+    con.print(f"traces (open in https://ui.perfetto.dev, or `onetrip profile {rows[0].trace}`): "
+              + ", ".join(r.trace for r in rows), highlight=False)
     return rows

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
 import torch
 
+from ..device import copy_bandwidth_gbs
 from ..models import Model, get_config, load_model
 from ..models.config import PRESETS
 from .budget import decode_budget
@@ -27,16 +29,33 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def load(spec: str, dtype: Optional[torch.dtype], device: str, seed: int = 0) -> tuple[Model, Optional[Tokenizer], str]:
-    """A Hugging Face directory (weights, and its tokenizer when there is a tokenizer.json)
-    or a preset name (random weights, no tokenizer). Returns (model, tokenizer, label)."""
+    """A Hugging Face directory with a config.json (weights, and its tokenizer when there is
+    a tokenizer.json) or a preset name (random weights, no tokenizer). Returns (model,
+    tokenizer, label); raises ValueError naming ``spec`` and the presets otherwise."""
+    check_model(spec)
     path = Path(spec)
-    if path.is_dir():
+    if (path / "config.json").is_file():
         model = load_model(path, dtype, device)
         tok = Tokenizer.from_dir(path) if (path / "tokenizer.json").is_file() else None
         return model, tok, path.name
-    if spec in PRESETS:
-        return Model.random(get_config(spec), dtype or torch.float32, device, seed=seed), None, spec
-    raise ValueError(f"--model {spec!r} is neither a directory nor a preset; presets: {', '.join(PRESETS)}")
+    return Model.random(get_config(spec), dtype or torch.float32, device, seed=seed), None, spec
+
+
+def check_model(spec: str) -> None:
+    """Raise a ValueError naming ``spec`` and the presets, before anything slow, unless it is
+    a directory with a config.json or a preset."""
+    if not (Path(spec) / "config.json").is_file() and spec not in PRESETS:
+        raise ValueError(f"--model {spec!r} is neither a directory with config.json nor a preset; "
+                         f"presets: {', '.join(PRESETS)}")
+
+
+def cpu_warning(spec: str, backend: str) -> str:
+    """The line a run on the CPU starts with: how the kernels run, what to expect of the
+    time, and (beyond the tiny preset) what is quicker."""
+    how = ", the fused kernels through Triton's interpreter" if backend == "fused" else ""
+    if spec == "tiny":
+        return f"No CUDA GPU: {spec} runs on the CPU{how}; tok/s here says nothing about GPU speed."
+    return f"No CUDA GPU: {spec} runs on the CPU{how}; expect minutes. For a quick check: --model tiny."
 
 
 def build_prompts(tokenizer: Optional[Tokenizer], text: Optional[str], n_tokens: Optional[int], batch: int,
@@ -103,43 +122,89 @@ def summarize(result: GenerationResult, model: Model, label: str, backend: str, 
         device=torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else "cpu")
 
 
-def run_generate(args, console) -> int:
-    """The body of ``onetrip generate`` (arguments as parsed in cli.py)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+class GenerateProgress:
+    """Progress of one ``generate`` call on ``status`` (a rich console): the prefill, then
+    the decoded tokens. A bar on a terminal; elsewhere, with ``lines``, a line at the
+    prefill's end and at every eighth of the tokens. ``tokens(n)``: n new tokens so far
+    (the first one ends the prefill)."""
+
+    def __init__(self, status, prompt_tokens: int, new_tokens: int, enabled: bool = True, lines: bool = False):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.status, self.new_tokens, self.enabled = status, new_tokens, enabled
+        self.live = enabled and status.is_terminal
+        self.lines = enabled and lines and not self.live
+        self.every = max(1, new_tokens // 8)
+        self.done = 0
+        self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), console=status, transient=True, disable=not self.live)
+        self.prefill = self.bar.add_task(f"prefill ({prompt_tokens} prompt tokens)", total=None)  # pulses
+        self.decode = self.bar.add_task("decode", total=new_tokens, start=False)
+        self.start = 0.0
+
+    def __enter__(self) -> "GenerateProgress":
+        self.start = time.perf_counter()
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.__exit__(*exc)
+
+    def tokens(self, n: int) -> None:
+        if not self.enabled or n <= self.done:
+            return
+        if self.done == 0:
+            self.bar.update(self.prefill, total=1, completed=1)
+            self.bar.start_task(self.decode)
+        self.bar.update(self.decode, completed=n)
+        if self.lines and (self.done == 0 or n // self.every > self.done // self.every or n == self.new_tokens):
+            what = "prefill done, " if self.done == 0 else ""
+            self.status.print(f"generate: {what}{n}/{self.new_tokens} tokens, {time.perf_counter() - self.start:.1f} s")
+        self.done = n
+
+
+def run_generate(args, console, status=None) -> int:
+    """The body of ``onetrip generate`` (arguments as parsed in cli.py). The summary goes to
+    ``console``; warnings and progress to ``status`` (default: stderr), so that stdout
+    holds the tokens and the summary only."""
+    from rich.console import Console
     from rich.table import Table
 
+    status = status or Console(stderr=True, soft_wrap=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    check_model(args.model)
+    if args.page_size is not None and not args.paged:
+        raise ValueError(f"--page-size {args.page_size} applies to a paged KV cache; add --paged")
+    sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+    if device == "cpu":
+        status.print(f"[yellow]{cpu_warning(args.model, args.backend)}[/]")
     dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device == "cuda" else torch.float32)
     model, tok, label = load(args.model, None if args.dtype is None and Path(args.model).is_dir() else dtype,
                              device, seed=args.seed)
     model.backend = args.backend
     prompts = build_prompts(tok, args.prompt, args.prompt_tokens, args.batch, args.chat, model.config.vocab_size,
                             seed=args.seed)
-    sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
-    if args.page_size is not None and not args.paged:
-        raise ValueError(f"--page-size {args.page_size} applies to a paged KV cache; add --paged")
     engine = Engine(model, max_seq=max(map(len, prompts)) + args.max_new_tokens + 8, max_batch=args.batch,
                     graphs=not args.no_graphs, paged=args.paged, page_size=args.page_size)
-    if device == "cpu":
-        console.print("[yellow]No CUDA GPU: running on the CPU"
-                      + (" with the fused kernels through Triton's interpreter" if args.backend == "fused" else "")
-                      + ". Timings need a GPU.[/]")
 
     stream = tok is not None and args.batch == 1 and not args.quiet
     decoder = IncrementalDecoder(tok) if stream else None
-    with Progress(TextColumn("[bold]generating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True, disable=stream or args.quiet) as bar:
-        task = bar.add_task("decode", total=args.max_new_tokens)
+    with GenerateProgress(status, sum(map(len, prompts)), args.max_new_tokens, enabled=not (stream or args.quiet),
+                          lines=device == "cpu") as progress:
 
         def on_token(i: int, toks: list[int]) -> None:
-            console.print(decoder.push(toks[0]), end="", soft_wrap=True, highlight=False)
+            if stream:
+                console.print(decoder.push(toks[0]), end="", soft_wrap=True, highlight=False)
+            else:
+                progress.tokens(i + 1)
 
-        def on_step(i: int) -> None:
-            bar.update(task, completed=i)
-
+        # On a GPU, on_step (every check_every steps) keeps the host off the device; on a
+        # CPU a host read costs nothing and a step of a 1B model takes seconds: every token.
+        per_token = stream or (progress.enabled and device == "cpu")
         result = engine.generate(prompts, args.max_new_tokens, sampling=sampling,
                                  eos_ids=tok.eos_ids if tok is not None else (),
-                                 on_token=on_token if stream else None, on_step=on_step)
+                                 on_token=on_token if per_token else None,
+                                 on_step=(lambda i: progress.tokens(i + 1)) if progress.enabled else None)
     if stream:
         console.print(decoder.flush(), highlight=False)
     elif tok is not None and not args.quiet:
@@ -148,7 +213,6 @@ def run_generate(args, console) -> int:
 
     bandwidth = None
     if device == "cuda":
-        from ..bench.harness import copy_bandwidth_gbs
         bandwidth = copy_bandwidth_gbs(device)
     kernels = decode_kernels(engine, prompts)
     s = summarize(result, model, label, args.backend, kernels, bandwidth, engine.page_size)

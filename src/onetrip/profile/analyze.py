@@ -166,6 +166,9 @@ def verdict(steps: list[StepStats], chain_us: float, squares: int, th: Threshold
 class TraceReport:
     """Everything ``analyze_trace`` finds. Totals count every event of the trace (kernels
     launched outside every ProfilerStep included); ``steps`` only those inside a step.
+    cpu_ops: CPU operator spans; shaped_ops: those with recorded input shapes (0 when the
+    trace was recorded without ``record_shapes=True``: every byte figure is then unknown);
+    profiler_steps: ``ProfilerStep#N`` spans, with or without GPU activity.
     bandwidth: the peak that ``op_bandwidth`` (achieved GB/s per operator and input
     shapes, the most GPU time first) is compared with; see ``bandwidth.py``."""
 
@@ -175,6 +178,9 @@ class TraceReport:
     memcpy: int
     memset: int
     unassigned: int
+    cpu_ops: int
+    shaped_ops: int
+    profiler_steps: int
     kernel_us: float
     categories: dict[str, int]
     category_us: dict[str, float]
@@ -192,6 +198,11 @@ class TraceReport:
     thresholds: Thresholds
     bandwidth: PeakBandwidth
     op_bandwidth: tuple[OpBandwidth, ...]
+
+    @property
+    def gpu_activities(self) -> int:
+        """Kernels, memcpy and memset: 0 for a trace recorded without CUDA activity."""
+        return self.kernels + self.memcpy + self.memset
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -237,7 +248,9 @@ def analyze_index(index: TraceIndex, thresholds: Thresholds = Thresholds(), top:
     return TraceReport(
         path=trace.path, events=trace.events, kernels=sum(k.kind == "kernel" for k in trace.kernels),
         memcpy=sum(k.kind == "memcpy" for k in trace.kernels), memset=sum(k.kind == "memset" for k in trace.kernels),
-        unassigned=index.unassigned, kernel_us=sum(k.dur for k in trace.kernels if k.kind == "kernel"),
+        unassigned=index.unassigned, cpu_ops=len(trace.cpu_ops),
+        shaped_ops=sum(op.input_dims is not None for op in trace.cpu_ops), profiler_steps=len(trace.steps),
+        kernel_us=sum(k.dur for k in trace.kernels if k.kind == "kernel"),
         categories=dict(cats), category_us=dict(cat_us), steps=tuple(steps), step_verdicts=step_verdicts,
         chains=tuple(group_chains(chains)),
         chain_count=len(chains), chain_saved_bytes=None if None in saved else sum(saved),

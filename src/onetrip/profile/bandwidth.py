@@ -230,5 +230,5 @@ def op_bandwidth(index: TraceIndex, peak: PeakBandwidth, n: int = 15) -> list[Op
     return sorted(out, key=lambda o: -o.gpu_us)[:n]
 
 
-__all__ = ["PEAK_HBM_GBS", "PeakBandwidth", "OpBandwidth", "datasheet_bandwidth", "check_bandwidth", "trace_bandwidth", "op_bytes",
-           "op_bandwidth"]
+__all__ = ["PEAK_HBM_GBS", "PeakBandwidth", "OpBandwidth", "datasheet_bandwidth", "check_bandwidth",
+           "trace_bandwidth", "op_bytes", "op_bandwidth"]

@@ -140,22 +140,57 @@ def _chains(report: TraceReport, n: int) -> Table:
     return t
 
 
+NO_GPU = ("No GPU kernels in this trace (recorded without ProfilerActivity.CUDA, or on a machine without a GPU). "
+          "Steps, idle gaps, launch overhead, element-wise chains and achieved bandwidth are measured on GPU "
+          "kernels, so they need a CUDA trace: record on a GPU with torch.profiler.profile(activities="
+          "[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True), or run "
+          "`onetrip profile --model PRESET` there.")
+NO_SHAPES = ("The trace has no input shapes, so byte figures read unknown and N x N intermediates cannot be "
+             "found; record with torch.profiler.profile(record_shapes=True).")
+NO_OPS = ("Byte figures and operators are unknown: the trace has no CPU operators; record with "
+          "torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True).")
+
+
+def hints(report: TraceReport) -> list[str]:
+    """What the trace lacks for a full report, one line each with how to record it."""
+    out = []
+    if not report.gpu_activities:
+        out.append(NO_GPU)
+    if report.cpu_ops and not report.shaped_ops:
+        out.append(NO_SHAPES)
+    elif not report.cpu_ops and report.gpu_activities:
+        out.append(NO_OPS)
+    return out
+
+
+def _summary(report: TraceReport) -> str:
+    if not report.gpu_activities:
+        return (f"[bold]{escape(report.path)}[/]: {report.events} events: {report.cpu_ops} CPU operators in "
+                f"{report.profiler_steps} ProfilerStep spans, no GPU kernels")
+    return (f"[bold]{escape(report.path)}[/]: {report.events} events, {report.kernels} kernels "
+            f"({_us(report.kernel_us)}), {report.memcpy} memcpy, {report.memset} memset, {report.cpu_ops} CPU "
+            f"operators, {len(report.steps)} step rows, {report.unassigned} GPU activities outside every step")
+
+
 def render_report(report: TraceReport, console: Console | None = None, steps: int = 8, chains: int = 10) -> Console:
     """Print the report's tables and verdict to ``console`` (a new one when None); returns it.
-    At most ``steps`` step rows and ``chains`` chain patterns are shown (the JSON has all)."""
+    At most ``steps`` step rows and ``chains`` chain patterns are shown (the JSON has all).
+    A trace without GPU kernels gets a note saying so and how to record one, then only the
+    finding its CPU operators give (N x N intermediates), if any."""
     console = console or Console()
-    console.print(f"[bold]{escape(report.path)}[/]: {report.events} events, {report.kernels} kernels "
-                  f"({_us(report.kernel_us)}), {report.memcpy} memcpy, {report.memset} memset, "
-                  f"{len(report.steps)} step rows, {report.unassigned} GPU activities outside every step")
-    if report.steps:
+    console.print(_summary(report))
+    for line in hints(report):
+        console.print(f"[yellow]{escape(line)}[/]")
+    if not report.gpu_activities:
+        console.print("From the CPU operators alone:" if report.square_intermediates else
+                      "The CPU operators show no N x N intermediate either: nothing more to report.")
+    elif report.steps:
         console.print(_steps(report, steps))
+    if report.gpu_activities:
         console.print(_top(report))
         console.print(_ops(report))
         if report.op_bandwidth:
             console.print(_bandwidth(report))
-    else:
-        console.print("No GPU activity in this trace (profiled without ProfilerActivity.CUDA?): "
-                      "only the operator-level findings below apply.")
     if report.chains:
         console.print(_chains(report, chains))
     if report.square_intermediates:
@@ -179,5 +214,8 @@ def render_report(report: TraceReport, console: Console | None = None, steps: in
         console.print(f"CUDA graphs: {g.launches} launches replayed {g.kernels} kernels ({_us(g.kernel_us)}); "
                       f"per-operator attribution {g.attribution}")
     v = report.verdict
-    console.print(f"[bold]Verdict: {v.kind}[/] — {escape(v.reason)}")
+    if report.gpu_activities or v.square_intermediates:
+        console.print(f"[bold]Verdict: {v.kind}[/] — {escape(v.reason)}")
+    else:
+        console.print("[bold]Verdict: none[/] — no GPU kernels to judge launch overhead or element-wise chains by")
     return console

@@ -17,7 +17,8 @@ buffer. Only the events the analyses need are kept, as small named tuples:
 
 Older Kineto spellings (``Kernel``, ``Runtime``, ``Operator``, ``Memcpy``, ``Memset``) are
 accepted. A file that is not JSON, is cut short, or has no ``traceEvents`` raises a
-``ValueError`` that names the file, the character offset, and what is wrong.
+``ValueError`` that names the file, the character offset, and what is wrong; so does
+``read_trace`` on a trace with no events at all.
 """
 
 from __future__ import annotations
@@ -286,6 +287,7 @@ def _tuple(x) -> tuple | None:
 def read_trace(path: str | Path) -> Trace:
     """Stream ``path`` and keep the kernels, runtime calls, cpu ops and steps (see module doc).
 
+    Raises ValueError naming the file when it holds no events (``{"traceEvents": []}``).
     Input shapes repeat across steps, so equal ``input_dims``/``input_types`` tuples and
     equal names are stored once (interned), which keeps a multi-GB trace's residue small.
     """
@@ -321,6 +323,8 @@ def read_trace(path: str | Path) -> Trace:
         elif cat in CPU_OP_CATS:
             ops.append(CpuOp(intern(name), _int(ev.get("tid")) or 0, ts, dur, _int(args.get("External id")),
                              intern(_tuple(args.get("Input Dims"))), intern(_tuple(args.get("Input type")))))
+    if n == 0:
+        raise ValueError(f"{path}: empty trace: traceEvents holds no events, so there is nothing to analyse")
     for seq in (kernels, runtime, ops, steps):
         seq.sort(key=lambda e: e.ts)
     return Trace(str(path), kernels, runtime, ops, steps, metadata, n)
