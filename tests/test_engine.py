@@ -48,10 +48,10 @@ def test_ragged_batch_matches_one_by_one(backend, gen):
     model = _model("qwen2", backend, seed=4)
     prompts = _prompts(gen, [5, 1, 19])
     engine = Engine(model, max_seq=48, max_batch=4, graphs=False, prefill_chunk=8)
-    got = engine.generate(prompts, 12)
+    got = engine.generate(prompts, 8)
     assert got.batch_bucket == 4 and got.prompt_lens == [5, 1, 19]
     for p, toks in zip(prompts, got.tokens):
-        want = greedy_generate(model, torch.tensor([p], device=DEVICE), 12)[0].tolist()
+        want = greedy_generate(model, torch.tensor([p], device=DEVICE), 8)[0].tolist()
         assert toks == want
 
 
@@ -129,11 +129,12 @@ def test_sampling_is_seeded(gen):
     assert engine.generate(prompt, 16, sampling=SamplingParams(temperature=1.0, seed=124)).tokens != a
 
 
-@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.8, top_k=20, seed=2)])
-def test_advance_kernel_matches_op_by_op(sampling, gen):
+def test_advance_kernel_matches_op_by_op(gen):
     """The fused backend's step bookkeeping in one ``ops.advance`` launch (the default) or op
-    by op (``FusedOptions(advance_kernel=False)``): the same tokens, greedy and sampled, for
-    a batch of 3 (bucket 4) where one sequence stops at an EOS."""
+    by op (``FusedOptions(advance_kernel=False)``): the same sampled tokens for a batch of 3
+    (bucket 4) where one sequence stops at an EOS (greedy steps take the launch in every
+    fused test against transformers)."""
+    sampling = SamplingParams(temperature=0.8, top_k=20, seed=2)
     model = _model("llama", "fused", seed=12)
     prompts = _prompts(gen, [4, 2, 6])
     engine = Engine(model, max_seq=24, max_batch=4, graphs=False, check_every=2)

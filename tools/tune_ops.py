@@ -268,7 +268,7 @@ def main():
     ap.add_argument("--near", action="store_true", help="norms: today's pick and its neighbours one step away "
                     "in each knob (near_candidates), to re-sweep the picks on another GPU model")
     ap.add_argument("--picks", action="store_true", help="with --focus: time today's pick alone (A/B runs of "
-                    "two builds, e.g. a patch from benchmarks/experiments applied in between)")
+                    "two builds, e.g. with a change applied in between)")
     ap.add_argument("--flip", action="append", default=[], help="with --focus --picks: also time the pick with "
                     "this boolean NormConfig field negated (repeatable, e.g. hints.drop_y)")
     ap.add_argument("--vary", action="append", default=[], metavar="FIELD=V1,V2", help="with --focus --picks: "
