@@ -36,13 +36,12 @@ POINTERS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "y_ptr": "*bf1
             "table_ptr": "*i32", "ws_o_ptr": "*fp32", "ws_lse_ptr": "*fp32",
             "kn_ptr": "*bf16", "vn_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32"}  # decode attention
 FLOATS = ("eps", "qk_scale", "softcap_log2")
-BASE = dict(W_EVICT="evict_first", HAS_BIAS=False, RES_OUT=False, NORM_IN=False, NORM_LATE=False, BLOCK_SS=512,
+BASE = dict(W_EVICT="evict_first", HAS_BIAS=False, RES_OUT=False, NORM_IN=False, BLOCK_SS=512,
             SPLIT=False, USE_DOT=False, EVEN_K=True, SILU_MUL=False, BLOCK_M=1, BLOCK_N=8, BLOCK_K=1024,
             ACC=tl.float32, PDL=0, EARLY=0)
 VARIANTS = {  # (constexprs, num_warps): the engine's configs at batch 1 (_gemv_launch.gemv_config)
     "qkv/o/down plain, 8 x 1024": ({}, 8),
     "qkv + RMSNorm prologue": ({"NORM_IN": True}, 8),
-    "qkv + RMSNorm, rsqrt late": ({"NORM_IN": True, "NORM_LATE": True}, 8),
     "o + residual epilogue, 4 x 1024": ({"RES_OUT": True, "BLOCK_N": 4}, 8),
     "down + SwiGLU prologue + residual, 4 x 1024": ({"RES_OUT": True, "SILU_MUL": True, "BLOCK_N": 4}, 8),
     "gate_up / lm_head + RMSNorm, 16 x 256": ({"NORM_IN": True, "BLOCK_N": 16, "BLOCK_K": 256}, 4),

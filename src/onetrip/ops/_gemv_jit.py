@@ -37,10 +37,10 @@ def _row_weights(w_rows, k, k_hi, col_ok, stride_wk, EVEN_K: tl.constexpr, EVICT
 
 @triton.jit
 def _row_products(w, x_ptr, nw_ptr, k, k_hi, K, rstd, EVEN_K: tl.constexpr, SILU_MUL: tl.constexpr,
-                  NORM_IN: tl.constexpr, NORM_LATE: tl.constexpr, ACC: tl.constexpr):
+                  NORM_IN: tl.constexpr, ACC: tl.constexpr):
     """w * x[k] for one K chunk of a one-row GEMV, (BLOCK_N, BLOCK_K) in ``ACC``, with x
     made by the fused prologue: silu(gate) * up (x is [gate | up]), then RMSNorm's gain
-    and (unless NORM_LATE) its rsqrt."""
+    and its rsqrt."""
     if EVEN_K:
         x = tl.load(x_ptr + k).to(tl.float32)
         if SILU_MUL:
@@ -62,14 +62,13 @@ def _row_products(w, x_ptr, nw_ptr, k, k_hi, K, rstd, EVEN_K: tl.constexpr, SILU
         else:
             nw = tl.load(nw_ptr + k, mask=k < k_hi, other=0.0).to(ACC)
         x = x * nw
-    if NORM_IN and not NORM_LATE:
         x = x * rstd
     return w.to(ACC) * x[None, :]
 
 
 @triton.jit
 def _gemv_row(x_ptr, w_rows, k_lo, k_hi, K, stride_wk, col_ok, ss_in_ptr, n_ss, nw_ptr, eps,
-              NORM_IN: tl.constexpr, NORM_LATE: tl.constexpr, BLOCK_SS: tl.constexpr, EVEN_K: tl.constexpr,
+              NORM_IN: tl.constexpr, BLOCK_SS: tl.constexpr, EVEN_K: tl.constexpr,
               SILU_MUL: tl.constexpr, BLOCK_K: tl.constexpr, ACC: tl.constexpr, PDL: tl.constexpr,
               EARLY: tl.constexpr, W_EVICT: tl.constexpr = ""):
     """One program's (1, BLOCK_N) dot products of a one-row GEMV over K in [k_lo, k_hi), in
@@ -95,27 +94,21 @@ def _gemv_row(x_ptr, w_rows, k_lo, k_hi, K, stride_wk, col_ok, ss_in_ptr, n_ss, 
         pdl_start(PDL)
         w = _row_weights(w_rows, k, k_hi, col_ok, stride_wk, EVEN_K, W_EVICT)
     rstd = 1.0
-    if NORM_IN and not NORM_LATE:
+    if NORM_IN:
         # The row's sum of squares arrives as the producer GEMV's per-program partials
         # (n_ss floats, summed here in a fixed order: deterministic, no atomics).
         rstd = _rstd(ss_in_ptr, n_ss, K, eps, BLOCK_SS, ACC)
-    acc2 = _row_products(w, x_ptr, nw_ptr, k, k_hi, K, rstd, EVEN_K, SILU_MUL, NORM_IN, NORM_LATE, ACC)
+    acc2 = _row_products(w, x_ptr, nw_ptr, k, k_hi, K, rstd, EVEN_K, SILU_MUL, NORM_IN, ACC)
     loop_lo = k_lo + BLOCK_K
     if PDL > 0 and EARLY > 1:
         if has_b:
-            acc2 += _row_products(w_b, x_ptr, nw_ptr, k_b, k_hi, K, rstd, EVEN_K, SILU_MUL, NORM_IN, NORM_LATE,
-                                  ACC)
+            acc2 += _row_products(w_b, x_ptr, nw_ptr, k_b, k_hi, K, rstd, EVEN_K, SILU_MUL, NORM_IN, ACC)
         loop_lo += BLOCK_K
     for k0 in range(loop_lo, k_hi, BLOCK_K):
         k = k0 + ks
         w = _row_weights(w_rows, k, k_hi, col_ok, stride_wk, EVEN_K, W_EVICT)
-        acc2 += _row_products(w, x_ptr, nw_ptr, k, k_hi, K, rstd, EVEN_K, SILU_MUL, NORM_IN, NORM_LATE, ACC)
-    acc = tl.sum(acc2, axis=1)[None, :]  # (1, BLOCK_N)
-    if NORM_IN and NORM_LATE:
-        # rsqrt is one scalar per row, so it factors out of the dot product: its
-        # partials load overlaps the whole K loop instead of gating the first FMA.
-        acc = acc * _rstd(ss_in_ptr, n_ss, K, eps, BLOCK_SS, ACC)
-    return acc
+        acc2 += _row_products(w, x_ptr, nw_ptr, k, k_hi, K, rstd, EVEN_K, SILU_MUL, NORM_IN, ACC)
+    return tl.sum(acc2, axis=1)[None, :]  # (1, BLOCK_N)
 
 
 @triton.jit
@@ -128,7 +121,6 @@ def _skinny_matmul_kernel(
     HAS_BIAS: tl.constexpr,
     RES_OUT: tl.constexpr,  # y = x @ w^T + residual, and this program's sum of y^2 (one row)
     NORM_IN: tl.constexpr,  # x -> x * rsqrt(sum(ss_in) / K + eps) * nw: RMSNorm in the prologue
-    NORM_LATE: tl.constexpr,  # apply NORM_IN's rsqrt (one scalar per row) after the K loop
     BLOCK_SS: tl.constexpr,
     SPLIT: tl.constexpr,  # write float32 partials of this program's K range to the workspace
     USE_DOT: tl.constexpr,  # tl.dot on the tile (M padded to 16) instead of multiply + sum
@@ -164,7 +156,7 @@ def _skinny_matmul_kernel(
         # on the H200 (cuBLAS's float32 GEMV is that accurate), and Hopper's float64 FMA
         # runs at half the float32 rate, far above what a GEMV's bytes allow.
         acc = _gemv_row(x_ptr, w_rows, k_lo, k_hi, K, stride_wk, col_ok, ss_in_ptr, n_ss, nw_ptr, eps,
-                        NORM_IN, NORM_LATE, BLOCK_SS, EVEN_K, SILU_MUL, BLOCK_K, ACC, PDL, EARLY, W_EVICT)
+                        NORM_IN, BLOCK_SS, EVEN_K, SILU_MUL, BLOCK_K, ACC, PDL, EARLY, W_EVICT)
     else:
         pdl_start(PDL)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)

@@ -146,7 +146,7 @@ def _pdl_args(x: torch.Tensor, cfg: SkinnyConfig) -> dict:
 def launch_skinny(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], y: torch.Tensor,
                   cfg: SkinnyConfig, silu_mul: bool = False, residual: Optional[torch.Tensor] = None,
                   ss_out: Optional[torch.Tensor] = None, ss_in: Optional[torch.Tensor] = None,
-                  norm_weight: Optional[torch.Tensor] = None, eps: float = 0.0, norm_late: bool = False) -> None:
+                  norm_weight: Optional[torch.Tensor] = None, eps: float = 0.0) -> None:
     """x (M, K) with unit column stride, weight (N, K), bias (N,) or None, y (M, N) unit column
     stride. One row only (``gemv_norm``): silu_mul: x is (1, 2K), [gate | up], and the
     product uses silu(gate) * up; residual (N,) + ss_out (grid,): y += residual and each
@@ -170,7 +170,6 @@ def launch_skinny(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
         ss_in if ss_in is not None else x, ss_in.numel() if ss_in is not None else 0,
         norm_weight if norm_weight is not None else x, eps,
         HAS_BIAS=bias is not None and not split, RES_OUT=residual is not None, NORM_IN=ss_in is not None,
-        NORM_LATE=norm_late,
         BLOCK_SS=max(16, triton.next_power_of_2(ss_in.numel())) if ss_in is not None else 16,
         SPLIT=split, USE_DOT=cfg.use_dot,
         EVEN_K=k_per_split % cfg.block_k == 0 and K % k_per_split == 0, SILU_MUL=silu_mul,

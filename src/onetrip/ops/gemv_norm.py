@@ -104,19 +104,18 @@ def _(x, weight, residual, h, ss, silu_mul, config):
 
 @torch.library.custom_op("onetrip::gemv_rms_norm", mutates_args=("out",))
 def _norm_op(h: torch.Tensor, ss: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-             bias: Optional[torch.Tensor], out: torch.Tensor, rstd_late: bool, config: list[int]) -> None:
+             bias: Optional[torch.Tensor], out: torch.Tensor, config: list[int]) -> None:
     """config: ``SkinnyConfig.as_list()``, picked on the host (``_config``, fusion "norm")."""
     k = weight.shape[1]
     if not use_triton(h):
         rstd = torch.rsqrt(ss.sum() / k + eps)
         out.copy_(F.linear((h.float() * rstd * norm_weight.float()).to(h.dtype), weight, bias))
         return
-    launch_skinny(h, weight, bias, out, SkinnyConfig.from_list(config), ss_in=ss, norm_weight=norm_weight, eps=eps,
-                  norm_late=rstd_late)
+    launch_skinny(h, weight, bias, out, SkinnyConfig.from_list(config), ss_in=ss, norm_weight=norm_weight, eps=eps)
 
 
 @_norm_op.register_fake
-def _(h, ss, norm_weight, eps, weight, bias, out, rstd_late, config):
+def _(h, ss, norm_weight, eps, weight, bias, out, config):
     return None
 
 
@@ -152,16 +151,13 @@ def gemv_add_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Ten
 
 def gemv_rms_norm(h: torch.Tensor, ss: torch.Tensor, norm_weight: torch.Tensor, eps: float,
                   weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
-                  rstd_late: bool = False, picks: GemvPicks = GEMV_PICKS) -> torch.Tensor:
+                  picks: GemvPicks = GEMV_PICKS) -> torch.Tensor:
     """y = rms_norm(h) @ weight^T (+ bias) for one row, with the norm in the prologue.
 
     Args:
         h, ss: as ``gemv_add_residual`` returned them (h one row of K values).
         norm_weight: (K,) RMSNorm gain of h's dtype (Llama: applied after normalising).
         eps: RMSNorm's epsilon. weight: (N, K); bias: None or (N,).
-        rstd_late: multiply by rsqrt(mean(h^2) + eps) after the K loop (it is one scalar
-            per row) instead of in the prologue, so the partials' load overlaps the loop.
-            Not timed; the engine runs the prologue form (measured on an H200).
         picks: the measured batch-1 launches (``skinny_matmul.GEMV_PICKS``).
 
     Returns:
@@ -183,7 +179,7 @@ def gemv_rms_norm(h: torch.Tensor, ss: torch.Tensor, norm_weight: torch.Tensor, 
     cfg = _config(n, k, h.device, h.dtype, "norm", picks)
     out = torch.empty((1, n), dtype=h.dtype, device=h.device)
     call_op(_norm_op, h2, ss, norm_weight.contiguous(), float(eps), weight,
-            bias.contiguous() if bias is not None else None, out, bool(rstd_late), cfg.as_list())
+            bias.contiguous() if bias is not None else None, out, cfg.as_list())
     return out
 
 
