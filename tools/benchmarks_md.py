@@ -339,7 +339,9 @@ SUITES = ("decode-attention", "attention", "decode", "demo", "gemv", "ops")  # a
 def take(run: Path, tag: str | None) -> Path:
     """Copy ``run`` (a bench's JSON; its PNG beside it too) to ``RESULTS/<gpu>/<suite>[-<tag>].json``."""
     data = json.loads(run.read_text())
-    gpu_name = data.get("meta", {}).get("gpu", "") if isinstance(data, dict) else ""
+    if not (isinstance(data, dict) and "meta" in data and "results" in data):
+        raise SystemExit(f"{run}: not a bench run ({{'meta': ..., 'results': [...]}}, as `onetrip bench` writes)")
+    gpu_name = data["meta"].get("gpu") or ""
     gpu = next((g for g in GPUS if g in gpu_name.lower()), None)
     suite = data["meta"].get("suite") or next((s for s in SUITES if run.name.startswith(s + "-")), None)
     if gpu is None or suite is None:

@@ -72,9 +72,6 @@ class FusedOptions:
     advance_kernel: bool = True  # ~9 small kernels fewer: H200 step 1B 0.861 -> 0.837 ms, 8B 3.980 -> 3.952 ms
     gemv_picks: GemvPicks = GEMV_PICKS
 
-    def __deepcopy__(self, memo: dict) -> "FusedOptions":
-        return self  # immutable, and GemvPicks' read-only mappings cannot be deep-copied
-
 
 class Decoder(Protocol):
     """What the fused forward reads of a model (``llama.Model`` is one)."""

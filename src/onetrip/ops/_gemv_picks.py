@@ -51,5 +51,14 @@ class GemvPicks:
             raise ValueError(f"chunks must be 0, 1 or 2 (weight chunks before the PDL wait), got {chunks!r}")
         return dataclasses.replace(self, early_chunks=MappingProxyType(dict.fromkeys(self.early_chunks, chunks)))
 
+    # Immutable (read-only mappings): hashed by content, so a config holding it is a key
+    # (the engine's CUDA graphs are keyed by the model's options), and never deep-copied.
+    def __hash__(self) -> int:
+        return hash((tuple(self.tuned.items()), tuple((gpu, tuple(t.items())) for gpu, t in self.tuned_gpu.items()),
+                     tuple(self.early_chunks.items())))
+
+    def __deepcopy__(self, memo: dict) -> "GemvPicks":
+        return self
+
 
 GEMV_PICKS = GemvPicks(TUNED_GEMV, TUNED_GEMV_GPU, EARLY_CHUNKS)
