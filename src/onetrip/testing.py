@@ -114,3 +114,49 @@ def strided_like(shape, dtype, device, kind: str = "contiguous", generator=None)
             return randn(shape[::-1]).t() if len(shape) == 2 else randn(shape)
         return randn((shape[1], shape[0]) + shape[2:]).transpose(0, 1)
     raise ValueError(f"kind must be one of contiguous, rows, padded, transposed; got {kind!r}")
+
+
+def grads(fn, inputs: dict, grad_outputs) -> dict:
+    """The gradients of ``fn(**inputs)`` (a tensor or a tuple of them) with respect to the
+    floating-point tensors of ``inputs`` that require a gradient, given ``grad_outputs``
+    (a tensor or tuple matching the outputs; None entries are skipped). Returns {name: grad}."""
+    outs = fn(**inputs)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    gos = grad_outputs if isinstance(grad_outputs, tuple) else (grad_outputs,)
+    pairs = [(o, g) for o, g in zip(outs, gos) if g is not None]
+    names = [k for k, v in inputs.items() if isinstance(v, torch.Tensor) and v.requires_grad]
+    got = torch.autograd.grad([o for o, _ in pairs], [inputs[k] for k in names], [g for _, g in pairs],
+                              allow_unused=True)
+    return dict(zip(names, got))
+
+
+def assert_grads_close(name: str, fn, ref, inputs: dict, grad_outputs, atol: float | None = None) -> dict:
+    """The accuracy rule for gradients: ``fn``'s gradients against ``ref``'s on float64 copies
+    of ``inputs`` (exact) and ``ref``'s on the inputs themselves (PyTorch in the input dtype).
+
+    ``inputs`` maps argument names to values; tensors that should get a gradient must require
+    one. ``grad_outputs`` is the upstream gradient (a tensor, or a tuple for several outputs,
+    None for an output that gets none), given in the outputs' dtype. Returns {name: report}.
+    """
+    def leaf(v, dtype=None):
+        if not isinstance(v, torch.Tensor) or not v.is_floating_point():
+            return v
+        t = v.detach().to(dtype or v.dtype)
+        return t.requires_grad_(v.requires_grad)
+
+    def up(g):
+        return tuple(None if t is None else t.double() for t in g) if isinstance(g, tuple) else g.double()
+
+    mine = grads(fn, {k: leaf(v) for k, v in inputs.items()}, grad_outputs)
+    exact = grads(ref, {k: leaf(v, torch.float64) for k, v in inputs.items()}, up(grad_outputs))
+    theirs = grads(ref, {k: leaf(v) for k, v in inputs.items()}, grad_outputs)
+    reports = {}
+    for k, g in mine.items():
+        if g is None or exact[k] is None:
+            if (g is None) != (exact[k] is None):
+                raise AssertionError(f"{name}: d{k} is {'missing' if g is None else 'unexpected'}")
+            continue
+        if g.dtype != inputs[k].dtype:
+            raise AssertionError(f"{name}: d{k} has dtype {g.dtype}, its input {inputs[k].dtype}")
+        reports[k] = assert_close(f"{name} d{k}", g, exact[k], theirs[k], atol)
+    return reports

@@ -140,7 +140,7 @@ def _direct_ok(args: tuple) -> bool:
     """True when calling a custom op's Python implementation directly does exactly what the
     dispatcher would: nothing traces (torch.compile, export, fake tensors, functorch), no
     mode intercepts calls, and autograd records nothing (no input requires a gradient)."""
-    if dispatch_mode() != "direct" or torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() \
+    if torch.compiler.is_compiling() or dispatch_mode() != "direct" or torch._C._len_torch_dispatch_stack() \
             or torch._C._is_torch_function_mode_enabled() or torch._C._are_functorch_transforms_active():
         return False
     grad = torch.is_grad_enabled()
@@ -167,6 +167,20 @@ def call_op(op, *args):
     if fn is not None and not torch.autograd.profiler._is_profiler_enabled and _direct_ok(args):
         return fn(*args)
     return op(*args)
+
+
+def needs_grad(*tensors: torch.Tensor | None) -> bool:
+    """True when autograd records a call on ``tensors``: grad mode is on and one of them
+    requires a gradient. The ops then take their autograd path (an ``autograd.Function``
+    over the custom ops), else the plain one."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def check_no_out(name: str, out: torch.Tensor | None) -> None:
+    """``out=`` buffers cannot take part in autograd (as in PyTorch): say so, naming ``name``."""
+    if out is not None:
+        raise ValueError(f"{name}= is not supported when an input requires a gradient "
+                         f"(autograd needs the op to allocate its outputs); pass {name}=None")
 
 
 def is_interpreting() -> bool:
