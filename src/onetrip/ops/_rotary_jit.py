@@ -4,6 +4,8 @@ row pointers, the pair's loads and rotated stores, the pass-through dims of part
 rotary, and the cos/sin rows of each token's position.
 
     out1 = x1 cos - x2 sin,    out2 = x2 cos + x1 sin      (float32, one rounding)
+
+and, with sin negated, its inverse (the backward of apply_rotary).
 """
 
 import triton
@@ -86,11 +88,15 @@ def rotate_heads(
 
 
 @triton.jit
-def cos_sin_rows(cos_ptr, sin_ptr, pos, tok_ok, half, stride_cos, stride_sin, BLOCK_HALF: tl.constexpr):
+def cos_sin_rows(cos_ptr, sin_ptr, pos, tok_ok, half, stride_cos, stride_sin, BLOCK_HALF: tl.constexpr,
+                 NEG_SIN: tl.constexpr = False):
     """The cos and sin rows of each token's position, float32 (BLOCK_T, 1, BLOCK_HALF):
-    loaded once per token and broadcast over all of its q and k heads."""
+    loaded once per token and broadcast over all of its q and k heads. ``NEG_SIN``: -sin,
+    the rotation by -theta (the backward: the rotation's transpose is its inverse)."""
     i = tl.arange(0, BLOCK_HALF)
     cmask = tok_ok[:, None] & (i < half)[None, :]
     cos = tl.load(cos_ptr + pos[:, None] * stride_cos + i[None, :], mask=cmask, other=0.0).to(tl.float32)
     sin = tl.load(sin_ptr + pos[:, None] * stride_sin + i[None, :], mask=cmask, other=0.0).to(tl.float32)
+    if NEG_SIN:
+        sin = -sin
     return cos[:, None, :], sin[:, None, :]

@@ -10,6 +10,11 @@ PyTorch launches two kernels and moves, per output element,
 5 passes over HBM (10 bytes per element in bf16; ``chunk`` is a free view). The fused
 kernel reads gate and up and writes y: 3 passes (6 bytes in bf16), 40% less traffic, and
 t never rounds to bf16.
+
+The backward (``_glu_backward_kernel``) reads dy, gate and up and writes
+dgate = dy * up * act'(gate) and dup = dy * act(gate): 5 passes (10 bytes in bf16), with
+act recomputed from the saved gate; for a packed gate_up both halves of its (..., 2F)
+gradient are written by the one kernel.
 """
 
 from __future__ import annotations
@@ -21,17 +26,19 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._jit import cast_out, gelu, pdl_start, row_tile, silu
+from ._jit import cast_out, gelu, gelu_and_grad, pdl_start, row_tile, silu, silu_and_grad
 from ._common import (
     TileConfig,
     as_rows,
     call_op,
     check_dtype_match,
+    check_no_out,
     check_same_device,
     check_shape,
     check_tensor,
     gpu_name,
     gpu_table_entry,
+    needs_grad,
     output,
     pdl_args,
     rows_out,
@@ -159,19 +166,130 @@ def _glu(gate_up: torch.Tensor, up: Optional[torch.Tensor], activation: str,
         check_shape("up", up, gate_up.shape, "the shape of the gate, gate_up, when up is given")
         check_dtype_match("up", up, "gate_up", gate_up)
         check_same_device("gate_up", gate_up, up=up)
+    if needs_grad(gate_up, up):
+        check_no_out("out", out)
+        return _GluFunction.apply(gate_up, up, activation)
     out = output("out", out, gate_up.shape[:-1] + (N,), gate_up.dtype, gate_up.device)
     if out.numel() == 0:
         return out
-    if up is None:
-        rows = as_rows(gate_up, 2 * N)  # (M, 2N): up is gate + N columns, same row stride
-        gate2, up2 = rows[:, :N], rows[:, N:]
-    else:
-        gate2, up2 = as_rows(gate_up, N), as_rows(up, N)
+    gate2, up2 = _rows(gate_up, up)
     y2, scratch = rows_out(out, N)
     call_op(_glu_op, gate2, up2, y2, activation)
     if scratch:
         out.copy_(y2.view(out.shape))
     return out
+
+
+def _rows(gate_up: torch.Tensor, up: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(M, N) row views of the gate and up (copies where no single row stride describes them)."""
+    if up is None:
+        N = gate_up.shape[-1] // 2
+        rows = as_rows(gate_up, 2 * N)  # (M, 2N): up is gate + N columns, same row stride
+        return rows[:, :N], rows[:, N:]
+    N = gate_up.shape[-1]
+    return as_rows(gate_up, N), as_rows(up, N)
+
+
+@triton.jit
+def _glu_backward_kernel(
+    dy_ptr, gate_ptr, up_ptr, dgate_ptr, dup_ptr,  # each (M, N) with unit column stride and its own row stride
+    M, N,
+    stride_dym, stride_gm, stride_um, stride_dgm, stride_dum,
+    ACTIVATION: tl.constexpr,  # 0 silu, 1 gelu (tanh), 2 gelu (erf), as the forward's
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr = 0,  # programmatic dependent launch (_common.pdl_mode says why)
+):
+    pdl_start(PDL)
+    rows64, cols, mask = row_tile(M, N, BLOCK_M, BLOCK_N)
+    dy = tl.load(dy_ptr + rows64[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(gate_ptr + rows64[:, None] * stride_gm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(up_ptr + rows64[:, None] * stride_um + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if ACTIVATION == 0:
+        a, da = silu_and_grad(g)
+    else:
+        a, da = gelu_and_grad(g, ACTIVATION == 1)
+    tl.store(dgate_ptr + rows64[:, None] * stride_dgm + cols[None, :],
+             cast_out(dy * u * da, dgate_ptr.dtype.element_ty), mask=mask)
+    tl.store(dup_ptr + rows64[:, None] * stride_dum + cols[None, :],
+             cast_out(dy * a, dup_ptr.dtype.element_ty), mask=mask)
+
+
+def _launch_backward(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, dgate: torch.Tensor,
+                     dup: torch.Tensor, activation: str, config: TileConfig | None = None):
+    """Launch on 2-D views: dy, gate, up, dgate, dup (M, N), each with unit column stride
+    (dup may be dgate shifted by N columns). ``config``: default the forward's tile."""
+    M, N = gate.shape
+    if M == 0 or N == 0:
+        return None
+    if config is None:
+        config = glu_tile_config(M, N, gpu_table_entry(GLU_TILE_GPU, gpu_name(gate.device), "tile") or GLU_TILE)
+    grid = (triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n),)
+    return _glu_backward_kernel[grid](
+        dy, gate, up, dgate, dup,
+        M, N,
+        dy.stride(0), gate.stride(0), up.stride(0), dgate.stride(0), dup.stride(0),
+        ACTIVATION=ACTIVATIONS[activation],
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+        num_warps=config.num_warps, **pdl_args(gate),
+    )
+
+
+@torch.library.custom_op("onetrip::glu_backward", mutates_args=("dgate", "dup"))
+def _glu_backward_op(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, dgate: torch.Tensor,
+                     dup: Optional[torch.Tensor], activation: str) -> None:
+    """dgate, dup (M, N) from dy, gate, up (M, N); with dup None, dgate is the packed (M, 2N)
+    gradient and takes dup in its right half (one mutated tensor: its halves never alias)."""
+    if dup is None:
+        N = gate.shape[1]
+        dgate, dup = dgate[:, :N], dgate[:, N:]
+    if use_triton(gate):
+        _launch_backward(dy, gate, up, dgate, dup, activation)
+        return
+    d, g, u = dy.float(), gate.float(), up.float()  # unfused, in float32
+    if activation == "silu":
+        s = torch.sigmoid(g)
+        a, da = g * s, s * (1 + g * (1 - s))
+    else:
+        approximate = "tanh" if activation == "gelu_tanh" else "none"
+        a = F.gelu(g, approximate=approximate)
+        da = torch.ops.aten.gelu_backward(torch.ones_like(g), g, approximate=approximate)
+    dgate.copy_(d * u * da)
+    dup.copy_(d * a)
+
+
+@_glu_backward_op.register_fake
+def _(dy, gate, up, dgate, dup, activation):
+    return None
+
+
+class _GluFunction(torch.autograd.Function):
+    """silu_mul / gelu_mul under autograd: the forward op, then the backward op on the saved
+    inputs (gate_up, and up when separate)."""
+
+    @staticmethod
+    def forward(ctx, gate_up: torch.Tensor, up: Optional[torch.Tensor], activation: str) -> torch.Tensor:
+        gate2, up2 = _rows(gate_up, up)
+        N = gate2.shape[1]
+        y = torch.empty(gate_up.shape[:-1] + (N,), dtype=gate_up.dtype, device=gate_up.device)
+        if y.numel():
+            call_op(_glu_op, gate2, up2, as_rows(y, N), activation)
+        ctx.save_for_backward(gate_up, up)
+        ctx.activation = activation
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        gate_up, up = ctx.saved_tensors
+        gate2, up2 = _rows(gate_up, up)
+        N = gate2.shape[1]
+        dgate = torch.empty(gate_up.shape, dtype=gate_up.dtype, device=gate_up.device)
+        dup = None if up is None else torch.empty(up.shape, dtype=up.dtype, device=up.device)
+        if dgate.numel():
+            call_op(_glu_backward_op, as_rows(dy, N), gate2, up2, as_rows(dgate, dgate.shape[-1]),
+                    None if dup is None else as_rows(dup, N), ctx.activation)
+        needs = ctx.needs_input_grad
+        return dgate if needs[0] else None, dup if needs[1] else None, None
 
 
 def silu_mul(
@@ -192,6 +310,11 @@ def silu_mul(
         (..., F) tensor of the inputs' dtype (``out`` when given). One kernel launch (plus
         one copy per input, or of ``out``, whose layout no single row stride describes);
         no host synchronisation, so the call can be captured in a CUDA graph.
+
+    Differentiable with respect to gate_up and up: with s = sigmoid(gate),
+    dgate = dy * up * s (1 + gate (1 - s)) and dup = dy * SiLU(gate), in float32 and
+    rounded once; for a packed gate_up its gradient is one (..., 2F) tensor. gate_up (and
+    up) are saved, not y. ``out`` must then be None.
     """
     return _glu(gate_up, up, "silu", out)
 
@@ -217,6 +340,11 @@ def gelu_mul(
         (..., F) tensor of the inputs' dtype (``out`` when given). One kernel launch (plus
         one copy per input, or of ``out``, whose layout no single row stride describes);
         no host synchronisation, so the call can be captured in a CUDA graph.
+
+    Differentiable with respect to gate_up and up: dgate = dy * up * GELU'(gate) and
+    dup = dy * GELU(gate), in float32 and rounded once (GELU' of the chosen form); for a
+    packed gate_up its gradient is one (..., 2F) tensor. gate_up (and up) are saved, not y.
+    ``out`` must then be None.
     """
     if approximate not in APPROXIMATIONS:
         raise ValueError(f"approximate must be one of {APPROXIMATIONS}, got {approximate!r}")

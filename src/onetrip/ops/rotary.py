@@ -12,6 +12,10 @@ cats of the cos/sin rows. For a tensor of N elements it moves read N/2 + write N
 q and k once and writes them once (2N each), plus one compact cos and one sin row per
 token (2 x rot/2 floats, shared by all of the token's heads): 5x less traffic, in one
 launch instead of ~18. In place, the pass-through dims are not touched at all.
+
+The backward is the rotation by -theta (``INVERSE``: the same kernel with sin negated),
+dq1 = g1 cos + g2 sin, dq2 = g2 cos - g1 sin, the pass-through dims of the upstream
+gradient copied: the forward's bytes, read the gradients of q_out and k_out, write dq and dk.
 """
 
 from __future__ import annotations
@@ -24,8 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (call_op, check_dtype_match, check_same_device, check_shape, check_tensor, heads_view, output,
-                      pdl_args, sm_count, use_triton)
+from ._common import (call_op, check_dtype_match, check_no_out, check_same_device, check_shape, check_tensor,
+                      heads_view, needs_grad, output, pdl_args, sm_count, use_triton)
 from ._jit import pdl_start
 from ._rotary_jit import cos_sin_rows, head_rows, load_pair, load_tail, rotate_heads, store_pair, store_tail
 
@@ -44,6 +48,7 @@ def _rotary_kernel(
     INTERLEAVED: tl.constexpr, HAS_POS: tl.constexpr, COPY_TAIL: tl.constexpr, MERGE_QK: tl.constexpr,
     TOK64: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HK: tl.constexpr,
     BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr,
+    INVERSE: tl.constexpr = False,  # rotate by -theta (sin negated): the backward
     PDL: tl.constexpr = 0,  # programmatic dependent launch (_common.pdl_mode says why)
 ):
     pdl_start(PDL)
@@ -82,7 +87,7 @@ def _rotary_kernel(
             # The rows after q and k's loads: when their layout differs from the tiles' (Qwen-
             # 0.5B's 8 tokens x 32 pairs at 8 warps), a shared-memory exchange waits for them,
             # and issued first it held back q and k's loads by a whole trip to memory.
-            cos, sin = cos_sin_rows(cos_ptr, sin_ptr, pos, tok_ok, half, stride_cos, stride_sin, BLOCK_HALF)
+            cos, sin = cos_sin_rows(cos_ptr, sin_ptr, pos, tok_ok, half, stride_cos, stride_sin, BLOCK_HALF, INVERSE)
             store_pair(qd, q_ok, half, q1, q2, cos, sin, INTERLEAVED, BLOCK_HALF)
             store_pair(kd, k_ok, half, k1, k2, cos, sin, INTERLEAVED, BLOCK_HALF)
             if COPY_TAIL:
@@ -90,7 +95,7 @@ def _rotary_kernel(
                 store_tail(kd, k_ok, half, tail, k_tail, BLOCK_TAIL)
     else:  # q's chunks, then k's: two or more trips to memory (four with a tail, and one
         # more first for Qwen-0.5B's tile, whose cos/sin rows go through shared memory)
-        cos, sin = cos_sin_rows(cos_ptr, sin_ptr, pos, tok_ok, half, stride_cos, stride_sin, BLOCK_HALF)
+        cos, sin = cos_sin_rows(cos_ptr, sin_ptr, pos, tok_ok, half, stride_cos, stride_sin, BLOCK_HALF, INVERSE)
         rotate_heads(q_ptr, qo_ptr, q_src, q_dst, tok_ok, stride_qh, stride_qoh, q_heads, half, tail, cos, sin,
                      INTERLEAVED, COPY_TAIL, BLOCK_H, BLOCK_HALF, BLOCK_TAIL)
         rotate_heads(k_ptr, ko_ptr, k_src, k_dst, tok_ok, stride_kh, stride_koh, k_heads, half, tail, cos, sin,
@@ -159,11 +164,11 @@ def merged_config(tokens: int, heads: int, kv_heads: int, half: int, tail: int, 
 
 def _launch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
             positions: Optional[torch.Tensor], q_out: torch.Tensor, k_out: torch.Tensor, interleaved: bool,
-            config: RotaryConfig | None = None):
+            config: RotaryConfig | None = None, inverse: bool = False):
     """Launch on validated views: q, q_out (B, S, H, D); k, k_out (B, S, Hkv, D), unit stride
     along D (q_out may be q: in place); cos, sin (max_pos, half) with unit column stride;
-    positions None or contiguous (S,) or (B * S,) integers. Returns the compiled kernel
-    (its ``n_regs``, ``n_spills``), or None when nothing ran."""
+    positions None or contiguous (S,) or (B * S,) integers; ``inverse``: rotate by -theta.
+    Returns the compiled kernel (its ``n_regs``, ``n_spills``), or None when nothing ran."""
     B, S, H, D = q.shape
     Hkv = k.shape[2]
     half = cos.shape[1]
@@ -182,7 +187,7 @@ def _launch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
         MERGE_QK=cfg.merge_qk, TOK64=cfg.index64 or n_tokens + cfg.block_t >= 2**31,
         BLOCK_T=cfg.block_t, BLOCK_H=cfg.block_h, BLOCK_HK=cfg.block_hk or cfg.block_h,
         BLOCK_HALF=triton.next_power_of_2(half), BLOCK_TAIL=triton.next_power_of_2(max(tail, 1)),
-        num_warps=cfg.num_warps, **pdl_args(q),
+        INVERSE=inverse, num_warps=cfg.num_warps, **pdl_args(q),
     )
 
 
@@ -205,6 +210,54 @@ def _rotary_op(q_out: torch.Tensor, k_out: torch.Tensor, cos: torch.Tensor, sin:
 @_rotary_op.register_fake
 def _(q_out, k_out, cos, sin, positions, q, k, interleaved):
     return None
+
+
+@torch.library.custom_op("onetrip::apply_rotary_backward", mutates_args=("dq", "dk"))
+def _rotary_backward_op(gq: torch.Tensor, gk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                        positions: Optional[torch.Tensor], dq: torch.Tensor, dk: torch.Tensor,
+                        interleaved: bool) -> None:
+    """dq, dk: gq, gk (the gradients of q_out, k_out) rotated by -theta."""
+    if use_triton(gq):
+        _launch(gq, gk, cos, sin, positions, dq, dk, interleaved, inverse=True)
+    else:  # the reference in float32 with sin negated, rounded once like the kernel
+        pos = None if positions is None else positions.view(-1, gq.shape[1])
+        dq_ref, dk_ref = apply_rotary_ref(gq.float(), gk.float(), cos.float(), -sin.float(), pos, interleaved)
+        dq.copy_(dq_ref)
+        dk.copy_(dk_ref)
+
+
+@_rotary_backward_op.register_fake
+def _(gq, gk, cos, sin, positions, dq, dk, interleaved):
+    return None
+
+
+class _RotaryFunction(torch.autograd.Function):
+    """apply_rotary under autograd: the forward op (in place: q and k marked dirty), then the
+    backward op on the saved tables and positions. Gradients flow to q and k only."""
+
+    @staticmethod
+    def forward(ctx, q, k, cos, sin, positions, interleaved: bool, inplace: bool):
+        q_out, k_out = _rotate(q, k, cos, sin, positions, interleaved, inplace, None)
+        if inplace:
+            ctx.mark_dirty(q, k)
+        ctx.save_for_backward(cos, sin, positions)
+        ctx.interleaved = interleaved
+        return q_out, k_out
+
+    @staticmethod
+    def backward(ctx, gq: torch.Tensor, gk: torch.Tensor):
+        cos, sin, positions = ctx.saved_tensors
+        dq = torch.empty(gq.shape, dtype=gq.dtype, device=gq.device)
+        dk = torch.empty(gk.shape, dtype=gk.dtype, device=gk.device)
+        batch = math.prod(gq.shape[:-3])
+        if batch * gq.shape[-3]:
+            gqv, _ = heads_view(gq, batch, True)  # a contiguous copy when no such view exists
+            gkv, _ = heads_view(gk, batch, True)
+            dqv, _ = heads_view(dq, batch, False)
+            dkv, _ = heads_view(dk, batch, False)
+            call_op(_rotary_backward_op, gqv, gkv, cos, sin, positions, dqv, dkv, ctx.interleaved)
+        needs = ctx.needs_input_grad
+        return dq if needs[0] else None, dk if needs[1] else None, None, None, None, None, None
 
 
 def _check_positions(positions: object, q: torch.Tensor) -> Optional[torch.Tensor]:
@@ -267,6 +320,13 @@ def apply_rotary(
     Returns:
         (q_out, k_out). No host synchronisation and no data-dependent shapes, so the call
         can be captured in a CUDA graph (out-of-place outputs then come from the graph's pool).
+
+    Differentiable with respect to q and k (in place too: q and k are then marked modified,
+    as for any in-place op, so neither may be a leaf that requires a gradient, nor a view of
+    another tensor, which autograd cannot record for two outputs: ValueError): dq and dk
+    are the upstream gradients rotated by -theta, the pass-through dims copied; float32,
+    rounded once. cos and sin are tables, not parameters: ValueError if they require a
+    gradient. ``out`` must then be None.
     """
     check_tensor("q", q, min_ndim=3)
     check_tensor("k", k, min_ndim=3)
@@ -294,9 +354,32 @@ def apply_rotary(
     if pos is None and cos.shape[0] < seq:  # the kernel would read past the tables' end
         raise ValueError(f"cos and sin have {cos.shape[0]} rows but q has seq {seq}: the default positions "
                          f"0..{seq - 1} need {seq} rows (pass longer tables, or positions)")
+    if inplace and out is not None:
+        raise ValueError("out must be None when inplace=True (the outputs are q and k)")
+    cos = cos if cos.stride(-1) == 1 else cos.contiguous()
+    sin = sin if sin.stride(-1) == 1 else sin.contiguous()
+    if needs_grad(q, k, cos, sin):
+        if needs_grad(cos, sin):
+            raise ValueError("cos and sin require a gradient, but apply_rotary differentiates only with respect to "
+                             "q and k (cos and sin are tables of fixed angles); pass cos.detach(), sin.detach()")
+        check_no_out("out", out)
+        for name, t in (("q", q), ("k", k)) if inplace else ():
+            if t.is_leaf and t.requires_grad:
+                raise ValueError(f"{name} is a leaf tensor that requires a gradient, which inplace=True cannot "
+                                 f"modify (as for any in-place op); pass inplace=False, or a non-leaf {name}")
+            if t._base is not None:  # autograd's rule: a Function that modifies a view in place returns one tensor
+                raise ValueError(f"{name} is a view of another tensor (a slice of a fused QKV output, say); "
+                                 f"autograd cannot record inplace=True on views of q and k in one call: pass "
+                                 f"inplace=False (and copy the results back if the storage must hold them)")
+        return _RotaryFunction.apply(q, k, cos, sin, pos, bool(interleaved), inplace)
+    return _rotate(q, k, cos, sin, pos, bool(interleaved), inplace, out)
+
+
+def _rotate(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: Optional[torch.Tensor],
+            interleaved: bool, inplace: bool, out: Optional[tuple[torch.Tensor, torch.Tensor]]):
+    """apply_rotary after its checks: cos, sin with unit column stride, pos from _check_positions."""
+    seq = q.shape[-3]
     if inplace:
-        if out is not None:
-            raise ValueError("out must be None when inplace=True (the outputs are q and k)")
         q_out, k_out = q, k
     else:
         if out is not None and (not isinstance(out, (tuple, list)) or len(out) != 2):
@@ -306,18 +389,16 @@ def apply_rotary(
     batch = math.prod(q.shape[:-3])
     if batch * seq == 0:
         return q_out, k_out
-    cos = cos if cos.stride(-1) == 1 else cos.contiguous()
-    sin = sin if sin.stride(-1) == 1 else sin.contiguous()
     # Outputs that no (B, S, heads, D) view describes are written through a contiguous
     # scratch buffer (in place: a copy of the input itself) and copied back.
     qw, q_scratch = heads_view(q_out, batch, inplace)
     kw, k_scratch = heads_view(k_out, batch, inplace)
     if inplace:
-        call_op(_rotary_op, qw, kw, cos, sin, pos, None, None, bool(interleaved))
+        call_op(_rotary_op, qw, kw, cos, sin, pos, None, None, interleaved)
     else:
         qi, _ = heads_view(q, batch, True)
         ki, _ = heads_view(k, batch, True)
-        call_op(_rotary_op, qw, kw, cos, sin, pos, qi, ki, bool(interleaved))
+        call_op(_rotary_op, qw, kw, cos, sin, pos, qi, ki, interleaved)
     if q_scratch:
         q_out.copy_(qw.view(q_out.shape))
     if k_scratch:
