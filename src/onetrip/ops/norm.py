@@ -9,6 +9,8 @@ Bytes, for rows x N elements of b bytes each: the unfused reference reads x and 
 writes h (add kernel), then reads h and writes y (norm kernel): 5 passes. Fused: read x
 and r, write h and y: 4 passes, the minimum. Without a residual the saving is in launches
 and intermediates: HF's RMSNorm is ~7 kernels moving ~8 passes where one kernel moves 2.
+The backward (``_norm_backward.py``, ``onetrip::norm_backward``) runs when an input requires a
+gradient.
 
 How rows are covered (``NormConfig.mode``):
   * "rows": a program holds ``block_m`` whole rows in registers (``block_n`` >= N). One
@@ -44,16 +46,19 @@ from ._common import (
     as_rows,
     call_op,
     check_dtype_match,
+    check_no_out,
     check_same_device,
     check_shape,
     check_tensor,
     is_interpreting,
+    needs_grad,
     output,
     pdl_args,
     rows_out,
     use_triton,
 )
 from ._jit import pdl_start
+from ._norm_backward import backward_unfused, launch_backward
 from ._norm_chunk import _chunk_stats, _load_h, _load_wb, _mean_rstd, _store_y
 from ._norm_jit import _loop_row, _wait_row
 from ._norm_l2 import l2_first
@@ -319,6 +324,53 @@ def _(x, residual, weight, bias, out, residual_out, eps, is_rms, gemma):
     return None
 
 
+@torch.library.custom_op("onetrip::norm_backward", mutates_args=("dx", "dweight", "dbias"))
+def _norm_backward_op(dy: torch.Tensor, h: torch.Tensor, dh_out: Optional[torch.Tensor],
+                      weight: Optional[torch.Tensor], dx: Optional[torch.Tensor], dweight: Optional[torch.Tensor],
+                      dbias: Optional[torch.Tensor], eps: float, is_rms: bool, gemma: bool) -> None:
+    if use_triton(h):
+        launch_backward(dy, h, dh_out, weight, dx, dweight, dbias, eps, is_rms, gemma)
+        return
+    dh, dw, db = backward_unfused(dy, h, dh_out, weight, eps, is_rms, gemma)
+    for grad, value in ((dx, dh), (dweight, dw), (dbias, db)):
+        if grad is not None:
+            grad.copy_(value)
+
+
+@_norm_backward_op.register_fake
+def _(dy, h, dh_out, weight, dx, dweight, dbias, eps, is_rms, gemma):
+    return None
+
+
+class _NormFunction(torch.autograd.Function):
+    """The autograd path of the four ops: the forward op, then ``onetrip::norm_backward``.
+    Saves h (x without a residual) and the weight; the statistics are recomputed."""
+
+    @staticmethod
+    def forward(ctx, x, residual, weight, bias, eps, is_rms, gemma):
+        y, h = _norm_forward(x, residual, weight, bias, eps, is_rms, gemma, None, None)
+        ctx.save_for_backward(h, weight)
+        ctx.args = (float(eps), is_rms, gemma, None if bias is None else bias.dtype)
+        ctx.set_materialize_grads(False)  # an output without a gradient is neither read nor zero-filled
+        return (y, h) if residual is not None else y
+
+    @staticmethod
+    def backward(ctx, dy, dh_out=None):
+        h, weight = ctx.saved_tensors
+        eps, is_rms, gemma, bias_dtype = ctx.args
+        need_x, need_r, need_w, need_b = ctx.needs_input_grad[:4]
+        N = h.shape[-1]
+        if dy is None:  # only h was used: dx = dh_out; none for the weight and bias (as PyTorch gives)
+            return (dh_out if need_x else None), (dh_out if need_r else None), None, None, None, None, None
+        dx = torch.empty(h.shape, dtype=h.dtype, device=h.device) if need_x or need_r else None
+        dw = torch.empty(N, dtype=weight.dtype, device=h.device) if need_w else None
+        db = torch.empty(N, dtype=bias_dtype, device=h.device) if need_b else None
+        call_op(_norm_backward_op, as_rows(dy, N), as_rows(h, N), as_rows(dh_out, N) if dh_out is not None else None,
+                weight.contiguous() if weight is not None else None, as_rows(dx, N) if dx is not None else None,
+                dw, db, eps, is_rms, gemma)
+        return dx if need_x else None, dx if need_r else None, dw, db, None, None, None
+
+
 def _norm(x, residual, weight, bias, eps, is_rms, gemma, out, residual_out):
     check_tensor("x", x)
     N = x.shape[-1]
@@ -337,6 +389,18 @@ def _norm(x, residual, weight, bias, eps, is_rms, gemma, out, residual_out):
     if not isinstance(eps, (int, float)) or eps < 0:
         raise ValueError(f"eps must be a non-negative float, got {eps!r}")
     check_same_device("x", x, residual=residual, weight=weight, bias=bias)
+    if needs_grad(x, residual, weight, bias):
+        check_no_out("out", out)
+        check_no_out("residual_out", residual_out)
+        if residual is None:
+            return _NormFunction.apply(x, None, weight, bias, eps, is_rms, gemma), x
+        return _NormFunction.apply(x, residual, weight, bias, eps, is_rms, gemma)
+    return _norm_forward(x, residual, weight, bias, eps, is_rms, gemma, out, residual_out)
+
+
+def _norm_forward(x, residual, weight, bias, eps, is_rms, gemma, out, residual_out):
+    """The forward on checked inputs: (normed, h), h being x without a residual."""
+    N = x.shape[-1]
     out = output("out", out, x.shape, x.dtype, x.device)
     y2, y_scratch = rows_out(out, N)
     h2 = h_scratch = None
@@ -372,13 +436,19 @@ def add_rms_norm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Opti
         (normed, h) of x's dtype; h is x itself when residual is None. Statistics in
         float32 from the unrounded sum. One launch (two for rows wider than 16384 under the
         interpreter or past the SM count); no host synchronisation: CUDA-graph capturable.
+
+    Differentiable with respect to x, residual and weight (``out``/``residual_out`` must then
+    be None). Gradients flow into both outputs: dx = dresidual = dh + the gradient of h, with
+    dh = rstd * (g - hn * mean(g * hn)), hn = h * rstd, g = dy * weight (Gemma: dy * (1 + weight));
+    dweight = sum over rows of dy * hn, in the weight's dtype, the same bits run to run.
+    The backward recomputes rstd from the saved h in float32 (``_norm_backward``).
     """
     return _norm(x, residual, weight, None, eps, True, gemma, out, residual_out)
 
 
 def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float = 1e-6, *, gemma: bool = False,
              out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """RMSNorm(x) * weight; ``add_rms_norm`` with no residual."""
+    """RMSNorm(x) * weight; ``add_rms_norm`` with no residual (differentiable in x and weight)."""
     return _norm(x, None, weight, None, eps, True, gemma, out, None)[0]
 
 
@@ -390,13 +460,18 @@ def add_layer_norm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Op
     Same contract as ``add_rms_norm``; weight and bias (N,) or None. Mean and variance in
     float32 (per-chunk mean and M2 combined exactly for split rows), biased variance as in
     ``torch.nn.functional.layer_norm``.
+
+    Differentiable with respect to x, residual, weight and bias: with hn = (h - mean) * rstd,
+    g = dy * weight, dh = rstd * (g - mean(g) - hn * mean(g * hn)) plus h's gradient,
+    dweight = sum over rows of dy * hn, dbias = sum over rows of dy.
     """
     return _norm(x, residual, weight, bias, eps, False, False, out, residual_out)
 
 
 def layer_norm(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], eps: float = 1e-5,
                *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """LayerNorm(x) * weight + bias; ``add_layer_norm`` with no residual."""
+    """LayerNorm(x) * weight + bias; ``add_layer_norm`` with no residual (differentiable in x,
+    weight and bias)."""
     return _norm(x, None, weight, bias, eps, False, False, out, None)[0]
 
 
