@@ -1,9 +1,11 @@
-"""onetrip: fused Triton kernels for transformer inference, and tools that show the
-seams between kernels.
+"""onetrip: fused Triton kernels for transformer inference and training, and tools that
+show the seams between kernels.
 
     import onetrip
     y = onetrip.bias_gelu(x, bias)
-    normed, h = onetrip.add_rms_norm(x, residual, weight, eps=1e-6)
+    normed, h = onetrip.add_rms_norm(x, residual, weight, eps=1e-6)   # differentiable
+    loss = onetrip.linear_cross_entropy(hidden, lm_head.weight, labels)
+    opt = onetrip.optim.AdamW(model.parameters(), lr=1e-4)
 
 The ops are imported on first use, so that a program (the ``onetrip`` command, a test
 session) can choose Triton's interpreter through ``TRITON_INTERPRET=1`` before any
@@ -16,7 +18,10 @@ import importlib
 
 __version__ = "0.1.0"
 
+
 def __getattr__(name: str):
+    if name == "optim":
+        return importlib.import_module("onetrip.optim")
     ops = importlib.import_module("onetrip.ops")  # imported once, then served from sys.modules
     if name in ops.__all__:
         return getattr(ops, name)
@@ -24,4 +29,4 @@ def __getattr__(name: str):
 
 
 def __dir__():
-    return sorted(list(globals()) + list(importlib.import_module("onetrip.ops").__all__))
+    return sorted(list(globals()) + ["optim"] + list(importlib.import_module("onetrip.ops").__all__))
