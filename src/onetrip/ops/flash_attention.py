@@ -1,18 +1,20 @@
-"""Prefill attention without the (seq_q x seq_k) score matrix: FlashAttention-style forward.
+"""Prefill attention without the (seq_q x seq_k) score matrix: FlashAttention-style forward
+and backward.
 
     S = softmax_scale * Q K^T                      (per batch, per head)
     S = softcap * tanh(S / softcap)                (when softcap > 0)
     S[i, j] = -inf where key j is masked for query i (causal / sliding window / padding)
     O = softmax(S) V,     lse[i] = log sum_j exp(S[i, j])
 
-Forward only: there is no backward (inference). The kernel (``_attention_jit.py``) keeps
-one block of query rows in registers and streams K and V tiles through an online softmax,
-so its extra memory is the output and the optional lse: O(seq). The unfused reference
-(``attention_ref``) materializes batch x heads x seq_q x seq_k scores and moves them
-through HBM about 8 times (matmul writes S; scale, softcap, mask and softmax each read
-and write it; the second matmul reads P): at 8192 tokens and 32 heads, 4 GiB of bf16
-per pass, where the kernel reads Q and writes O once and reads K and V once per query
-block (seq_q / block_m times, partly from L2).
+The kernel (``_attention_jit.py``) keeps one block of query rows in registers and streams
+K and V tiles through an online softmax, so its extra memory is the output and the
+optional lse: O(seq). Differentiable in q, k and v: autograd saves q, k, v, O and lse,
+and the backward (``_attention_backward.py``) recomputes P tile by tile from them. The
+unfused reference (``attention_ref``) materializes batch x heads x seq_q x seq_k scores
+and moves them through HBM about 8 times (matmul writes S; scale, softcap, mask and
+softmax each read and write it; the second matmul reads P): at 8192 tokens and 32 heads,
+4 GiB of bf16 per pass, where the kernel reads Q and writes O once and reads K and V once
+per query block (seq_q / block_m times, partly from L2).
 
 Causal and window masks are aligned to the bottom-right corner (as FlashAttention >= 2.1):
 with diag = seq_k - seq_q, query i sees key j when  i + diag - left <= j <= i + diag + right,
@@ -40,11 +42,18 @@ import torch
 import triton
 
 from . import autotune
+from ._attention_backward import launch_backward
 from ._attention_jit import LOG2E, _attn_fwd_kernel
 from ._attention_tma import TMA_DTYPES, TMA_MIN_SEQ, TMA_TILES, descriptors, tma_supported
-from ._common import call_op, check_dtype_match, check_same_device, check_tensor, output, use_triton
+from ._common import (call_op, check_dtype_match, check_no_out, check_same_device, check_tensor, needs_grad, output,
+                      use_triton)
 
 MAX_HEAD_DIM = 256
+# flash_attention's backward mode by default: False adds dQ with float32 atomics (5 tile
+# matmuls a visible block pair, dQ's last bits vary run to run), True runs a dQ kernel of
+# its own (7 matmuls, the same bits every run). Atomic: 260-327 TFLOP/s at head dim 128 against 212-278
+# deterministic (H200, bf16, 16K tokens); within 6% at head dim 64.
+DETERMINISTIC_BACKWARD = False
 
 
 @dataclass(frozen=True)
@@ -269,6 +278,69 @@ def _(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale
     return None
 
 
+@torch.library.custom_op("onetrip::flash_attention_backward", mutates_args=("dq", "dk", "dv"))
+def _attention_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                           lse: torch.Tensor, dlse: Optional[torch.Tensor], dq: torch.Tensor, dk: torch.Tensor,
+                           dv: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor],
+                           cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int,
+                           softmax_scale: float, window_left: int, window_right: int, softcap: float,
+                           deterministic: bool) -> None:
+    if use_triton(q):
+        launch_backward(dout, q, k, v, out, lse, dlse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                        max_seqlen_k, softmax_scale, (window_left, window_right), softcap, deterministic)
+        return
+    with torch.enable_grad():  # the CPU fallback: autograd through the reference, in float32
+        leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
+        o, l = attention_ref(*leaves, False, softmax_scale, (window_left, window_right), softcap,
+                             cu_seqlens_q, cu_seqlens_k, return_lse=True)
+        # Varlen tokens past cu_seqlens_q[-1] belong to no sequence: the reference drops them.
+        outs, grads = [o], [dout[:o.shape[0]].float()]
+        if dlse is not None:
+            outs.append(l)
+            grads.append(dlse[..., :l.shape[-1]].float())
+        got = torch.autograd.grad(outs, leaves, grads, allow_unused=True) if o.requires_grad else (None,) * 3
+    for buf, g in zip((dq, dk, dv), got):
+        if g is None:  # no sequence: nothing depends on the inputs
+            buf.zero_()
+        else:
+            buf.copy_(g)
+
+
+@_attention_backward_op.register_fake
+def _(dout, q, k, v, out, lse, dlse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+      softmax_scale, window_left, window_right, softcap, deterministic):
+    return None
+
+
+class _FlashAttentionFunction(torch.autograd.Function):
+    """The autograd path: the forward op with lse always requested, saving q, k, v, out and
+    lse (never the scores); the backward op writes dq, dk, dv in q's, k's, v's dtypes."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, left, right,
+                softcap, return_lse, deterministic):
+        q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+        varlen = cu_seqlens_q is not None
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        lse_shape = (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
+        lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+        call_op(_attention_op, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, left,
+                right, softcap)
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+        ctx.args = (max_seqlen_q, max_seqlen_k, softmax_scale, left, right, softcap, deterministic)
+        return (out, lse) if return_lse else out
+
+    @staticmethod
+    def backward(ctx, dout, dlse=None):
+        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+        # dout of a sum is an expand (stride 0): the kernels need a unit stride along head_dim.
+        dout = dout if dout.stride(-1) == 1 else dout.contiguous()
+        dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+        call_op(_attention_backward_op, dout, q, k, v, out, lse, dlse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
+                *ctx.args)
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
+
+
 def _check_int(name, value, minimum):
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
@@ -278,8 +350,11 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
                     softmax_scale: Optional[float] = None, window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                     cu_seqlens_q: Optional[torch.Tensor] = None, cu_seqlens_k: Optional[torch.Tensor] = None,
                     max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None,
-                    return_lse: bool = False, out: Optional[torch.Tensor] = None):
-    """softmax(mask(softcap(scale * Q K^T))) V in one kernel, forward only (no autograd).
+                    return_lse: bool = False, deterministic: bool = DETERMINISTIC_BACKWARD,
+                    out: Optional[torch.Tensor] = None):
+    """softmax(mask(softcap(scale * Q K^T))) V in one kernel; differentiable in q, k and v
+    (and through lse with return_lse); the backward is in ``_attention_backward.py`` and
+    docs/attention.md.
 
     Args:
         q: (batch, seq_q, heads, head_dim), or packed (total_q, heads, head_dim) with
@@ -300,17 +375,27 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
         max_seqlen_q: required with cu_seqlens_q: the grid covers this many queries per
             sequence, so it must be >= every length (read from the host by the caller, not
             here: no device->host synchronisation, so the call is CUDA-graph capturable).
-        max_seqlen_k: accepted for interface compatibility; unused (the key loop reads
-            each sequence's own length). Varlen tokens past cu_seqlens_q[-1] are not written.
+        max_seqlen_k: the forward does not use it (the key loop reads each sequence's own
+            length); the backward's grid covers this many keys per sequence, so when given
+            it must be >= every key length (default: total_k, which always is). Varlen
+            tokens past cu_seqlens_q[-1] are not written (their gradients are zero).
         return_lse: also return the natural-log logsumexp of each row's masked scores,
             float32 (batch, heads, seq_q), or (heads, total_q) for varlen.
-        out: optional output of q's shape and dtype, written in place.
+        deterministic: the backward's mode (default ``DETERMINISTIC_BACKWARD``). True: dq,
+            dk and dv are the same bits every run (dq from a kernel of its own, no atomics).
+            False: each key block adds its share of dq with float32 atomics, so dq's last
+            bits vary run to run (dk and dv do not); 5 tile matmuls a block pair instead of
+            7, plus a float32 buffer of q's shape. No effect without a gradient.
+        out: optional output of q's shape and dtype, written in place; not allowed when q,
+            k or v requires a gradient.
 
     Returns:
         out of q's shape and dtype, or (out, lse). A query that sees no key (masked
         entirely, or a sequence with no keys) gets zeros and lse = -inf, never NaN.
         Softmax statistics and P @ V accumulate in float32. No allocation depends on
         tensor values: works under torch.compile(fullgraph=True) and CUDA-graph capture.
+        Gradients have their inputs' dtypes (float32 accumulation); dk and dv sum over the
+        query heads that share a kv head, and rows that see no key contribute zero.
     """
     check_tensor("q", q, min_ndim=3)
     check_tensor("k", k, min_ndim=3)
@@ -362,6 +447,18 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     left, right = int(window[0]), int(window[1])
     if causal:
         right = 0 if right < 0 else min(right, 0)
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    if needs_grad(q, k, v):
+        check_no_out("out", out)
+        max_q = int(max_seqlen_q) if varlen else q.shape[1]
+        max_k = (k.shape[0] if max_seqlen_k is None else int(max_seqlen_k)) if varlen else k.shape[1]
+        tensors = [q, k, v, cu_seqlens_q, cu_seqlens_k]
+        for i, t in enumerate(tensors):  # torch.compile rejects a tensor passed twice to an autograd.Function
+            if t is not None and any(t is u for u in tensors[:i]):
+                tensors[i] = t.view_as(t)
+        return _FlashAttentionFunction.apply(*tensors, max_q, max_k, float(softmax_scale), left, right,
+                                             float(softcap), return_lse, bool(deterministic))
 
     out = output("out", out, q.shape, q.dtype, q.device)
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
