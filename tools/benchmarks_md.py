@@ -75,6 +75,16 @@ bf16. Floor: FLOPs over the bf16 matmul rate (~750-790 TFLOP/s measured on an H2
 times one SDPA call per sequence, all in one CUDA graph.
 """
 
+ATTN_BWD_TEXT = """\
+## Attention backward (`onetrip bench attention --backward`)
+
+The same cells, with autograd: fwd+bwd (the forward recording autograd and
+`torch.autograd.grad` of its output) and bwd (fwd+bwd minus the forward alone). FLOPs as
+FlashAttention counts them: the backward 2.5x the forward's, fwd+bwd 3.5x. Peers: SDPA's
+FlashAttention-2, cuDNN and memory-efficient backends. onetrip in its default mode (dQ summed with
+float32 atomics) and `onetrip-det` (`deterministic=True`: no atomics, bit-identical runs).
+"""
+
 DATTN_TEXT = """\
 ## Decode attention (`onetrip bench decode-attention`)
 
@@ -99,6 +109,43 @@ KV cache). Limit: copy bandwidth / bytes read per token (the weights, plus the K
 prompts.
 """
 
+BACKWARD_TEXT = """\
+## Training passes of the fused ops (`onetrip bench ops --backward`)
+
+The same ops, shapes and peers as above, with autograd: **fwd+bwd** is one replay of the
+forward (recording autograd) and `torch.autograd.grad` against random upstream gradients;
+**bwd** is fwd+bwd minus the forward alone, timed alike. Bytes: the backward reads the
+upstream gradients, the saved inputs and the weight once and writes each gradient once
+(per-program partial sums of a weight gradient not counted); fwd+bwd adds the forward's.
+One call a replay (no rotation over input copies), L2 flushed before each.
+"""
+
+LOSS_TEXT = """\
+## Losses (`onetrip bench loss`)
+
+`cross_entropy` over bf16 logits (tokens x vocab = 2^28, 512 MiB), forward and backward:
+bytes = logits read once + their gradient written once; peers: eager
+`F.cross_entropy(logits.float(), t)` (what a Hugging Face model runs), torch.compile of it,
+Liger-Kernel's `LigerCrossEntropyLoss` (gradient written over the logits). `inplace` is
+onetrip with `inplace_backward=True`, the same trade. `linear_cross_entropy`: the LM head and
+its loss together, time and the peak memory a fwd+bwd call adds (its gradients included),
+against eager (`x @ W.T`, upcast, cross-entropy), torch.compile of it and Liger's
+`LigerFusedLinearCrossEntropyLoss` (weight gradient accumulated in bf16 by default; `fp32-acc`
+with `accum_dtype=float32`). onetrip accumulates the weight gradient in float32 by default;
+`weight-dtype-acc` in the weight's dtype.
+"""
+
+OPTIM_TEXT = """\
+## Optimizer (`onetrip bench optim`)
+
+One AdamW step over Llama-3.1-8B's parameter shapes (embedding, head and the first 8 layers:
+2.8 B parameters), random gradients. fp32: float32 parameters, gradients and state, against
+`torch.optim.AdamW(fused=True)` and `(foreach=True)` (both `capturable=True`, so all three run
+as CUDA-graph replays). bf16+master: bfloat16 parameters and gradients, float32 master weights
+and state (onetrip only: torch's AdamW keeps bf16 state for bf16 parameters). Bytes per
+parameter: 28 (fp32) and 30 (bf16+master), each read and write once.
+"""
+
 GEMV_TEXT = """\
 ## Batch-1 projections (`onetrip bench gemv`)
 
@@ -117,6 +164,8 @@ One decode step of Llama-3.2-1B (random weights, batch 1) three ways, each profi
 
 # What changed in the code since a curated run, where it moves a figure of that run (one line each)
 CAVEATS = {
+    ("h200", "attention-backward"): "This run reached the GQA cell and stopped at its time limit before the "
+                                    "varlen cell (and the plot); the dense cells are complete.",
     ("h100", "ops"): "Since this run, layer_norm's 256K pick no longer asks the L2 for its weight and bias "
                      "before the PDL wait (a 0.5-0.9 point gain, under the one point a knob must earn): its "
                      "64 x 262144 cell is expected near 89.5%, not re-measured yet.",
@@ -198,6 +247,67 @@ def ops_section(gpu: str, data: dict) -> str:
     return "\n".join(out)
 
 
+def backward_section(gpu: str, data: dict) -> str:
+    res = data["results"]
+    ops = [op for op in OP_ORDER if any(r["op"] == op for r in res)]
+    rows = []
+    for op in ops:
+        for p in ("fwd+bwd", "bwd"):
+            mine = [r for r in res if r["op"] == op and r["pass"] == p and r["provider"] == "onetrip" and r.get("gbs")]
+            narrow = [r["pct_of_copy"] for r in mine if r.get("width") is None or r["width"] <= 16384]
+            speed = sorted((r["speedup_vs_best_peer"], r["best_peer"]) for r in mine if r.get("speedup_vs_best_peer"))
+            vs = f"{speed[0][0]:.2f}-{speed[-1][0]:.2f}x (lowest: {speed[0][1]})" if speed else "—"
+            peers = {}
+            for r in res:
+                if r["op"] == op and r["pass"] == p and r["provider"] != "onetrip" and r.get("pct_of_copy"):
+                    peers.setdefault(r["provider"], []).append(r["pct_of_copy"])
+            rows.append([op, p, span(narrow), span([r["pct_of_copy"] for r in mine]), vs,
+                         "; ".join(f"{k} {span(v)}" for k, v in peers.items()) or "—"])
+    out = [header(data["meta"]), "",
+           table(["op", "pass", "onetrip % of copy, widths <= 16K", "all shapes", "onetrip / best peer",
+                  "peers' % of copy"], rows), ""]
+    if (RESULTS / gpu / "ops-backward.png").exists():
+        out += [f"![GB/s against width, fwd+bwd and bwd](benchmarks/results/{gpu}/ops-backward.png)", ""]
+    return "\n".join(out)
+
+
+def loss_section(gpu: str, data: dict) -> str:
+    res = data["results"]
+    ce = [r for r in res if r["part"] == "cross_entropy"]
+    provs = list(dict.fromkeys(r["provider"] for r in ce))
+    rows = []
+    for shape in dict.fromkeys(r["shape"] for r in ce):
+        by = {r["provider"]: r for r in ce if r["shape"] == shape}
+        rows.append([f"V={by[provs[0]]['vocab']} ({shape})"] + [
+            "—" if by.get(p) is None or not by[p].get("gbs") else
+            (f"**{by[p]['pct_of_copy']:.1f}%**" if p.startswith("onetrip") else f"{by[p]['pct_of_copy']:.1f}%")
+            for p in provs])
+    out = [header(data["meta"]), "", "cross_entropy fwd+bwd, % of copy bandwidth:", "",
+           table(["shape", *provs], rows), ""]
+    lce = [r for r in res if r["part"] == "linear_cross_entropy"]
+    provs = list(dict.fromkeys(r["provider"] for r in lce))
+    rows = []
+    for shape in dict.fromkeys(r["shape"] for r in lce):
+        by = {r["provider"]: r for r in lce if r["shape"] == shape}
+        rows.append([shape] + ["—" if by.get(p) is None or not by[p].get("median_ms") else
+                               f"{by[p]['median_ms']:.1f} ms, {by[p]['peak_extra_bytes'] / 2**30:.2f} GiB"
+                               for p in provs])
+    out += ["linear_cross_entropy fwd+bwd (tokens x hidden x vocab): time, peak memory added:", "",
+            table(["shape", *provs], rows), ""]
+    if (RESULTS / gpu / "loss.png").exists():
+        out += [f"![losses: GB/s, time and peak memory](benchmarks/results/{gpu}/loss.png)", ""]
+    return "\n".join(out)
+
+
+def optim_section(gpu: str, data: dict) -> str:
+    rows = [[r["config"], r["provider"], "—" if not r.get("median_ms") else f"{r['median_ms']:.2f}",
+             "—" if not r.get("gbs") else f"{r['gbs']:.0f}", pct(r.get("pct_of_copy")),
+             f"{r['speedup_vs_best_peer']:.2f}x" if r.get("speedup_vs_best_peer") else "—"]
+            for r in data["results"]]
+    return "\n".join([header(data["meta"]), "", table(["config", "provider", "ms", "GB/s", "% of copy",
+                                                      "onetrip / best peer"], rows), ""])
+
+
 # ---------------------------------------------------------------------------- attention
 
 def attention_section(gpu: str, data: dict) -> str:
@@ -218,6 +328,25 @@ def attention_section(gpu: str, data: dict) -> str:
            table(["cell (TFLOP/s)", *ATTN_PEERS, "vs FA2", "vs cuDNN"], rows), ""]
     if (RESULTS / gpu / "attention.png").exists():
         out += [f"![TFLOP/s per cell and provider](benchmarks/results/{gpu}/attention.png)", ""]
+    return "\n".join(out)
+
+
+def attention_backward_section(gpu: str, data: dict) -> str:
+    res = data["results"]
+    provs = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "onetrip-det", "onetrip")
+    rows = []
+    for cell in dict.fromkeys(r["cell"] for r in res):
+        for p in ("bwd", "fwd+bwd"):
+            by = {r["provider"]: r for r in res if r["cell"] == cell and r["pass"] == p}
+            me = by.get("onetrip")
+            if me is None or not me.get("tflops"):
+                continue
+            tf = ["—" if by.get(x) is None or not by[x].get("tflops") else f"{by[x]['tflops']:.0f}" for x in provs]
+            tf[-1] = f"**{tf[-1]}**"
+            rows.append([cell, p, *tf, *(f"{me[k]:.2f}x" if me.get(k) else "—" for k in ("vs_fa2", "vs_cudnn"))])
+    out = [header(data["meta"]), "", table(["cell (TFLOP/s)", "pass", *provs, "vs FA2", "vs cuDNN"], rows), ""]
+    if (RESULTS / gpu / "attention-backward.png").exists():
+        out += [f"![backward TFLOP/s per cell and provider](benchmarks/results/{gpu}/attention-backward.png)", ""]
     return "\n".join(out)
 
 
@@ -312,7 +441,10 @@ def demo_section(gpu: str, data: dict) -> str:
 
 def render() -> str:
     parts = [INTRO]
-    sections = ((OPS_TEXT, "ops", ops_section), (ATTN_TEXT, "attention", attention_section),
+    sections = ((OPS_TEXT, "ops", ops_section), (BACKWARD_TEXT, "ops-backward", backward_section),
+                (LOSS_TEXT, "loss", loss_section), (OPTIM_TEXT, "optim", optim_section),
+                (ATTN_TEXT, "attention", attention_section),
+                (ATTN_BWD_TEXT, "attention-backward", attention_backward_section),
                 (DATTN_TEXT, "decode-attention", decode_attention_section), (DECODE_TEXT, "decode", None),
                 (GEMV_TEXT, "gemv", gemv_section), (DEMO_TEXT, "demo", demo_section))
     for text, suite, fn in sections:
@@ -333,7 +465,7 @@ def render() -> str:
     return "\n".join(parts).rstrip() + "\n"
 
 
-SUITES = ("decode-attention", "attention", "decode", "demo", "gemv", "ops")  # a run's file name starts with one
+SUITES = ("decode-attention", "attention-backward", "attention", "decode", "demo", "gemv", "ops-backward", "ops", "loss", "optim")  # a run's file name starts with one
 
 
 def take(run: Path, tag: str | None) -> Path:

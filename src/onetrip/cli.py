@@ -1,7 +1,10 @@
 """The ``onetrip`` command.
 
     onetrip bench ops [--op NAME ...] [--dtype bf16|fp16|fp32] [--out DIR] [--quick] [--timing rotate|single]
-    onetrip bench attention [--dtype bf16|fp16] [--out DIR] [--quick]
+                      [--backward]
+    onetrip bench loss [--out DIR] [--quick]
+    onetrip bench optim [--layers N] [--out DIR]
+    onetrip bench attention [--dtype bf16|fp16] [--out DIR] [--quick] [--backward]
     onetrip bench decode-attention [--out DIR] [--quick]
     onetrip bench gemv [--compile] [--out DIR] [--quick]
     onetrip profile TRACE.json[.gz] [--json OUT] [--bandwidth GBS] [--png OUT.png] [--html OUT.html]
@@ -16,7 +19,11 @@
 
 ``bench ops`` times each fused op against eager PyTorch, torch.compile and Liger-Kernel
 on a CUDA GPU and writes JSON, CSV and a PNG plot; on a machine without a GPU it checks
-onetrip's kernels against their references through Triton's interpreter instead.
+onetrip's kernels against their references through Triton's interpreter instead. With
+``--backward`` it times fwd+bwd and the backward alone, and checks gradients.
+``bench loss`` times cross_entropy and linear_cross_entropy (fwd+bwd, peak memory) against
+eager PyTorch, torch.compile and Liger-Kernel; ``bench optim`` one AdamW step over a
+Llama-3.1-8B-shaped parameter list against torch's fused and foreach AdamW.
 ``bench attention`` reports prefill attention in TFLOP/s against SDPA's FlashAttention-2,
 cuDNN and memory-efficient backends and the naive reference; ``bench decode-attention``
 reports decode attention (contiguous and paged caches) and append_kv in GB/s and % of the
@@ -72,6 +79,8 @@ def _build_parser(op_names: tuple[str, ...], dtype_names: tuple[str, ...],
     ops.add_argument("--timing", choices=("rotate", "single"), default="rotate",
                      help="rotate (default): a graph of several calls over input copies, time per call; "
                      "single: one call a graph replay, on a clean L2")
+    ops.add_argument("--backward", action="store_true",
+                     help="time fwd+bwd and the backward alone (GB/s, %% of copy); check gradients")
     ops.set_defaults(func=_bench_ops)
 
     out_help = "folder for the JSON, CSV and PNG results (default: benchmarks/results)"
@@ -83,6 +92,8 @@ def _build_parser(op_names: tuple[str, ...], dtype_names: tuple[str, ...],
         "GPU, check the kernel through Triton's interpreter.")
     attn.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16", help="element type (default: bf16)")
     attn.add_argument("--out", type=Path, default=Path("benchmarks/results"), help=out_help)
+    attn.add_argument("--backward", action="store_true",
+                      help="time fwd+bwd and the backward alone (TFLOP/s, backward = 2.5x the forward's FLOPs)")
     attn.add_argument("--quick", action="store_true", help="seq 1K and 8K only, plus the GQA and varlen cells")
     attn.set_defaults(func=_bench_attention)
     dec = suites.add_parser(
@@ -103,6 +114,22 @@ def _build_parser(op_names: tuple[str, ...], dtype_names: tuple[str, ...],
     gemv.add_argument("--out", type=Path, default=Path("benchmarks/results"), help=out_help)
     gemv.add_argument("--quick", action="store_true", help="M = 1 only")
     gemv.set_defaults(func=_bench_gemv)
+    loss = suites.add_parser(
+        "loss", help="cross_entropy and linear_cross_entropy fwd+bwd: time, GB/s or TFLOP/s, peak memory",
+        description="Time cross_entropy (vocabularies 32K-262K) and linear_cross_entropy (the LM head and its loss "
+        "at three model shapes) forward and backward against eager PyTorch, torch.compile and Liger-Kernel, "
+        "with the peak memory of each call. Needs a GPU.")
+    loss.add_argument("--out", type=Path, default=Path("benchmarks/results"), help=out_help)
+    loss.add_argument("--quick", action="store_true", help="cross_entropy at three vocabularies only")
+    loss.set_defaults(func=_bench_loss)
+    optim = suites.add_parser(
+        "optim", help="one AdamW step over Llama-3.1-8B-shaped parameters, in GB/s",
+        description="Time one step of onetrip.optim.AdamW against torch.optim.AdamW (fused=True, foreach=True) "
+        "over the parameter shapes of Llama-3.1-8B's embedding, head and first layers. Needs a GPU.")
+    optim.add_argument("--layers", type=_positive, default=8, metavar="N",
+                       help="decoder layers' parameters to include (default: 8, 2.8 B parameters)")
+    optim.add_argument("--out", type=Path, default=Path("benchmarks/results"), help=out_help)
+    optim.set_defaults(func=_bench_optim)
     model = suites.add_parser(
         "decode", help="whole-model decode: transformers, gpt-fast-style compiled, onetrip eager/fused/graphs",
         description="Decode with Llama presets (random weights) at several batch sizes through transformers' "
@@ -226,9 +253,16 @@ def _bench_ops(args: argparse.Namespace) -> int:
     from .bench.ops import DTYPES, run_ops_bench, run_ops_check
 
     dtype = DTYPES[args.dtype]
-    if not torch.cuda.is_available():
+    if args.backward:
+        from .bench.backward import run_backward_bench, run_backward_check
+
+        if not torch.cuda.is_available():
+            return run_backward_check(args.op, dtype)
+        records = run_backward_bench(args.op, dtype, args.out, args.quick)
+    elif not torch.cuda.is_available():
         return run_ops_check(args.op, dtype)
-    records = run_ops_bench(args.op, dtype, args.out, args.quick, timing=args.timing)
+    else:
+        records = run_ops_bench(args.op, dtype, args.out, args.quick, timing=args.timing)
     failed = [r for r in records if r["provider"] == "onetrip" and (r["ok"] is False or r["error"])]
     return 1 if failed else 0
 
@@ -240,6 +274,11 @@ def _bench_attention(args: argparse.Namespace) -> int:
 
     if not torch.cuda.is_available():
         return run_attention_check(DTYPES[args.dtype])
+    if args.backward:
+        from .bench.attention_backward import run_attention_backward_bench
+
+        records = run_attention_backward_bench(DTYPES[args.dtype], args.out, args.quick)
+        return 1 if any(r["provider"] == "onetrip" and r["error"] for r in records) else 0
     records = run_attention_bench(DTYPES[args.dtype], args.out, args.quick)
     return 1 if any(r["provider"] == "onetrip" and (r["ok"] is False or r["error"]) for r in records) else 0
 
@@ -265,6 +304,34 @@ def _bench_gemv(args: argparse.Namespace) -> int:
         return run_gemv_check()
     records = run_gemv_bench(args.out, args.quick, args.compile)
     return 1 if any(r["provider"] == "onetrip" and (r["ok"] is False or r["error"]) for r in records) else 0
+
+
+def _needs_gpu(suite: str) -> bool:
+    import torch
+
+    if torch.cuda.is_available():
+        return False
+    print(f"onetrip bench {suite}: needs a CUDA GPU (its correctness is tested by the test suite on the CPU)",
+          file=sys.stderr)
+    return True
+
+
+def _bench_loss(args: argparse.Namespace) -> int:
+    if _needs_gpu("loss"):
+        return 2
+    from .bench.loss import run_loss_bench
+
+    records = run_loss_bench(args.out, args.quick)
+    return 1 if any(r["provider"].startswith("onetrip") and r["error"] for r in records) else 0
+
+
+def _bench_optim(args: argparse.Namespace) -> int:
+    if _needs_gpu("optim"):
+        return 2
+    from .bench.optim import run_optim_bench
+
+    records = run_optim_bench(args.out, args.layers)
+    return 1 if any(r["provider"] == "onetrip" and r["error"] for r in records) else 0
 
 
 def _bench_decode(args: argparse.Namespace) -> int:
