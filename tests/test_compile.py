@@ -51,7 +51,8 @@ def _cases(device):
     }
 
 
-CASES = list(_cases("cpu"))
+# apply_rotary_inplace on the CPU: test_rotary_backward.py compiles it, forward and backward
+CASES = [c for c in _cases("cpu") if ON_GPU or c != "apply_rotary_inplace"]
 
 
 def _flat(out):
