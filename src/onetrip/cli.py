@@ -4,6 +4,7 @@
                       [--backward]
     onetrip bench loss [--out DIR] [--quick]
     onetrip bench optim [--layers N] [--out DIR]
+    onetrip bench host [--out DIR]
     onetrip bench attention [--dtype bf16|fp16] [--out DIR] [--quick] [--backward]
     onetrip bench decode-attention [--out DIR] [--quick]
     onetrip bench gemv [--compile] [--out DIR] [--quick]
@@ -23,7 +24,9 @@ onetrip's kernels against their references through Triton's interpreter instead.
 ``--backward`` it times fwd+bwd and the backward alone, and checks gradients.
 ``bench loss`` times cross_entropy and linear_cross_entropy (fwd+bwd, peak memory) against
 eager PyTorch, torch.compile and Liger-Kernel; ``bench optim`` one AdamW step over a
-Llama-3.1-8B-shaped parameter list against torch's fused and foreach AdamW.
+Llama-3.1-8B-shaped parameter list against torch's fused and foreach AdamW; ``bench host``
+the host (CPU) time of an eager call of each op, forward and forward + backward, beside
+torch's own ops.
 ``bench attention`` reports prefill attention in TFLOP/s against SDPA's FlashAttention-2,
 cuDNN and memory-efficient backends and the naive reference; ``bench decode-attention``
 reports decode attention (contiguous and paged caches) and append_kv in GB/s and % of the
@@ -130,6 +133,12 @@ def _build_parser(op_names: tuple[str, ...], dtype_names: tuple[str, ...],
                        help="decoder layers' parameters to include (default: 8, 2.8 B parameters)")
     optim.add_argument("--out", type=Path, default=Path("benchmarks/results"), help=out_help)
     optim.set_defaults(func=_bench_optim)
+    host = suites.add_parser(
+        "host", help="host time of an eager call of each op (tiny tensors), beside torch's ops, in us",
+        description="Time 1000 back-to-back eager calls of each op on tiny tensors (the GPU never the limit) and "
+        "report the host's time per call, forward and forward + backward, beside torch's own ops. Needs a GPU.")
+    host.add_argument("--out", type=Path, default=Path("benchmarks/results"), help=out_help)
+    host.set_defaults(func=_bench_host)
     model = suites.add_parser(
         "decode", help="whole-model decode: transformers, gpt-fast-style compiled, onetrip eager/fused/graphs",
         description="Decode with Llama presets (random weights) at several batch sizes through transformers' "
@@ -332,6 +341,15 @@ def _bench_optim(args: argparse.Namespace) -> int:
 
     records = run_optim_bench(args.out, args.layers)
     return 1 if any(r["provider"] == "onetrip" and r["error"] for r in records) else 0
+
+
+def _bench_host(args: argparse.Namespace) -> int:
+    if _needs_gpu("host"):
+        return 2
+    from .bench.host import run_host_bench
+
+    records = run_host_bench(args.out)
+    return 1 if any(r["error"] for r in records) else 0
 
 
 def _bench_decode(args: argparse.Namespace) -> int:
