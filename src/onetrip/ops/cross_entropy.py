@@ -251,6 +251,19 @@ def _(grads, grad_output):
     return None
 
 
+def scale_saved_grads_once_(ctx, op: str, grads: Sequence[Optional[torch.Tensor]],
+                            grad_output: torch.Tensor) -> None:
+    """``scale_grads_`` on gradients an autograd.Function saved in its forward, which it scales
+    in place: so only once. A second backward (``retain_graph=True``) raises, naming ``op``,
+    instead of scaling them twice (checked eagerly; a traced graph runs its backward once)."""
+    if not torch.compiler.is_compiling():
+        if getattr(ctx, "saved_grads_scaled", False):
+            raise RuntimeError(f"{op}: the saved gradients were scaled in place by the first backward; "
+                               "a second backward (retain_graph=True) is not supported")
+        ctx.saved_grads_scaled = True
+    scale_grads_(grads, grad_output)
+
+
 def scale_grads_(grads: Sequence[Optional[torch.Tensor]], grad_output: torch.Tensor) -> None:
     """Multiply each tensor of ``grads`` (None skipped; 1-D, or 2-D with unit stride along the
     last dimension) in place by the one-element ``grad_output``, read on the device: a
@@ -391,7 +404,6 @@ class _CrossEntropyFunction(torch.autograd.Function):
             ctx.save_for_backward(grad)
             loss = reduce_loss(loss_rows, reduction, n_valid, overlap)
         ctx.args = (options, reduction, logits.shape)
-        ctx.backward_done = False
         lse = lse.view(target.shape)
         ctx.mark_non_differentiable(lse)
         ctx.set_materialize_grads(False)
@@ -407,13 +419,8 @@ class _CrossEntropyFunction(torch.autograd.Function):
             grad = torch.empty(x2.shape, dtype=x2.dtype, device=x2.device)
             call_op(_cross_entropy_op, x2, t1, dloss.reshape(-1), None, lse, grad, *options)
         else:
-            if not torch.compiler.is_compiling():
-                if ctx.backward_done:
-                    raise RuntimeError("cross_entropy: the saved gradient was scaled in place by the first "
-                                       "backward; a second backward (retain_graph=True) is not supported")
-                ctx.backward_done = True
             (grad,) = ctx.saved_tensors
-            scale_grads_([grad], dloss)
+            scale_saved_grads_once_(ctx, "cross_entropy", [grad], dloss)
         return grad.view(shape), None, None, None, None
 
 

@@ -103,6 +103,12 @@ def glu_tile_config(M: int, N: int, tile_warps: tuple[int, int]) -> TileConfig:
     return tile_config(M, N, tile=tile, num_warps=warps, per_thread=tile // (32 * warps))
 
 
+def _default_tile(M: int, N: int, device: torch.device) -> TileConfig:
+    """The forward's tile for (M, N) on ``device`` (GLU_TILE_GPU for this GPU model, else
+    GLU_TILE); the backward takes the same."""
+    return glu_tile_config(M, N, gpu_table_entry(GLU_TILE_GPU, gpu_name(device), "tile") or GLU_TILE)
+
+
 def _launch(gate: torch.Tensor, up: torch.Tensor, y: torch.Tensor, activation: str,
             config: TileConfig | None = None, const: bool = True):
     """Launch on 2-D views: gate, up, y (M, N), each with unit column stride.
@@ -118,8 +124,7 @@ def _launch(gate: torch.Tensor, up: torch.Tensor, y: torch.Tensor, activation: s
     M, N = gate.shape
     if M == 0 or N == 0:
         return None
-    if config is None:
-        config = glu_tile_config(M, N, gpu_table_entry(GLU_TILE_GPU, gpu_name(gate.device), "tile") or GLU_TILE)
+    config = config or _default_tile(M, N, gate.device)
     grid = (triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n),)
     return _glu_kernel[grid](
         gate, up, y,
@@ -222,8 +227,7 @@ def _launch_backward(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, dga
     M, N = gate.shape
     if M == 0 or N == 0:
         return None
-    if config is None:
-        config = glu_tile_config(M, N, gpu_table_entry(GLU_TILE_GPU, gpu_name(gate.device), "tile") or GLU_TILE)
+    config = config or _default_tile(M, N, gate.device)
     grid = (triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n),)
     return _glu_backward_kernel[grid](
         dy, gate, up, dgate, dup,

@@ -34,7 +34,7 @@ from .cross_entropy import (
     cross_entropy_ref,
     mean_scale,
     reduce_loss,
-    scale_grads_,
+    scale_saved_grads_once_,
 )
 
 ACCUMULATIONS = ("float32", "weight_dtype")
@@ -161,7 +161,6 @@ class _LinearCrossEntropyFunction(torch.autograd.Function):
         x2, t1 = x.reshape(-1, H), target.reshape(-1).contiguous()
         needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias is not None and ctx.needs_input_grad[3])
         ctx.args = (kwargs, reduction, accumulation, chunk, x.shape, needs)
-        ctx.backward_done = False
         ctx.set_materialize_grads(False)
         if reduction == "none":
             loss_rows, lse = _loss_chunks(x2, weight, bias, t1, kwargs, chunk)
@@ -194,13 +193,8 @@ class _LinearCrossEntropyFunction(torch.autograd.Function):
             dw = None if dw is None else dw.to(weight.dtype)
             db = None if db is None else db.to(bias.dtype)
         else:
-            if not torch.compiler.is_compiling():
-                if ctx.backward_done:
-                    raise RuntimeError("linear_cross_entropy: the saved gradients were scaled in place by the "
-                                       "first backward; a second backward (retain_graph=True) is not supported")
-                ctx.backward_done = True
             dx, dw, db = ctx.saved_tensors
-            scale_grads_([dx, dw, db], dloss)
+            scale_saved_grads_once_(ctx, "linear_cross_entropy", [dx, dw, db], dloss)
         return None if dx is None else dx.view(shape), dw, None, db, None, None, None, None
 
 
