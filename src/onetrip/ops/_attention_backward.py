@@ -71,18 +71,17 @@ class AttentionBackwardConfig:
 
 
 # float16 / bfloat16 picks by (deterministic, head_dim padded to a power of two >= 64).
-# Compiled for sm_90a with a launch's divisibility marks (Triton 3.6, ptxas -v, bf16, seq
-# 2048, causal / not), registers per thread, none spilling: head dim 64: dK/dV 164 / 158,
-# dQ 118 / 112, atomic (TMA adds) 200 / 179; 128: 226 / 235, 164 / 156, 252 / 253; 256:
-# 166, 124, 171 (causal). K and V stay in shared memory as wgmma operands; the dK and dV
-# accumulators hold 128 registers a thread at 128 keys x 128 dims, 8 warps, so 64 query
-# rows a step spill there (24-288 bytes). Every candidate: tools/tune_attention_backward.py.
+# K and V stay in shared memory as wgmma operands; the dK and dV accumulators hold 128
+# registers a thread at 128 keys x 128 dims, 8 warps, so 64 query rows a step spill there.
 BACKWARD_PICKS = {
-    (True, 64): AttentionBackwardConfig(BackwardTile(32, 128, 8, 2), BackwardTile(128, 32, 8, 2)),
-    (True, 128): AttentionBackwardConfig(BackwardTile(32, 128, 8, 2), BackwardTile(128, 32, 8, 2)),
+    # tools/tune_attention_backward.py, H200 bf16 16K tokens: best geomean over S 2048/8192,
+    # causal and not. Registers (Triton 3.6, none spilled): head dim 64 dK/dV 224-240, dQ
+    # 123-128, atomic 247-255; 128: 214-227, 178-194, atomic 245-251; 256 (causal): 166, 124, 171
+    (True, 64): AttentionBackwardConfig(BackwardTile(64, 64, 4, 2), BackwardTile(128, 64, 8, 3)),
+    (True, 128): AttentionBackwardConfig(BackwardTile(32, 128, 8, 3), BackwardTile(128, 64, 8, 3)),
     (True, 256): AttentionBackwardConfig(BackwardTile(16, 32, 8, 2), BackwardTile(32, 32, 8, 2)),
-    (False, 64): AttentionBackwardConfig(BackwardTile(32, 128, 8, 2), dq_tma=True),
-    (False, 128): AttentionBackwardConfig(BackwardTile(32, 128, 8, 2), dq_tma=True),
+    (False, 64): AttentionBackwardConfig(BackwardTile(64, 64, 4, 2), dq_tma=True),
+    (False, 128): AttentionBackwardConfig(BackwardTile(32, 128, 8, 3), dq_tma=True),
     (False, 256): AttentionBackwardConfig(BackwardTile(16, 32, 8, 2), dq_tma=True),
 }
 # float32 by padded head_dim, both modes: its products run on FMA units with the operands in

@@ -49,11 +49,12 @@ from ._common import (call_op, check_dtype_match, check_no_out, check_same_devic
                       use_triton)
 
 MAX_HEAD_DIM = 256
-# flash_attention's backward mode by default: False adds dQ with float32 atomics (5 tile
-# matmuls a visible block pair, dQ's last bits vary run to run), True runs a dQ kernel of
-# its own (7 matmuls, the same bits every run). Atomic: 260-327 TFLOP/s at head dim 128 against 212-278
-# deterministic (H200, bf16, 16K tokens); within 6% at head dim 64.
-DETERMINISTIC_BACKWARD = False
+# flash_attention's backward mode by default: True runs a dQ kernel of its own (7 tile
+# matmuls a visible block pair, the same bits every run), False adds dQ with float32 atomics
+# (5 matmuls, dQ's last bits vary). Tuned, the deterministic mode is as fast (H200, bf16, 16K
+# tokens: head dim 128 271-361 TFLOP/s against 273-365) or faster (64: 276-331 against 267-320)
+# and needs no float32 dQ buffer.
+DETERMINISTIC_BACKWARD = True
 
 
 @dataclass(frozen=True)
