@@ -219,7 +219,8 @@ _LLAMA3_1B_SCALING = RopeScaling(32.0, 1.0, 4.0, 8192)
 _LLAMA3_8B_SCALING = RopeScaling(8.0, 1.0, 4.0, 8192)
 
 # Numbers from the public config.json files of the Hugging Face repos
-# meta-llama/Llama-3.2-1B, meta-llama/Llama-3.1-8B, Qwen/Qwen2.5-0.5B, Qwen/Qwen2.5-7B.
+# meta-llama/Llama-3.2-1B, meta-llama/Llama-3.1-8B, meta-llama/Llama-3.1-70B, Qwen/Qwen2.5-0.5B,
+# Qwen/Qwen2.5-7B.
 PRESETS: dict[str, ModelConfig] = {
     "llama-3.2-1b": ModelConfig(
         vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_layers=16, num_heads=32,
@@ -228,6 +229,12 @@ PRESETS: dict[str, ModelConfig] = {
     ),
     "llama-3.1-8b": ModelConfig(
         vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
+        num_kv_heads=8, head_dim=128, rope_theta=500000.0, rope_scaling=_LLAMA3_8B_SCALING,
+        rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=131072,
+    ),
+    # meta-llama/Llama-3.1-70B: for tensor-parallel runs (140 GB of bf16 weights)
+    "llama-3.1-70b": ModelConfig(
+        vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_layers=80, num_heads=64,
         num_kv_heads=8, head_dim=128, rope_theta=500000.0, rope_scaling=_LLAMA3_8B_SCALING,
         rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=131072,
     ),
