@@ -113,20 +113,51 @@ def test_one_output_and_layouts(device, gen, kind):
 @pytest.mark.parametrize("kind", KINDS)
 def test_wide_rows(device, gen, monkeypatch, kind):
     """Segments (the wide-row path: statistics, then (band, segment) programs) forced on 9 x 300
-    in segments of 128 (the last ragged), 2 bands of 2 rows a step (the last ragged); then
-    5000 wide (whole rows in registers) at 3 rows and, for LayerNorm (Chan's formula across
-    chunks), the wide-row path the chooser takes past ROW_MAX."""
+    in segments of 128 (the last ragged), 2 rows a step, the next prefetched (on 4 SMs: 2
+    bands, the last ragged); then 5000 wide (whole rows in registers) at 3 rows and, for
+    LayerNorm (Chan's formula across chunks), the wide-row path the chooser takes past ROW_MAX."""
     fn, ref = _fns(kind)
     inputs = _inputs(kind, 9, 300, torch.float32, device, gen)
     douts = _douts(9, 300, torch.float32, device, gen)
     with monkeypatch.context() as m:
-        m.setattr(_norm_backward, "backward_config",
-                  lambda M, N, device: NormBackwardConfig(2, 128, 4, wide=True, warps_per_sm=4))
+        m.setattr(_norm_backward, "backward_config", lambda M, N, device, itemsize: NormBackwardConfig(
+            rows=2, num_warps=4, programs_per_sm=1, segment=128))
         assert_grads_close(f"{kind} segments", fn, ref, inputs, douts)
     for rows, width in ((3, 5000), (1, _norm_backward.ROW_MAX + 3)) if kind == "layer" else ((3, 5000),):
         assert _norm_backward.backward_config(rows, width, torch.device(device)).wide == (width > 5000)
         inputs = _inputs(kind, rows, width, torch.bfloat16, device, gen)
         assert_grads_close(f"{kind} {width}", fn, ref, inputs, _douts(rows, width, torch.bfloat16, device, gen))
+
+
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+def test_wave_layout(device, gen, monkeypatch, kind):
+    """The one-wave layout off its usual shapes (4 SMs on any device): 17 x 1000 in 10 bands of
+    2 rows (the ninth of 1, the tenth past M with zero partials), the next row prefetched, the
+    partials added in two passes; then 17 x 64 at the pick, 16 rows a step (the second step
+    15 rows past the band)."""
+    fn, ref = _fns(kind)
+    monkeypatch.setattr(_norm_backward, "sm_count", lambda device: 4)
+    monkeypatch.setattr(_norm_backward, "_ONE_PASS", 4)  # two passes from 5 partial rows
+    cfg = NormBackwardConfig(rows=1, num_warps=1, programs_per_sm=3)
+    assert _norm_backward.backward_plan(17, 1000, cfg, 4) == _norm_backward.BackwardPlan(1024, 1, 2, 10, 2)
+    inputs = _inputs(kind, 17, 1000, torch.bfloat16, device, gen)
+    with monkeypatch.context() as m:
+        m.setattr(_norm_backward, "backward_config", lambda M, N, device, itemsize: cfg)
+        assert_grads_close(f"{kind} 17 x 1000", fn, ref, inputs, _douts(17, 1000, torch.bfloat16, device, gen))
+    assert _norm_backward.backward_config(17, 64, torch.device(device)).rows == 16
+    inputs = _inputs(kind, 17, 64, torch.bfloat16, device, gen)
+    assert_grads_close(f"{kind} 17 x 64", fn, ref, inputs, _douts(17, 64, torch.bfloat16, device, gen))
+
+
+def test_layer_norm_width_one_exact(device, gen):
+    """LayerNorm of one element is its bias: h - mean is exactly 0, so dx is exactly the
+    gradient of h and dweight exactly 0 (float32 rows and a float32 weight of bfloat16 rows)."""
+    for dtype, wdtype in ((torch.float32, torch.float32), (torch.bfloat16, torch.float32)):
+        inputs = _inputs("layer", 37, 1, dtype, device, gen, wdtype=wdtype)
+        dy, dh = _douts(37, 1, dtype, device, gen)
+        dx, dw = torch.autograd.grad(onetrip.add_layer_norm(inputs["x"], inputs["r"], inputs["w"], inputs["b"]),
+                                     (inputs["x"], inputs["w"]), (dy, dh))
+        assert torch.equal(dx, dh) and torch.equal(dw, torch.zeros_like(dw))
 
 
 def _grads_of(fn, inputs, douts):
@@ -138,8 +169,8 @@ def _grads_of(fn, inputs, douts):
 def test_deterministic(device, gen):
     """Two backward runs give the same bits (dw, db: fixed-order partial sums, no atomics)."""
     fn, _ = _fns("layer")
-    inputs = _inputs("layer", 37, 1023, torch.bfloat16, device, gen)
-    douts = _douts(37, 1023, torch.bfloat16, device, gen)
+    inputs = _inputs("layer", 17, 1023, torch.bfloat16, device, gen)
+    douts = _douts(17, 1023, torch.bfloat16, device, gen)
     for a, b in zip(_grads_of(fn, inputs, douts), _grads_of(fn, inputs, douts)):
         assert torch.equal(a, b)
 
