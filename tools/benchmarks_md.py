@@ -146,6 +146,23 @@ and state (onetrip only: torch's AdamW keeps bf16 state for bf16 parameters). By
 parameter: 28 (fp32) and 30 (bf16+master), each read and write once.
 """
 
+TRAIN_TEXT = """\
+## Training step (`onetrip bench train`)
+
+A whole training step (forward, backward, AdamW) of transformers' LlamaForCausalLM with
+Llama-3.2-1B's shapes and Qwen2ForCausalLM with Qwen2.5-0.5B's, random weights (the same for
+every provider), bf16 parameters, activations and gradients with float32 master weights and
+AdamW state: transformers **eager** (SDPA attention; the loss over every logit, upcast to
+float32), **torch.compile** of it, **Liger-Kernel** (`apply_liger_kernel_to_llama` / `_qwen2`
+defaults: RMSNorm, SwiGLU, RoPE, fused linear cross-entropy) and **onetrip** (`onetrip.patch`
+with `onetrip.optim.AdamW(master_weights=True)`; the others step torch's fused AdamW on float32
+master copies). Tokens/s: batch x seq over the median step time (CUDA events, after 3 warm-up
+steps). Peak: everything the step holds (`torch.cuda.max_memory_allocated`: weights, grads,
+optimizer state, activations), at the largest batch eager fits, so that memory compares at the
+same batch. Largest batch: the most sequences a step fits in the GPU's memory (`+`: a lower
+bound). Loss: the largest |loss - eager's loss| over 20 steps on the same data.
+"""
+
 GEMV_TEXT = """\
 ## Batch-1 projections (`onetrip bench gemv`)
 
@@ -429,6 +446,31 @@ def gemv_section(gpu: str, data: dict) -> str:
                       table(["model", "projection (N x K)", "cuBLAS GB/s", "onetrip GB/s", "speedup"], rows), ""])
 
 
+def train_section(gpu: str, data: dict) -> str:
+    seq = data["meta"].get("settings", {}).get("seq")
+    rows, missing = [], []
+    for r in data["results"]:
+        if r.get("error") or not r.get("losses"):
+            missing.append(f"{r['model']} {r['provider']}: {r.get('error') or r.get('skipped')}")
+            continue
+        vs = lambda key: f" ({r[key]:.2f}x)" if r.get(key) else ""
+        star = (lambda text: f"**{text}**") if r["provider"] == "onetrip" else (lambda text: text)
+        largest = "—" if r.get("max_batch") is None else \
+            f"{r['max_batch']}{'' if r['max_batch_exact'] else '+'} x {r['seq']}{vs('max_tokens_vs_eager')}"
+        rows.append([r["model"], r["provider"], str(r["batch"]),
+                     "—" if not r.get("tokens_per_s") else star(f"{r['tokens_per_s']:,.0f}") + vs("speedup_vs_eager"),
+                     "—" if not r.get("peak_bytes") else star(f"{r['peak_bytes'] / 2**30:.1f}") + vs("peak_vs_eager"),
+                     largest, "—" if r.get("max_loss_diff") is None else f"{r['max_loss_diff']:.1e}"])
+    out = [header(data["meta"]), "",
+           table(["model", "provider", "batch", f"tokens/s (vs eager), seq {seq}", "peak GiB (vs eager)",
+                  "largest batch (vs eager)", "max loss diff"], rows), ""]
+    if missing:
+        out += ["Not measured: " + "; ".join(missing) + ".", ""]
+    if (RESULTS / gpu / "train.png").exists():
+        out += [f"![loss curves, peak memory and tokens/s per provider](benchmarks/results/{gpu}/train.png)", ""]
+    return "\n".join(out)
+
+
 def demo_section(gpu: str, data: dict) -> str:
     rows = [[r["mode"], f"{r['tok_s']:.0f}", f"{r['pct_of_limit']:.0f}%", str(r["kernels_per_step"]),
              f"{100 * r['idle_share']:.0f}%", r["verdict"]] for r in data["results"]]
@@ -443,6 +485,7 @@ def render() -> str:
     parts = [INTRO]
     sections = ((OPS_TEXT, "ops", ops_section), (BACKWARD_TEXT, "ops-backward", backward_section),
                 (LOSS_TEXT, "loss", loss_section), (OPTIM_TEXT, "optim", optim_section),
+                (TRAIN_TEXT, "train", train_section),
                 (ATTN_TEXT, "attention", attention_section),
                 (ATTN_BWD_TEXT, "attention-backward", attention_backward_section),
                 (DATTN_TEXT, "decode-attention", decode_attention_section), (DECODE_TEXT, "decode", None),
@@ -465,7 +508,8 @@ def render() -> str:
     return "\n".join(parts).rstrip() + "\n"
 
 
-SUITES = ("decode-attention", "attention-backward", "attention", "decode", "demo", "gemv", "ops-backward", "ops", "loss", "optim")  # a run's file name starts with one
+SUITES = ("decode-attention", "attention-backward", "attention", "decode", "demo", "gemv", "ops-backward", "ops", "loss", "optim",
+          "train")  # a run's file name starts with one
 
 
 def take(run: Path, tag: str | None) -> Path:

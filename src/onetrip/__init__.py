@@ -6,6 +6,7 @@ show the seams between kernels.
     normed, h = onetrip.add_rms_norm(x, residual, weight, eps=1e-6)   # differentiable
     loss = onetrip.linear_cross_entropy(hidden, lm_head.weight, labels)
     opt = onetrip.optim.AdamW(model.parameters(), lr=1e-4)
+    onetrip.patch(hf_model)    # a transformers Llama/Qwen model's training step on onetrip's ops
 
 The ops are imported on first use, so that a program (the ``onetrip`` command, a test
 session) can choose Triton's interpreter through ``TRITON_INTERPRET=1`` before any
@@ -22,6 +23,9 @@ __version__ = "0.1.0"
 def __getattr__(name: str):
     if name == "optim":
         return importlib.import_module("onetrip.optim")
+    if name in ("patch", "unpatch"):  # onetrip.patch is the module itself, callable as patch() (patch.py)
+        module = importlib.import_module("onetrip.patch")
+        return module if name == "patch" else module.unpatch
     ops = importlib.import_module("onetrip.ops")  # imported once, then served from sys.modules
     if name in ops.__all__:
         return getattr(ops, name)
@@ -29,4 +33,4 @@ def __getattr__(name: str):
 
 
 def __dir__():
-    return sorted(list(globals()) + ["optim"] + list(importlib.import_module("onetrip.ops").__all__))
+    return sorted(list(globals()) + ["optim", "patch", "unpatch"] + list(importlib.import_module("onetrip.ops").__all__))
