@@ -5,17 +5,21 @@
     onetrip bench loss [--out DIR] [--quick]
     onetrip bench optim [--layers N] [--out DIR]
     onetrip bench host [--out DIR]
+    onetrip bench train [--model NAME ...] [--provider NAME ...] [--seq N] [--budget-s S] [--out DIR] [--quick]
+                        [--check]
+    onetrip bench allreduce [--world N] [--out DIR] [--quick]    (under torchrun, or relaunched on N GPUs)
     onetrip bench attention [--dtype bf16|fp16] [--out DIR] [--quick] [--backward]
     onetrip bench decode-attention [--out DIR] [--quick]
     onetrip bench gemv [--compile] [--out DIR] [--quick]
     onetrip profile TRACE.json[.gz] [--json OUT] [--bandwidth GBS] [--png OUT.png] [--html OUT.html]
     onetrip profile A.json --diff B.json [--json OUT] [--png OUT.png] [--html OUT.html]
     onetrip bench decode [--preset NAME ...] [--batch N ...] [--provider NAME ...] [--new-tokens N]
+                         [--tp N [--check]]
     onetrip demo [--out DIR] [--preset NAME] [--new-tokens N]
     onetrip profile --model PATH|PRESET [--backend eager|fused|transformers] [--no-graphs] [--steps N] [--png OUT.png]
     onetrip generate --model PATH|PRESET [--prompt TEXT | --prompt-tokens N] [--max-new-tokens N]
                      [--batch N] [--backend eager|fused] [--no-graphs] [--paged [--page-size N]]
-                     [--chat] [--json OUT]
+                     [--chat] [--json OUT] [--tp N]
     onetrip env
 
 ``bench ops`` times each fused op against eager PyTorch, torch.compile and Liger-Kernel
@@ -27,6 +31,10 @@ eager PyTorch, torch.compile and Liger-Kernel; ``bench optim`` one AdamW step ov
 Llama-3.1-8B-shaped parameter list against torch's fused and foreach AdamW; ``bench host``
 the host (CPU) time of an eager call of each op, forward and forward + backward, beside
 torch's own ops.
+``bench train`` trains transformers' Llama-3.2-1B- and Qwen2.5-0.5B-shaped models eager, under
+torch.compile, with Liger-Kernel and with onetrip.patch: tokens/s, peak memory, the largest batch
+and the loss of 20 steps, with a PNG of loss and memory; without a GPU it checks on tiny models
+that onetrip's patched model trains as transformers' does.
 ``bench attention`` reports prefill attention in TFLOP/s against SDPA's FlashAttention-2,
 cuDNN and memory-efficient backends and the naive reference; ``bench decode-attention``
 reports decode attention (contiguous and paged caches) and append_kv in GB/s and % of the
@@ -44,7 +52,8 @@ without GPU kernels (a CPU-only recording) gets what its operators show and a no
 to record a CUDA trace; its timeline is not drawn (exit 1). An empty trace is an error (exit 2).
 ``generate`` runs the decode engine on a checkpoint directory or a preset with random
 weights and reports prefill ms, decode tok/s, kernels per decode step and the achieved
-bandwidth as a % of the device's copy bandwidth.
+bandwidth as a % of the device's copy bandwidth; ``--tp N`` splits the model over N GPUs
+(tensor parallel), the command relaunching itself under torchrun.
 ``env`` prints the device, the versions involved, and how kernels will run.
 Also runnable as ``python -m onetrip ...``.
 """
@@ -58,6 +67,8 @@ from pathlib import Path
 
 # bench.decode.PROVIDERS, spelled here so that building the parser imports no torch
 DECODE_PROVIDERS = ("transformers", "gpt-fast", "onetrip-eager", "onetrip-fused", "onetrip-graphs", "onetrip-paged")
+# bench.decode_tp.PROVIDERS
+DECODE_TP_PROVIDERS = ("onetrip-tp", "onetrip-tp-nccl", "gptfast-tp")
 
 
 def _build_parser(op_names: tuple[str, ...], dtype_names: tuple[str, ...],
@@ -133,30 +144,72 @@ def _build_parser(op_names: tuple[str, ...], dtype_names: tuple[str, ...],
                        help="decoder layers' parameters to include (default: 8, 2.8 B parameters)")
     optim.add_argument("--out", type=Path, default=Path("benchmarks/results"), help=out_help)
     optim.set_defaults(func=_bench_optim)
+    train = suites.add_parser(
+        "train", help="a training step of Llama-3.2-1B / Qwen2.5-0.5B shapes: tokens/s, peak memory, largest batch",
+        description="Train transformers' Llama-3.2-1B- and Qwen2.5-0.5B-shaped models (random weights, bf16 with "
+        "float32 master weights) eager (SDPA), under torch.compile, with Liger-Kernel and with onetrip.patch + "
+        "onetrip.optim.AdamW: tokens/s and peak memory at eager's largest batch, each one's largest batch, and the "
+        "loss of 20 steps on the same data. Without a GPU, or with --check: check on tiny models on the CPU that "
+        "onetrip's patched model trains as transformers' does.")
+    train.add_argument("--model", action="extend", nargs="+", choices=("llama-3.2-1b", "qwen2.5-0.5b"),
+                       metavar="NAME", help="models (default: both): llama-3.2-1b qwen2.5-0.5b")
+    train.add_argument("--provider", action="extend", nargs="+", choices=("torch.compile", "liger", "onetrip"),
+                       metavar="NAME", help="providers besides eager, which always runs (default: torch.compile "
+                       "liger onetrip)")
+    train.add_argument("--seq", type=_positive, metavar="N", help="sequence length (default 4096)")
+    train.add_argument("--budget-s", type=_positive, metavar="S",
+                       help="what is not started by S seconds is recorded as skipped (default 540; --quick 240)")
+    train.add_argument("--out", type=Path, default=Path("benchmarks/results"), help=out_help)
+    train.add_argument("--quick", action="store_true",
+                       help="common batch at most 4; the largest batch of eager and onetrip only, 3 steps past "
+                       "batch 2; a 240 s budget")
+    train.add_argument("--check", action="store_true", help="the CPU check only (tiny models, 3 steps)")
+    train.set_defaults(func=_bench_train)
     host = suites.add_parser(
         "host", help="host time of an eager call of each op (tiny tensors), beside torch's ops, in us",
         description="Time 1000 back-to-back eager calls of each op on tiny tensors (the GPU never the limit) and "
         "report the host's time per call, forward and forward + backward, beside torch's own ops. Needs a GPU.")
     host.add_argument("--out", type=Path, default=Path("benchmarks/results"), help=out_help)
     host.set_defaults(func=_bench_host)
+    allreduce = suites.add_parser(
+        "allreduce", help="the TP all-reduce + residual add + RMSNorm: NCCL, symmetric one-shot, onetrip fused, in us",
+        description="Time the all-reduce of a bf16 partial (hidden 8192 and 4096, batch 1-64) followed by the residual "
+        "add + RMSNorm: dist.all_reduce then add_rms_norm, torch's symmetric-memory one-shot all-reduce then "
+        "add_rms_norm, and onetrip's fused kernel, each as a CUDA graph of 100 calls on all ranks in lock step. "
+        "Runs under torchrun; without it, relaunches itself on --world GPUs. Needs 2 or more GPUs.")
+    allreduce.add_argument("--world", "--tp", type=_positive, metavar="N", dest="world",
+                           help="GPUs (default: all visible; under torchrun: its WORLD_SIZE)")
+    allreduce.add_argument("--out", type=Path, default=Path("benchmarks/results"), help=out_help)
+    allreduce.add_argument("--quick", action="store_true", help="hidden 8192 at batch 1, 8 and 64 only")
+    allreduce.set_defaults(func=_bench_allreduce)
     model = suites.add_parser(
         "decode", help="whole-model decode: transformers, gpt-fast-style compiled, onetrip eager/fused/graphs",
         description="Decode with Llama presets (random weights) at several batch sizes through transformers' "
         "generate, a gpt-fast-style torch.compile(mode='reduce-overhead') decoder and onetrip's eager, fused and "
         "fused + CUDA-graph engine, all on the same weights; report tok/s, % of the bandwidth limit, kernels per "
         "decode step and time to first token. Without a GPU, check on the tiny preset that the providers "
-        "generate the same tokens.")
+        "generate the same tokens. With --tp N: tensor-parallel over N GPUs (one process each, under torchrun, "
+        "started by the command), onetrip's engine with either all-reduce against a gpt-fast-style TP decoder; "
+        "tok/s, % of the aggregate bandwidth floor, all-reduce time a layer.")
     model.add_argument("--preset", action="extend", nargs="+", metavar="NAME", choices=presets,
-                       help=f"presets (default: llama-3.2-1b llama-3.1-8b): {', '.join(presets)}")
+                       help=f"presets (default: llama-3.2-1b llama-3.1-8b; with --tp, llama-3.1-8b): "
+                       f"{', '.join(presets)}")
     model.add_argument("--batch", action="extend", nargs="+", type=_positive, metavar="N",
-                       help="batch sizes (default: 1 8 32)")
+                       help="batch sizes (default: 1 8 32; with --tp, 1 32)")
     model.add_argument("--provider", action="extend", nargs="+", metavar="NAME",
-                       choices=DECODE_PROVIDERS, help="providers (default: all six)")
-    model.add_argument("--new-tokens", type=_positive, default=256, metavar="N", help="default 256")
+                       choices=(*DECODE_PROVIDERS, *DECODE_TP_PROVIDERS),
+                       help=f"providers (default: all six; with --tp all of {', '.join(DECODE_TP_PROVIDERS)})")
+    model.add_argument("--new-tokens", type=_positive, metavar="N", help="default 256; 128 with --tp")
     model.add_argument("--prompt-tokens", type=_positive, default=32, metavar="N", help="default 32")
     model.add_argument("--ttft", action="extend", nargs="*", type=_positive, metavar="N",
                        help="prompt lengths for time to first token (default: 512 2048; none to skip)")
     model.add_argument("--out", type=Path, default=Path("benchmarks/results"), help=out_help)
+    model.add_argument("--tp", type=_positive, metavar="N",
+                       help="tensor parallel over N GPUs (N processes under torchrun; 1: one process, the same "
+                       "code, for the TP-N / TP-1 ratio); without a GPU, the --check")
+    model.add_argument("--check", action="store_true",
+                       help="with --tp N: on the CPU, N gloo processes run onetrip-tp-nccl and gptfast-tp "
+                       "(uncompiled) on the tiny preset; both must draw the full model's greedy tokens")
     model.set_defaults(func=_bench_decode)
 
     prof = commands.add_parser(
@@ -227,6 +280,8 @@ def _build_parser(op_names: tuple[str, ...], dtype_names: tuple[str, ...],
     gen.add_argument("--seed", type=int, default=0, help="sampling seed, and the preset's random weights")
     gen.add_argument("--quiet", action="store_true", help="print only the summary")
     gen.add_argument("--json", type=Path, metavar="OUT", help="also write the summary as JSON to OUT")
+    gen.add_argument("--tp", type=_positive, default=1, metavar="N",
+                     help="tensor parallel over N GPUs (default 1): relaunches itself in N processes under torchrun")
     gen.set_defaults(func=_generate)
 
     env = commands.add_parser("env", help="the device, versions, and how kernels will run",
@@ -248,7 +303,10 @@ def _positive(text: str) -> int:
 def _generate(args: argparse.Namespace) -> int:
     from .bench.report import console
     from .engine.commands import run_generate
+    from .engine.launch import needs_relaunch, relaunch_under_torchrun
 
+    if needs_relaunch(args.tp):  # one process a GPU, this command in each (NVLink multicast off)
+        return relaunch_under_torchrun(args.tp, args.argv)
     try:
         return run_generate(args, console())
     except (OSError, ValueError) as exc:  # a bad --model, --prompt without a tokenizer, ...
@@ -343,6 +401,21 @@ def _bench_optim(args: argparse.Namespace) -> int:
     return 1 if any(r["provider"] == "onetrip" and r["error"] for r in records) else 0
 
 
+def _bench_train(args: argparse.Namespace) -> int:
+    import torch
+
+    from .bench.train import MODELS, PROVIDERS, run_train_bench
+    from .bench.train_check import run_train_check
+
+    models = tuple(args.model or MODELS)
+    if args.check or not torch.cuda.is_available():
+        return run_train_check(models=models)
+    overrides = {k: v for k, v in (("seq", args.seq), ("budget_s", args.budget_s)) if v is not None}
+    records = run_train_bench(args.out, args.quick, models=models, providers=tuple(args.provider or PROVIDERS),
+                              **overrides)
+    return 1 if any(r["provider"] == "onetrip" and r["error"] for r in records) else 0
+
+
 def _bench_host(args: argparse.Namespace) -> int:
     if _needs_gpu("host"):
         return 2
@@ -352,16 +425,33 @@ def _bench_host(args: argparse.Namespace) -> int:
     return 1 if any(r["error"] for r in records) else 0
 
 
+def _bench_allreduce(args: argparse.Namespace) -> int:
+    if _needs_gpu("allreduce"):
+        return 2
+    from .bench.allreduce import run_allreduce_bench
+
+    return run_allreduce_bench(args.out, args.world, args.quick)
+
+
 def _bench_decode(args: argparse.Namespace) -> int:
     import torch
 
+    if args.tp is not None:
+        from .bench.decode_tp import main as bench_decode_tp
+
+        return bench_decode_tp(args)
+    tp_only = [p for p in args.provider or () if p in DECODE_TP_PROVIDERS]
+    if args.check or tp_only:
+        print(f"onetrip bench decode: {'--check' if args.check else '--provider ' + ' '.join(tp_only)} goes with "
+              f"--tp N", file=sys.stderr)
+        return 2
     from .bench.decode import PROVIDERS, bench_decode, check_decode
 
     if not torch.cuda.is_available():
         return check_decode()
     result = bench_decode(args.out, presets=tuple(args.preset or ("llama-3.2-1b", "llama-3.1-8b")),
                           batches=tuple(args.batch or (1, 8, 32)), providers=tuple(args.provider or PROVIDERS),
-                          new_tokens=args.new_tokens, prompt=args.prompt_tokens,
+                          new_tokens=args.new_tokens or 256, prompt=args.prompt_tokens,
                           ttft_prompts=(512, 2048) if args.ttft is None else tuple(args.ttft))
     return 1 if any("error" in r and r["provider"].startswith("onetrip") for r in result["records"]) else 0
 
@@ -519,6 +609,7 @@ def main(argv: list[str] | None = None) -> int:
     from .models.config import PRESETS
 
     args = _build_parser(OP_NAMES, tuple(DTYPES), tuple(PRESETS)).parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # generate --tp relaunches itself with them
     return args.func(args)
 
 

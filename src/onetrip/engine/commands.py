@@ -4,10 +4,16 @@ The summary gives prefill time, decode tok/s and ms per token, kernels per decod
 (counted by onetrip's profiler over a few extra steps), and the achieved bandwidth: the
 bytes a decode step must read (``budget.py``: weights once + the KV cache) over the
 measured step time, against the copy bandwidth measured on the same device.
+
+With ``--tp N`` the command runs in N processes under torchrun (``cli.py`` relaunches
+itself), one tensor-parallel rank each (``models.tp``) on CUDA device LOCAL_RANK (gloo on
+the CPU); every rank generates, rank 0 prints. Kernels, bytes and bandwidth are then one
+rank's: its slices of the weights and KV cache against its own GPU's copy bandwidth.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -20,6 +26,7 @@ import torch
 from ..device import copy_bandwidth_gbs
 from ..models import Model, get_config, load_model
 from ..models.config import PRESETS
+from ..models.tp import TensorParallel, env_device, load_model_tp, random_model_tp
 from .budget import decode_budget
 from .generate import Engine, GenerationResult
 from .sampling import SamplingParams
@@ -28,16 +35,21 @@ from .tokenizer import IncrementalDecoder, Tokenizer
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-def load(spec: str, dtype: Optional[torch.dtype], device: str, seed: int = 0) -> tuple[Model, Optional[Tokenizer], str]:
+def load(spec: str, dtype: Optional[torch.dtype], device: str, seed: int = 0,
+         tp: Optional[TensorParallel] = None) -> tuple[Model, Optional[Tokenizer], str]:
     """A Hugging Face directory with a config.json (weights, and its tokenizer when there is
     a tokenizer.json) or a preset name (random weights, no tokenizer). Returns (model,
-    tokenizer, label); raises ValueError naming ``spec`` and the presets otherwise."""
+    tokenizer, label); raises ValueError naming ``spec`` and the presets otherwise. With
+    ``tp``, this rank's shard (read slice by slice, or this rank's part of the preset's
+    random weights)."""
     check_model(spec)
     path = Path(spec)
     if (path / "config.json").is_file():
-        model = load_model(path, dtype, device)
+        model = load_model(path, dtype, device) if tp is None else load_model_tp(path, tp, dtype, device)
         tok = Tokenizer.from_dir(path) if (path / "tokenizer.json").is_file() else None
         return model, tok, path.name
+    if tp is not None:
+        return random_model_tp(get_config(spec), tp, dtype or torch.float32, device, seed=seed), None, spec
     return Model.random(get_config(spec), dtype or torch.float32, device, seed=seed), None, spec
 
 
@@ -96,6 +108,7 @@ class GenerateSummary:
     pct_of_limit: Optional[float]
     limit_tok_s: Optional[float]
     device: str
+    tp: int = 1  # tensor-parallel ranks; kernels, bytes and bandwidth are then one rank's
 
 
 def decode_kernels(engine: Engine, prompts: list[list[int]], steps: int = 4) -> Optional[float]:
@@ -110,7 +123,10 @@ def decode_kernels(engine: Engine, prompts: list[list[int]], steps: int = 4) -> 
 def summarize(result: GenerationResult, model: Model, label: str, backend: str, kernels: Optional[float],
               bandwidth: Optional[float], page_size: Optional[int] = None) -> GenerateSummary:
     b = len(result.tokens)
-    budget = decode_budget(model.config, model.dtype, b, result.prompt_lens, result.decode_steps, bandwidth)
+    config = model.config
+    if model.tp is not None:  # a rank reads its own head rows, not the vocabulary's
+        config = dataclasses.replace(config, vocab_size=model.head_weight.shape[0])
+    budget = decode_budget(config, model.dtype, b, result.prompt_lens, result.decode_steps, bandwidth)
     ms = result.ms_per_step
     return GenerateSummary(
         model=label, backend=backend, graphs=result.graphs, page_size=page_size,
@@ -119,7 +135,8 @@ def summarize(result: GenerationResult, model: Model, label: str, backend: str, 
         decode_tok_s=result.decode_tok_per_s, ms_per_token=ms, kernels_per_step=kernels,
         achieved_gbs=budget.achieved_gbs(ms) if result.decode_steps else 0.0, bandwidth_gbs=bandwidth,
         pct_of_limit=budget.pct_of_limit(ms) if result.decode_steps else None, limit_tok_s=budget.limit_tok_s,
-        device=torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else "cpu")
+        device=torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else "cpu",
+        tp=1 if model.tp is None else model.tp.world)
 
 
 class GenerateProgress:
@@ -168,29 +185,50 @@ def run_generate(args, console, status=None) -> int:
     ``console``; warnings and progress to ``status`` (default: stderr), so that stdout
     holds the tokens and the summary only."""
     from rich.console import Console
-    from rich.table import Table
 
     status = status or Console(stderr=True, soft_wrap=True)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
     check_model(args.model)
+    world = getattr(args, "tp", 1)
+    if world == 1:
+        return _generate(args, console, status, None, "cuda" if torch.cuda.is_available() else "cpu")
+    env_world = os.environ.get("WORLD_SIZE")
+    if env_world != str(world):
+        raise ValueError(f"--tp {world} runs under torchrun with WORLD_SIZE={world}; here WORLD_SIZE is "
+                         f"{env_world!r} (run `onetrip generate --tp {world} ...` without torchrun: it launches it)")
+    tp = TensorParallel.from_env()
+    try:
+        if tp.rank:  # rank 0 speaks for all
+            console = status = Console(quiet=True)
+        return _generate(args, console, status, tp, str(env_device()))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def _generate(args, console, status, tp: Optional[TensorParallel], device: str) -> int:
+    from rich.table import Table
+
     if args.page_size is not None and not args.paged:
         raise ValueError(f"--page-size {args.page_size} applies to a paged KV cache; add --paged")
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
     if device == "cpu":
         status.print(f"[yellow]{cpu_warning(args.model, args.backend)}[/]")
-    dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device == "cuda" else torch.float32)
+    on_gpu = device.startswith("cuda")
+    dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if on_gpu else torch.float32)
     model, tok, label = load(args.model, None if args.dtype is None and Path(args.model).is_dir() else dtype,
-                             device, seed=args.seed)
+                             device, seed=args.seed, tp=tp)
     model.backend = args.backend
     prompts = build_prompts(tok, args.prompt, args.prompt_tokens, args.batch, args.chat, model.config.vocab_size,
                             seed=args.seed)
     engine = Engine(model, max_seq=max(map(len, prompts)) + args.max_new_tokens + 8, max_batch=args.batch,
                     graphs=not args.no_graphs, paged=args.paged, page_size=args.page_size)
 
+    # Every rank takes the same branches below: a host read that decides to stop early must
+    # happen at the same step on all of them, or one runs a step (and its collectives) alone.
     stream = tok is not None and args.batch == 1 and not args.quiet
+    show = not (stream or args.quiet)
     decoder = IncrementalDecoder(tok) if stream else None
-    with GenerateProgress(status, sum(map(len, prompts)), args.max_new_tokens, enabled=not (stream or args.quiet),
-                          lines=device == "cpu") as progress:
+    with GenerateProgress(status, sum(map(len, prompts)), args.max_new_tokens,
+                          enabled=show and (tp is None or tp.rank == 0), lines=not on_gpu) as progress:
 
         def on_token(i: int, toks: list[int]) -> None:
             if stream:
@@ -200,25 +238,24 @@ def run_generate(args, console, status=None) -> int:
 
         # On a GPU, on_step (every check_every steps) keeps the host off the device; on a
         # CPU a host read costs nothing and a step of a 1B model takes seconds: every token.
-        per_token = stream or (progress.enabled and device == "cpu")
+        per_token = stream or (show and not on_gpu)
         result = engine.generate(prompts, args.max_new_tokens, sampling=sampling,
                                  eos_ids=tok.eos_ids if tok is not None else (),
                                  on_token=on_token if per_token else None,
-                                 on_step=(lambda i: progress.tokens(i + 1)) if progress.enabled else None)
+                                 on_step=(lambda i: progress.tokens(i + 1)) if show else None)
     if stream:
         console.print(decoder.flush(), highlight=False)
     elif tok is not None and not args.quiet:
         for i, toks in enumerate(result.tokens):
             console.print(f"[bold]{i}:[/] {tok.decode(toks)}", highlight=False)
 
-    bandwidth = None
-    if device == "cuda":
-        bandwidth = copy_bandwidth_gbs(device)
+    bandwidth = copy_bandwidth_gbs(device) if on_gpu else None
     kernels = decode_kernels(engine, prompts)
     s = summarize(result, model, label, args.backend, kernels, bandwidth, engine.page_size)
 
     paging = f" · paged KV ({s.page_size}-token pages)" if s.page_size else ""
-    table = Table(title=f"{label} · {s.backend}{' + CUDA graphs' if s.graphs else ''}{paging} · {s.dtype} · "
+    ranks = f" · TP {s.tp} (per rank)" if s.tp > 1 else ""
+    table = Table(title=f"{label} · {s.backend}{' + CUDA graphs' if s.graphs else ''}{paging}{ranks} · {s.dtype} · "
                   f"{s.device}")
     for col in ("batch", "prompt", "new tokens", "prefill ms", "decode tok/s", "ms / token", "kernels / step",
                 "GB/s", "% of limit"):
@@ -231,6 +268,6 @@ def run_generate(args, console, status=None) -> int:
     if s.bandwidth_gbs:
         console.print(f"limit: {s.limit_tok_s:.0f} tok/s = {s.batch} x {s.bandwidth_gbs:.0f} GB/s copy bandwidth "
                       f"/ bytes per step (weights once + KV cache)")
-    if args.json:
+    if args.json and (tp is None or tp.rank == 0):
         Path(args.json).write_text(json.dumps(asdict(s), indent=2) + os.linesep)
     return 0

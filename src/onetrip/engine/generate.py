@@ -31,6 +31,11 @@ gives every sequence ceil((prompt + max_new_tokens) / page_size) pages and write
 table in place, so the captured step (which only reads the table) serves every batch,
 and a ragged batch holds the pages its lengths need, not the longest one's for each.
 
+A tensor-parallel shard (``models.tp``) runs the same loop on every rank: its logits are
+the rank's vocabulary rows, ``sampling.sample_tp`` draws the same token on every rank from
+them, and the ranks stop at the same step (the same tokens, the same done flags). The
+captured graph holds the step's collectives.
+
 The host reads the device only to stop early: every ``check_every`` steps it looks at
 whether every sequence has produced an EOS (each step when a streaming callback wants
 the tokens as they come).
@@ -49,7 +54,7 @@ from ..models.layers import KVCache
 from ..models.llama import Model
 from ..models.paged import SINK, PagedKVCache, PagePlan, pages_for, plan_pages
 from ..ops.advance import advance_greedy, advance_ref, advance_tokens
-from .sampling import SamplingParams, sample
+from .sampling import SamplingParams, sample, sample_tp
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -213,7 +218,12 @@ class Engine:
         (``ops.advance``; greedy, with the argmax's second stage) unless its
         ``FusedOptions.advance_kernel`` is off; the eager one op by op."""
         state = (slot.done, slot.eos, slot.out, slot.tok, slot.step, lens)
-        if self.model.backend != "fused" or not self.model.fused_options.advance_kernel:
+        tp = self.model.tp
+        if tp is not None:  # logits: this rank's vocabulary rows; every rank draws the same tokens
+            nxt = sample_tp(logits, sampling, slot.step, tp, tp.vocab_range(self.model.config.vocab_size)[0])
+            fused = self.model.backend == "fused" and self.model.fused_options.advance_kernel
+            (advance_tokens if fused else advance_ref)(nxt, *state)
+        elif self.model.backend != "fused" or not self.model.fused_options.advance_kernel:
             advance_ref(sample(logits, sampling, slot.step), *state)
         elif sampling.greedy:
             advance_greedy(logits, *state)

@@ -3,6 +3,7 @@
     params = SamplingParams(temperature=0.8, top_k=50, top_p=0.95, seed=1234)
     step = torch.zeros((), dtype=torch.int64, device="cuda")  # the engine bumps it in-graph
     tokens = sample(logits, params, step)                     # (batch,) int64, no host sync
+    tokens = sample_tp(local_logits, params, step, tp, start) # the same, the vocabulary split over ranks
 
 Order of the warps, as in Hugging Face's generate: divide by the temperature, keep the
 ``top_k`` largest logits, then keep the nucleus (the smallest set of most likely tokens
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..ops.argmax import argmax
+from ..ops.argmax import argmax, tile_keys
 
 _MASK32 = 0xFFFFFFFF
 _UNIFORM_BITS = 23  # (k + 0.5) / 2**23 is exact in float32, so u stays strictly inside (0, 1)
@@ -178,21 +179,113 @@ def sample(logits: torch.Tensor, params: SamplingParams, step: torch.Tensor) -> 
         return _argmax(logits)
     batch, vocab = logits.shape
     x = logits.float() / params.temperature                          # (batch, vocab) fp32
-    ids = None                                                       # candidate -> vocab id
     if params.top_k:
         x, ids = torch.topk(x, min(params.top_k, vocab), dim=-1)     # (batch, k), descending
     elif params.top_p < 1:
         x, ids = torch.sort(x, dim=-1, descending=True)              # (batch, vocab)
-    if params.top_p < 1:
-        probs = torch.softmax(x, dim=-1)
+    else:
+        return _argmax(x + _noise(params, step, batch, torch.arange(vocab, device=x.device).unsqueeze(0)))
+    probs = torch.softmax(x, dim=-1) if params.top_p < 1 else None
+    return _draw(x, ids, probs, params, step)
+
+
+def _noise(params: SamplingParams, step: torch.Tensor, batch: int, ids: torch.Tensor) -> torch.Tensor:
+    """Gumbel noise (batch, n) of vocab ids (batch, n) or (1, n), keyed by (seed, step, row, id)."""
+    rows = torch.arange(batch, device=ids.device).unsqueeze(1)       # (batch, 1)
+    return _gumbel(hash_uniform(params.seed, step, rows, ids))
+
+
+def _draw(x: torch.Tensor, ids: torch.Tensor, probs, params: SamplingParams, step: torch.Tensor) -> torch.Tensor:
+    """The token drawn from candidates x (batch, n) fp32, sorted descending, of vocab ids
+    ``ids`` (batch, n): the nucleus of ``probs`` (their probabilities, None without top_p)
+    kept, then the Gumbel-max draw. Returns (batch,) int64 vocab ids."""
+    if probs is not None:
         mass_before = torch.cumsum(probs, dim=-1) - probs            # 0 for the first: kept
         x = x.masked_fill(mass_before >= params.top_p, float("-inf"))
-    rows = torch.arange(batch, device=logits.device).unsqueeze(1)    # (batch, 1)
-    cols = ids if ids is not None else torch.arange(vocab, device=logits.device).unsqueeze(0)
-    choice = _argmax(x + _gumbel(hash_uniform(params.seed, step, rows, cols)))  # (batch,)
-    if ids is None:
-        return choice
+    choice = _argmax(x + _noise(params, step, x.shape[0], ids))      # (batch,)
     return ids.gather(-1, choice.unsqueeze(-1)).squeeze(-1)
+
+
+# ---- over a vocabulary split across tensor-parallel ranks ------------------------------------
+
+# Candidates per rank for top_p without top_k: the nucleus is exact when it holds at most
+# this many tokens, otherwise the draw is from the 1024 most likely (their exact probabilities).
+TOP_P_CANDIDATES = 1024
+
+
+def _keys(values: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """int64 keys ordered as (value, -id): order32(value) in the high word (a float32's bits
+    mapped to an int32 of the same order), 2^31 - 1 - id in the low, so the larger value and
+    then the smaller id wins a max; ``ops.argmax``'s tile keys, in torch ops."""
+    bits = values.float().contiguous().view(torch.int32)
+    order = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(torch.int64)
+    return (order << 32) | (0x7FFFFFFF - ids)
+
+
+def _unkeys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_keys`` inverted: (values float32, ids int64), bit for bit."""
+    order = (keys >> 32).to(torch.int32)
+    return torch.where(order < 0, order ^ 0x7FFFFFFF, order).view(torch.float32), 0x7FFFFFFF - (keys & 0xFFFFFFFF)
+
+
+def _global_argmax(x: torch.Tensor, vocab_start: int, tp) -> torch.Tensor:
+    """The full vocabulary's argmax (first id among ties) from each rank's columns x (batch,
+    n) of ids vocab_start + j: each rank's best key per tile (``ops.argmax.tile_keys`` on a
+    GPU, one tile of n on the CPU), with its global id, max-reduced over the ranks."""
+    if x.is_cuda:
+        keys = tile_keys(x) - vocab_start                            # (batch, tiles)
+    else:
+        ids = vocab_start + torch.arange(x.shape[-1], device=x.device)
+        keys = _keys(x, ids.unsqueeze(0)).amax(-1, keepdim=True)     # (batch, 1)
+    best = tp.all_reduce(keys, "max").amax(-1)
+    return 0x7FFFFFFF - (best & 0xFFFFFFFF)
+
+
+def sample_tp(local_logits: torch.Tensor, params: SamplingParams, step: torch.Tensor, tp,
+              vocab_start: int) -> torch.Tensor:
+    """``sample`` over a vocabulary split across the ranks of ``tp`` (``models.tp``), without
+    gathering the logits: every rank passes its own columns and gets the same tokens.
+
+    Args:
+        local_logits: (batch, n) this rank's logits of vocab ids [vocab_start, vocab_start
+            + n) (ids past the vocabulary hold -inf).
+        params, step: as for ``sample``.
+        tp: the ``TensorParallel`` whose group the ranks share.
+        vocab_start: this rank's first vocab id (``tp.vocab_range(vocab)[0]``).
+
+    Returns:
+        (batch,) int64 global token ids, equal on every rank and equal to ``sample`` on the
+        full logits: the noise is keyed by the vocab id, so each rank adds to its columns
+        what ``sample`` adds to them.
+
+    What crosses the ranks: greedy or plain temperature, one max-reduce of a key per row
+    (and tile); top_k, the k best (value, id) of each rank, all-gathered, before the usual
+    top-k / top-p / draw on the world x k; top_p alone, the ``TOP_P_CANDIDATES`` best of
+    each rank and two reductions (max and sum of exp) that make their probabilities exact.
+    Graph capture: collectives on the current stream, static shapes, no host reads.
+    """
+    _check(local_logits, step)
+    if params.greedy:
+        return _global_argmax(local_logits, vocab_start, tp)
+    batch, n = local_logits.shape
+    x = local_logits.float() / params.temperature                    # (batch, n) fp32
+    if not params.top_k and params.top_p == 1:
+        ids = vocab_start + torch.arange(n, device=x.device).unsqueeze(0)
+        return _global_argmax(x + _noise(params, step, batch, ids), vocab_start, tp)
+    k = params.top_k or TOP_P_CANDIDATES
+    values, cols = torch.topk(x, min(k, n), dim=-1)                  # (batch, k') this rank's best
+    gathered = tp.all_gather(_keys(values, cols + vocab_start))      # (world, batch, k')
+    values, ids = _unkeys(gathered.permute(1, 0, 2).reshape(batch, -1))
+    values, order = torch.topk(values, min(k, values.shape[-1]), dim=-1)  # the global best k, descending
+    ids = ids.gather(-1, order)
+    probs = None
+    if params.top_p < 1 and params.top_k:
+        probs = torch.softmax(values, dim=-1)
+    elif params.top_p < 1:  # the full softmax's probabilities: its max and normalizer reduced
+        m = tp.all_reduce(x.amax(-1, keepdim=True), "max")
+        total = tp.all_reduce(torch.exp(x - m).sum(-1, keepdim=True), "sum")
+        probs = torch.exp(values - m) / total
+    return _draw(values, ids, probs, params, step)
 
 
 def sample_ref(logits: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor) -> torch.Tensor:

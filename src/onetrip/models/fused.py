@@ -24,6 +24,14 @@ of K/V for GQA, SDPA with its mask, residual adds, SiLU and multiply). The resid
 makes its own pass: each add happens inside the next norm, whose ``h`` output is the new
 residual. Prefill (more than ``MAX_Q_LEN`` new tokens) attends with ``flash_attention``.
 
+On a tensor-parallel shard (``model.tp`` set, ``tp.py``) the o and down projections give
+this rank's partial sums, and the ``add_rms_norm`` after each is ``allreduce_add_rms_norm``:
+the sum over the ranks, the residual add and the norm. Batch 1 then takes the same path as
+more rows (GEMVs, no residual in their epilogues: a partial sum is not the residual's
+addend), 7 kernels a layer with a one-kernel all-reduce + norm; the LM head gives this
+rank's vocabulary rows. (With NCCL's all-reduce instead, each reduction is a copy, the
+all-reduce and ``add_rms_norm``: 11 a layer.)
+
 A paged cache (``paged.PagedKVCache``) passes its block table to append_attention (or
 append_kv), which follows it in the kernel; prefill's flash_attention reads each
 sequence's pages gathered into a contiguous copy first.
@@ -32,12 +40,13 @@ sequence's pages gathered into a contiguous copy first.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Protocol, Sequence
+from typing import Any, Optional, Protocol, Sequence
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..ops.allreduce_norm import AllReduceComm, allreduce_add_rms_norm, make_comm
 from ..ops.append_attention import append_attention
 from ..ops.append_kv import append_kv
 from ..ops.decode_attention import MAX_Q_LEN, decode_attention
@@ -80,10 +89,43 @@ class Decoder(Protocol):
     embed: nn.Embedding
     layers: Sequence[Block]
     norm: torch.Tensor  # (hidden,) the final RMSNorm's weight
+    tp: Any  # tp.TensorParallel of a tensor-parallel shard, else None
+    tp_comm: Optional[AllReduceComm]  # a shard's all-reduce buffers (made here on first use)
 
     @property
     def head_weight(self) -> torch.Tensor:  # (vocab, hidden): the LM head's, or the tied embedding's
         ...
+
+    @property
+    def head_bias(self) -> Optional[torch.Tensor]:  # None, or a shard's -inf on padding rows
+        ...
+
+
+# Rows an all-reduce + norm takes in one kernel (``ops.allreduce_norm``, "fused" mode): a
+# decode step's batch; a longer call (a prefill chunk) takes NCCL's all-reduce. The
+# symmetric buffer is 2 x this x hidden: 8 MB at hidden 8192 in bf16.
+FUSED_ALLREDUCE_ROWS = 256
+
+
+def _comm(model: Decoder, x: torch.Tensor) -> AllReduceComm:
+    """The shard's all-reduce buffers, made on the first forward (a collective: every rank
+    makes them there, outside any graph capture) and kept while the model lives, since a
+    captured graph holds their addresses."""
+    if model.tp_comm is None:
+        tp = model.tp
+        model.tp_comm = make_comm(tp.group, tp.rank, tp.world, x.shape[-1], FUSED_ALLREDUCE_ROWS, x.dtype, x.device,
+                                  tp.allreduce)
+    return model.tp_comm
+
+
+def _add_norm(model: Decoder, x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor,
+              eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """add_rms_norm(x, residual): (normed, x + residual). On a tensor-parallel shard an x
+    with a residual is an o or down projection, this rank's partial sum: all-reduced in
+    the same call. Without a residual x is the embedding, the same on every rank."""
+    if model.tp is None or residual is None:
+        return add_rms_norm(x, residual, weight, eps)
+    return allreduce_add_rms_norm(x, residual, weight, eps, _comm(model, x))
 
 
 def _gemv(x: torch.Tensor) -> bool:
@@ -211,23 +253,24 @@ def forward_fused(model: Decoder, tokens: torch.Tensor, cache_seqlens: Optional[
             lens_after = lens + s  # decode_attention counts the appended tokens (one tiny kernel per step)
 
     x = F.embedding(tokens, model.embed.weight)  # (batch, seq, hidden)
-    if b * s == 1 and _gemv(x) and lens is not None:
+    if b * s == 1 and _gemv(x) and lens is not None and model.tp is None:
         return _decode_one_row(model, x, cos, sin, lens, lens_after, options)
     residual = None
     # A prefill reads the lengths on the host once here, not once a layer: each read waits
     # for the GPU to drain, so with one a layer the host's launches never ran ahead of it.
     starts = lens.tolist() if lens is not None and s > MAX_Q_LEN else None
     for layer in model.layers:
-        normed, residual = add_rms_norm(x, residual, layer.attn_norm, c.rms_norm_eps)
+        normed, residual = _add_norm(model, x, residual, layer.attn_norm, c.rms_norm_eps)
         x = _attention(layer.attn, normed, cos, sin, lens, lens_after, positions, starts, options)
-        normed, residual = add_rms_norm(x, residual, layer.mlp_norm, c.rms_norm_eps)
+        normed, residual = _add_norm(model, x, residual, layer.mlp_norm, c.rms_norm_eps)
         mlp = layer.mlp
         x = _down(_linear(normed, mlp.w_gate_up.weight, None, options.gemv_picks), mlp.w_down.weight,
                   options.gemv_picks)
     if logits_index is not None:
-        x, residual = take_positions(x, logits_index), take_positions(residual, logits_index)
-    x, _ = add_rms_norm(x, residual, model.norm, c.rms_norm_eps)
-    return _linear(x, model.head_weight, None, options.gemv_picks)  # (batch, seq, vocab)
+        x = take_positions(x, logits_index)
+        residual = None if residual is None else take_positions(residual, logits_index)
+    x, _ = _add_norm(model, x, residual, model.norm, c.rms_norm_eps)
+    return _linear(x, model.head_weight, model.head_bias, options.gemv_picks)  # (batch, seq, vocab)
 
 
 def _decode_one_row(model: Decoder, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

@@ -38,6 +38,10 @@ class Model(nn.Module):
     first, mlp.w_down (hidden, intermediate); norm (hidden,); lm_head (vocab, hidden),
     or None when tied to embed.
 
+    A tensor-parallel shard (``tp.py``: ``shard_model``, ``load_model_tp``, ``random_model_tp``)
+    is a ``Model`` of ``tp.local_config`` with ``tp`` set; its logits are its own vocabulary
+    rows (batch, seq, ceil(vocab / world)).
+
     Constructed weights are uninitialised (``nn.Linear``'s default init, ones for norms);
     use ``Model.random`` or ``loader.load_model``. ``fused_options``: the fused backend's
     variants (``fused.FusedOptions``; the default is the measured pick), also read by the
@@ -57,6 +61,10 @@ class Model(nn.Module):
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype, device=device)
         self._rope: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # float32 (n, head_dim/2) each
         self._backend = "eager"
+        # A tensor-parallel shard's ``tp.TensorParallel`` (set by the builders in tp.py) and
+        # the fused backend's all-reduce buffers (``ops.allreduce_norm``); None on one device.
+        self.tp = None
+        self.tp_comm = None
 
     @property
     def backend(self) -> str:
@@ -126,6 +134,12 @@ class Model(nn.Module):
         """The LM head's weight (vocab, hidden): the embedding's when the two are tied."""
         return self.embed.weight if self.lm_head is None else self.lm_head.weight
 
+    @property
+    def head_bias(self) -> Optional[torch.Tensor]:
+        """None, except on a tensor-parallel shard whose head rows run past the vocabulary:
+        (rows,) zeros with -inf on the padding rows (``tp.py``)."""
+        return None if self.lm_head is None else self.lm_head.bias
+
     def _rope_for(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self._rope is None or self._rope[0].shape[0] < n or self._rope[0].device != self.device:
             self._rope = rope_tables(self.config, max(n, 64), self.device)
@@ -182,19 +196,28 @@ class Model(nn.Module):
         cos, sin = cos[positions].to(self.dtype), sin[positions].to(self.dtype)  # (batch, seq, head_dim/2)
 
         x = self.embed(tokens)  # (batch, seq, hidden)
+        eps = self.config.rms_norm_eps
         for layer in self.layers:
-            x = layer(x, cos, sin, positions)
+            if self.tp is None:
+                x = layer(x, cos, sin, positions)
+            else:  # the o and down projections give this rank's partial sums: summed before each add
+                x = x + self.tp.all_reduce(layer.attn(rms_norm(x, layer.attn_norm, eps), cos, sin, positions))
+                x = x + self.tp.all_reduce(layer.mlp(rms_norm(x, layer.mlp_norm, eps)))
         if logits_index is not None:
             x = take_positions(x, logits_index)
-        x = rms_norm(x, self.norm, self.config.rms_norm_eps)
-        return F.linear(x, self.head_weight)  # (batch, seq, vocab)
+        x = rms_norm(x, self.norm, eps)
+        return F.linear(x, self.head_weight, self.head_bias)  # (batch, seq, vocab), or this rank's vocab rows
 
 
 @torch.no_grad()
 def greedy_generate(model: Model, prompt: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
     """Greedy decoding with the KV cache: prefill ``prompt`` (batch, prompt_len) int64, then
     ``max_new_tokens`` single-token steps. Returns the new tokens (batch, max_new_tokens).
-    (Re)allocates the model's cache for prompt_len + max_new_tokens positions."""
+    (Re)allocates the model's cache for prompt_len + max_new_tokens positions. A full model
+    only: a tensor-parallel shard's logits are its vocabulary rows (``Engine`` draws from those)."""
+    if model.tp is not None:
+        raise ValueError("greedy_generate takes a full model; for a tensor-parallel shard use engine.Engine, "
+                         "whose sampler reduces over the ranks' vocabulary rows")
     b, p = prompt.shape
     model.setup_cache(b, p + max_new_tokens)
     seqlens = torch.zeros(b, dtype=torch.int32, device=prompt.device)

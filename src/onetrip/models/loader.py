@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Union
+from typing import Iterator, Optional, Union
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -62,8 +64,8 @@ def hf_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _fused_names(config: ModelConfig) -> dict[str, list[str]]:
-    """Model parameter name -> the Hugging Face tensors concatenated (along dim 0) into it."""
+def fused_names(config: ModelConfig) -> dict[str, list[str]]:
+    """``Model`` parameter name -> the Hugging Face tensors concatenated (along dim 0) into it."""
     out = {"embed.weight": ["model.embed_tokens.weight"], "norm": ["model.norm.weight"]}
     if not config.tie_word_embeddings:
         out["lm_head.weight"] = ["lm_head.weight"]
@@ -149,22 +151,20 @@ def _tensor_files(path: Path) -> dict[str, Path]:
         return {name: single for name in f.keys()}
 
 
-@torch.no_grad()
-def load_model(path: PathLike, dtype: Optional[torch.dtype] = None, device=None, *,
-               fused_options: FusedOptions = FusedOptions()) -> Model:
-    """Load a Hugging Face Llama/Qwen2/Qwen3 directory into a ``Model``.
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checked Hugging Face directory: its config, the dtype to load in, and the
+    safetensors file of every tensor (``open_checkpoint``)."""
 
-    dtype: the parameters' dtype (default: config.json's "torch_dtype" or "dtype", else
-    float32);
-    device: where the parameters live (default CPU). Tensors are read one at a time
-    (memory-mapped), cast and copied, so the host never holds the whole checkpoint.
-    fused_options: the model's ``FusedOptions``.
+    path: Path
+    config: ModelConfig
+    dtype: torch.dtype
+    files: dict[str, Path]
 
-    Raises FileNotFoundError for a missing directory, config or weights file; ValueError
-    for an unreadable config or weights file (naming it), an unsupported architecture, a
-    missing or unexpected tensor, or a tensor whose shape does not match the config
-    (naming the tensor, expected and found shapes).
-    """
+
+def open_checkpoint(path: PathLike, dtype: Optional[torch.dtype] = None) -> Checkpoint:
+    """Read and check ``path``'s config.json and tensor list (no weights): ``load_model``'s
+    checks and errors. dtype None: config.json's "torch_dtype" or "dtype", else float32."""
     path, hf = _hf_config(path)
     config = _config(path, hf)
     if dtype is None:
@@ -176,7 +176,6 @@ def load_model(path: PathLike, dtype: Optional[torch.dtype] = None, device=None,
                              f"pass dtype=")
     files = _tensor_files(path)
     expected = hf_shapes(config)
-
     missing = [n for n in expected if n not in files]
     if missing:
         raise ValueError(f"{str(path)!r}: {len(missing)} tensor(s) missing for {config.architecture} "
@@ -186,29 +185,64 @@ def load_model(path: PathLike, dtype: Optional[torch.dtype] = None, device=None,
     if unexpected:
         raise ValueError(f"{str(path)!r}: {len(unexpected)} unexpected tensor(s) for {config.architecture} "
                          f"with {config.num_layers} layers, e.g. {unexpected[:3]}")
+    return Checkpoint(path, config, dtype, files)
 
-    with torch.device("meta"):
-        model = Model(config, dtype, fused_options=fused_options)
-    model = model.to_empty(device=device or "cpu")
-    params = dict(model.named_parameters())
+
+@contextmanager
+def checkpoint_slices(ckpt: Checkpoint) -> Iterator[dict]:
+    """Hugging Face name -> a lazy safetensors slice of each tensor the config expects
+    (``slice[lo:hi]``, ``slice[:, lo:hi]`` read just those bytes, memory-mapped), each
+    shape-checked against the config (ValueError naming the tensor). Valid inside the
+    ``with``: the files are closed after it."""
+    expected = hf_shapes(ckpt.config)
     handles = {}
     try:
-        for target, sources in _fused_names(config).items():
-            row = 0
-            dst = params[target]
-            for name in sources:
-                file = files[name]
-                if file not in handles:
-                    handles[file] = _open(file).__enter__()
-                t = handles[file].get_tensor(name)
-                if tuple(t.shape) != expected[name]:
-                    raise ValueError(f"tensor {name!r} in {file.name}: expected shape {expected[name]} "
-                                     f"from config.json, found {tuple(t.shape)}")
-                dst[row:row + t.shape[0]].copy_(t.to(dtype))
-                row += t.shape[0]
+        slices = {}
+        for name, shape in expected.items():
+            file = ckpt.files[name]
+            if file not in handles:
+                handles[file] = _open(file).__enter__()
+            sl = handles[file].get_slice(name)
+            if tuple(sl.get_shape()) != shape:
+                raise ValueError(f"tensor {name!r} in {file.name}: expected shape {shape} "
+                                 f"from config.json, found {tuple(sl.get_shape())}")
+            slices[name] = sl
+        yield slices
     finally:
         for h in handles.values():
             h.__exit__(None, None, None)
+
+
+@torch.no_grad()
+def load_model(path: PathLike, dtype: Optional[torch.dtype] = None, device=None, *,
+               fused_options: FusedOptions = FusedOptions()) -> Model:
+    """Load a Hugging Face Llama/Qwen2/Qwen3 directory into a ``Model``.
+
+    dtype: the parameters' dtype (default: config.json's "torch_dtype" or "dtype", else
+    float32);
+    device: where the parameters live (default CPU). Tensors are read one at a time
+    (memory-mapped), cast and copied, so the host never holds the whole checkpoint.
+    fused_options: the model's ``FusedOptions``. ``tp.load_model_tp`` reads one rank's
+    slices of a tensor-parallel model instead.
+
+    Raises FileNotFoundError for a missing directory, config or weights file; ValueError
+    for an unreadable config or weights file (naming it), an unsupported architecture, a
+    missing or unexpected tensor, or a tensor whose shape does not match the config
+    (naming the tensor, expected and found shapes).
+    """
+    ckpt = open_checkpoint(path, dtype)
+    with torch.device("meta"):
+        model = Model(ckpt.config, ckpt.dtype, fused_options=fused_options)
+    model = model.to_empty(device=device or "cpu")
+    params = dict(model.named_parameters())
+    with checkpoint_slices(ckpt) as slices:
+        for target, sources in fused_names(ckpt.config).items():
+            row = 0
+            dst = params[target]
+            for name in sources:
+                t = slices[name][:]
+                dst[row:row + t.shape[0]].copy_(t.to(ckpt.dtype))
+                row += t.shape[0]
     return model.requires_grad_(False)
 
 
@@ -220,7 +254,7 @@ def hf_state_dict(model: Model) -> dict[str, torch.Tensor]:
     shapes = hf_shapes(model.config)
     params = dict(model.named_parameters())
     tensors = {}
-    for target, sources in _fused_names(model.config).items():
+    for target, sources in fused_names(model.config).items():
         parts = params[target].detach().split([shapes[n][0] for n in sources], dim=0)
         tensors.update(zip(sources, parts))
     return tensors

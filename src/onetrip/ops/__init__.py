@@ -3,6 +3,7 @@ torch custom-op registration and an unfused PyTorch reference (``*_ref``). The e
 ops, the norms, rotary and attention are differentiable; the losses compute their gradient
 in the forward."""
 
+from .allreduce_norm import allreduce_add_rms_norm, allreduce_add_rms_norm_ref
 from .append_attention import append_attention, append_attention_ref
 from .append_kv import append_kv, append_kv_ref
 from .argmax import argmax, argmax_ref
@@ -35,4 +36,5 @@ __all__ = [
     "cross_entropy", "cross_entropy_ref", "linear_cross_entropy", "linear_cross_entropy_ref",
     "add_rms_norm", "add_rms_norm_ref", "rms_norm", "rms_norm_ref",
     "add_layer_norm", "add_layer_norm_ref", "layer_norm", "layer_norm_ref",
+    "allreduce_add_rms_norm", "allreduce_add_rms_norm_ref",
 ]
