@@ -377,6 +377,7 @@ class _Run:
             rec["skipped"] = str(why)
         except Exception as exc:  # noqa: BLE001 - recorded, the suite goes on
             rec["error"] = harness.error_string(exc)
+            self.say(f"{preset} {provider}: failed: {rec['error']}")
         rec["wall_s"] = time.perf_counter() - t0
         if provider == "eager" and not rec["error"]:
             self.cost[preset] = rec["wall_s"]
