@@ -170,6 +170,8 @@ def test_tma_only_where_allowed(gen, tma_calls):
     assert not fa.tma_supported(shifted, k, v, q, False)
     odd = torch.empty(1, 24, 2, 68, dtype=q.dtype, device=DEVICE)[..., :64]  # head stride 136 bytes
     assert not fa.tma_supported(q, k, v, odd, False)
+    heads_outer = q.transpose(1, 2).contiguous().transpose(1, 2)  # transformers' (batch, heads, seq, dim)
+    assert not fa.tma_supported(heads_outer, k, v, q, False)
     out, lse = _launch_forced(shifted, k, v, AttentionConfig(16, 16, 4, 2, use_tma=True), causal=True)
     assert not tma_calls
     _check("misaligned q, TMA config", shifted, k, v, out, lse, causal=True)
