@@ -448,7 +448,7 @@ def _bench_decode(args: argparse.Namespace) -> int:
     from .bench.decode import PROVIDERS, bench_decode, check_decode
 
     if not torch.cuda.is_available():
-        return check_decode()
+        return check_decode(new_tokens=args.new_tokens or 12)
     result = bench_decode(args.out, presets=tuple(args.preset or ("llama-3.2-1b", "llama-3.1-8b")),
                           batches=tuple(args.batch or (1, 8, 32)), providers=tuple(args.provider or PROVIDERS),
                           new_tokens=args.new_tokens or 256, prompt=args.prompt_tokens,
