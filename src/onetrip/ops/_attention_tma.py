@@ -60,9 +60,9 @@ TMA_MIN_SEQ = 1024
 def _aligned(t: torch.Tensor) -> bool:
     """Nonempty, 4-D, unit stride along head_dim, base and other strides 16-byte multiples,
     and the dims nested in memory order (each stride at least the span of the dims inside
-    it, rows padded or not): a (batch, heads, seq, head_dim) tensor seen as (batch, seq,
-    heads, head_dim), seq's stride inside heads', read out of bounds through a descriptor
-    on an H200 (transformers' layout; the pointer path takes it)."""
+    it, rows padded or not), the layouts the GPU tests run through descriptors; others,
+    e.g. transformers' (batch, heads, seq, head_dim) seen as (batch, seq, heads, head_dim),
+    take the pointer path."""
     elem = t.element_size()
     if not (t.dim() == 4 and t.numel() > 0 and t.stride(-1) == 1 and t.data_ptr() % 16 == 0
             and all(s > 0 and s * elem % 16 == 0 for s in t.stride()[:-1])):

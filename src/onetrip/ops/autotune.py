@@ -32,7 +32,8 @@ What is cached where, and why:
 When ``tune`` does not tune, it returns the cached pick if there is one, else ``default``
 (the op's heuristic):
 
-* ``ONETRIP_AUTOTUNE=0``: never tunes, never reads the cache: heuristic only, reproducible.
+* ``ONETRIP_AUTOTUNE`` unset or 0 (the default, ``autotune_enabled`` says why): never tunes,
+  never reads the cache: heuristic only, reproducible. ``ONETRIP_AUTOTUNE=1`` tunes.
 * Triton's interpreter or no CUDA: heuristic (timings on the CPU say nothing about a GPU).
 * during CUDA-graph capture (``torch.cuda.is_current_stream_capturing()``): the cached pick
   or the heuristic. Tuning would launch, synchronise and allocate, none of which a capture
@@ -160,8 +161,11 @@ class TuneCache:
 
 
 def autotune_enabled() -> bool:
-    """False when ``ONETRIP_AUTOTUNE`` is 0/false/off/no."""
-    return os.environ.get(ENV_AUTOTUNE, "1").strip().lower() not in ("0", "false", "off", "no")
+    """True when ``ONETRIP_AUTOTUNE`` is 1/true/on/yes. Off by default: on an H200 (Triton
+    3.6) one of flash_attention's candidates faults (an illegal address that poisons the
+    CUDA context) in the first-use tuning of (batch 1, seq 4096, 32/8 heads, head dim 64)
+    and (batch 4, seq 4096, 14/2 heads), which the heuristic config runs correctly."""
+    return os.environ.get(ENV_AUTOTUNE, "0").strip().lower() in ("1", "true", "on", "yes")
 
 
 def median_ms(fn: Callable[[], object]) -> float:
