@@ -16,6 +16,7 @@ from onetrip.models import Model, get_config  # noqa: E402
 from onetrip.models.llama import greedy_generate  # noqa: E402
 
 
+@pytest.mark.slow  # ~20 s on 2 cores; test_tp.py runs the same two-rank greedy check in CI
 def test_check_two_ranks_draw_the_full_models_tokens():
     """2 gloo processes: onetrip-tp-nccl (fused kernels, interpreted) and gptfast-tp (eager)
     each give the unsharded model's greedy tokens, on both ranks."""

@@ -106,6 +106,7 @@ def test_cli_parses_train():
 
 @pytest.mark.skipif(importlib.util.find_spec("onetrip.patch") is None,
                     reason="onetrip.patch (the model patch bench train's onetrip provider runs) is not written yet")
+@pytest.mark.slow  # ~15 s on 2 cores; test_patch.py checks the patched model's loss and gradients in CI
 def test_patched_model_trains_as_transformers():
     """Two float32 steps (the second loss sees the first AdamW update) of a one-layer Llama-3.2-1B-
     like model (tied, llama3 rope scaling) on 7 tokens: onetrip's loss error against a float64

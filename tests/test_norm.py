@@ -449,6 +449,8 @@ def test_loop_pipe(device, gen, kind):
     w128, b128 = _params(kind, 128, torch.bfloat16, device, gen)
     cases = [(111, dict(split=1, hold=2, pre=0)), (111, dict(split=3, hold=1, pre=0)),
              (111, dict(split=3, hold=0, pre=2)), (128, dict(split=2, const_n=True, hold=1, pre=2))]
+    if not ON_GPU:  # the interpreter: the ragged split and the constant width (32 s for all four on 2 cores)
+        cases = cases[2:]
     for width, flags in cases:
         w, b = (w111, b111) if width == 111 else (w128, b128)
         chunk = 16 if width == 111 else 32
