@@ -224,6 +224,7 @@ def test_gradient_checkpointing(fallback):
         torch.testing.assert_close(g, plain_grads[name], rtol=0, atol=0, msg=name)
 
 
+@pytest.mark.slow  # ~12 s on 2 cores (make test-all; every op's own compile test runs in CI)
 def test_torch_compile():
     """torch.compile(fullgraph=True) of the patched model (inductor on a GPU; aot_eager and the
     interpreter on the CPU: flash_attention's PyTorch fallback backward gives zero gradients when
