@@ -83,36 +83,39 @@ def test_nccl_mode_gloo(tmp_path):
 
 # -- the fused kernel in one process: peers are local buffers, their flags already set ---------
 
-def _fake_comm(rank, world, hidden, max_tokens, programs, dtype):
+def _fake_comm(rank, world, hidden, max_tokens, programs, dtype, push=True):
     """A fused comm whose peers' buffers live in this process; every peer's flag here is set far
     ahead, so the barrier's waits pass and the kernel's math and signalling can be checked."""
-    bufs = [torch.zeros(2, max_tokens, hidden, dtype=dtype) for _ in range(world)]
+    bufs = [torch.zeros(2, world, max_tokens, hidden, dtype=dtype) for _ in range(world)]
     flags = [torch.zeros(world, programs, dtype=torch.int64) for _ in range(world)]
     flags[rank].fill_(1 << 40)
     return AllReduceComm(None, rank, world, "fused", hidden, max_tokens, dtype, torch.device("cpu"), programs,
                          bufs[rank], flags[rank], torch.zeros(2, dtype=torch.int64),
                          torch.tensor([b.data_ptr() for b in bufs]), torch.tensor([f.data_ptr() for f in flags]),
-                         (bufs, flags))
+                         (bufs, flags), push)
 
 
-@pytest.mark.parametrize("world, rank, hidden, rows, dtype, with_residual", [
-    (3, 1, 111, 3, torch.bfloat16, True),   # 2 programs: program 0 takes rows 0 and 2
-    (2, 0, 17, 1, torch.float32, False),
+@pytest.mark.parametrize("world, rank, hidden, rows, dtype, with_residual, push", [
+    (3, 1, 111, 3, torch.bfloat16, True, True),   # 2 programs: program 0 takes rows 0 and 2
+    (3, 2, 111, 3, torch.bfloat16, True, False),
+    (2, 0, 17, 1, torch.float32, False, True),
 ])
-def test_fused_kernel_fake_peers(world, rank, hidden, rows, dtype, with_residual):
-    comm = _fake_comm(rank, world, hidden, 4, 2, dtype)
+def test_fused_kernel_fake_peers(world, rank, hidden, rows, dtype, with_residual, push):
+    comm = _fake_comm(rank, world, hidden, 4, 2, dtype, push)
     bufs, flags = comm.handle
     w = torch.randn(hidden).to(dtype)
     for call in range(3):  # the halves alternate: 0, 1, 0
         xs = _partials(call, world, (rows, hidden), dtype)
         r = _partials(call + 100, 1, (rows, hidden), dtype)[0] if with_residual else None
         half = call % 2
-        for q in range(world):
+        for q in range(world):  # peer q's rows: pushed into this rank's buffer, or in q's own
             if q != rank:
-                bufs[q][half, :rows] = xs[q]
+                bufs[rank if push else q][half, q, :rows] = xs[q]
         y, h = allreduce_add_rms_norm(xs[rank], r, w, EPS, comm, out=poison_(torch.empty_like(xs[rank])))
         _check(f"fused call {call}", xs, r, w, y, h)
-        assert torch.equal(bufs[rank][half, :rows], xs[rank])  # the copy-in peers read
+        for q in range(world):  # the copy-in: into every peer's buffer (push), or this rank's (pull)
+            if (q != rank) == push:
+                assert torch.equal(bufs[q][half, rank, :rows], xs[rank])
         programs = min(rows, comm.programs)
         for q in range(world):  # this rank signalled epoch call + 1 into every peer's slot (rank, program)
             if q != rank:
@@ -120,13 +123,14 @@ def test_fused_kernel_fake_peers(world, rank, hidden, rows, dtype, with_residual
         assert comm.state.tolist() == [call + 1, 0]
 
 
-def _shared_rank(rank, world, bufs, flags, hs, rows_per_call):
+def _shared_rank(rank, world, bufs, flags, hs, rows_per_call, push):
     """A fused comm over buffers in shared memory, mapped at the same address in every forked
     process: the barrier runs for real across processes, through the interpreter's atomics."""
     dtype, hidden, programs = torch.bfloat16, bufs[0].shape[-1], flags[0].shape[1]
-    comm = AllReduceComm(None, rank, world, "fused", hidden, bufs[0].shape[1], dtype, torch.device("cpu"),
+    comm = AllReduceComm(None, rank, world, "fused", hidden, bufs[0].shape[2], dtype, torch.device("cpu"),
                          programs, bufs[rank], flags[rank], torch.zeros(2, dtype=torch.int64),
-                         torch.tensor([b.data_ptr() for b in bufs]), torch.tensor([f.data_ptr() for f in flags]))
+                         torch.tensor([b.data_ptr() for b in bufs]), torch.tensor([f.data_ptr() for f in flags]),
+                         push=push)
     w = _partials(hidden, 1, (hidden,), dtype)[0]
     for call, rows in enumerate(rows_per_call):
         time.sleep(0.01 * ((rank + call) % 3))  # ranks arrive in a different order each call
@@ -138,12 +142,13 @@ def _shared_rank(rank, world, bufs, flags, hs, rows_per_call):
     assert comm.state.tolist() == [len(rows_per_call), 0]
 
 
-def test_fused_barrier_across_processes():
+@pytest.mark.parametrize("push", [True, False])
+def test_fused_barrier_across_processes(push):
     world, hidden, max_tokens, programs, rows_per_call = 3, 17, 3, 2, (1, 3, 2, 3)
-    bufs = [torch.zeros(2, max_tokens, hidden, dtype=torch.bfloat16).share_memory_() for _ in range(world)]
+    bufs = [torch.zeros(2, world, max_tokens, hidden, dtype=torch.bfloat16).share_memory_() for _ in range(world)]
     flags = [torch.zeros(world, programs, dtype=torch.int64).share_memory_() for _ in range(world)]
     hs = torch.full((world, len(rows_per_call), max_tokens, hidden), float("nan")).share_memory_()
-    _run_ranks(_shared_rank, world, (bufs, flags, hs, rows_per_call), "fork", timeout=120)
+    _run_ranks(_shared_rank, world, (bufs, flags, hs, rows_per_call, push), "fork", timeout=120)
     for q in range(1, world):  # the same bits of h on every rank
         torch.testing.assert_close(hs[q], hs[0], rtol=0, atol=0, equal_nan=True)
 
@@ -151,7 +156,7 @@ def test_fused_barrier_across_processes():
 def test_fused_compiles_fullgraph():
     comm = _fake_comm(0, 2, 17, 4, 2, torch.bfloat16)
     xs = _partials(5, 2, (3, 17), torch.bfloat16)
-    comm.handle[0][1][:, :3] = xs[1]  # both halves: any call finds the peer's rows
+    comm.handle[0][0][:, 1, :3] = xs[1]  # pushed into both halves: any call finds the peer's rows
     r, w = _partials(6, 2, (3, 17), torch.bfloat16)[0], torch.randn(17).to(torch.bfloat16)
     eager = allreduce_add_rms_norm(xs[0], r, w, EPS, comm)
     torch._dynamo.reset()
@@ -191,6 +196,8 @@ def test_bad_args():
         make_comm(None, 0, 1, 8, 2, torch.float32, cpu, mode="fused")
     with pytest.raises(TypeError, match="group"):
         make_comm("world", 0, 1, 8, 2, torch.float32, cpu)
+    with pytest.raises(TypeError, match="push"):
+        make_comm(None, 0, 1, 8, 2, torch.float32, cpu, push=1)
     if not dist.is_initialized():
         with pytest.raises(ValueError, match="init_process_group"):
             make_comm(None, 0, 2, 8, 2, torch.float32, cpu)
@@ -243,10 +250,12 @@ def _gpu_checks(rank, world, dev, dtype, hidden):
 
     comm = make_comm(None, rank, world, hidden, 64, dtype, dev)
     assert comm.mode == "fused", comm.mode  # "auto" on GPUs with symmetric memory
+    pull = make_comm(None, rank, world, hidden, 64, dtype, dev, push=False)
     nccl = make_comm(None, rank, world, hidden, 64, dtype, dev, mode="nccl")
     w = _partials(hidden, 1, (hidden,), dtype, dev)[0]
     # eager: 1, 5 and 64 rows; 65 rows take the NCCL path; then the "nccl" mode
-    for seed, (rows, c) in enumerate(((1, comm), (5, comm), (64, comm), (65, comm), (1, comm), (5, nccl))):
+    for seed, (rows, c) in enumerate(((1, comm), (5, comm), (64, comm), (65, comm), (1, comm), (5, pull), (64, pull),
+                                      (5, nccl))):
         xs = _partials(seed, world, (rows, hidden), dtype, dev)
         r = _partials(seed + 100, 1, (rows, hidden), dtype, dev)[0]
         y, h = allreduce_add_rms_norm(xs[rank], r, w, EPS, c, out=poison_(torch.empty_like(r)))

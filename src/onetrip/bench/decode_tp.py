@@ -169,11 +169,9 @@ def run_gptfast(model: Model, prompts: torch.Tensor, new_tokens: int, compiled: 
         return torch.cat(out, 1).tolist(), t1 - t0, t2 - t1
 
     if warmup:
-        import torch._inductor.config as inductor_config
-
-        # the compilation: with inductor's coordinate-descent tuning of its kernels, as gpt-fast sets it
-        with inductor_config.patch(coordinate_descent_tuning=compiled):
-            loop(min(new_tokens, 4))
+        # the compilation, with inductor's default tuning as the one-GPU gpt-fast provider has it (coordinate-descent
+        # tuning, which gpt-fast turns on, took over 2 minutes a rank for Llama-3.1-8B at TP 2 on H200s)
+        loop(min(new_tokens, 4))
     return loop(new_tokens)
 
 
@@ -276,6 +274,7 @@ def run_case(model: Model, preset: str, batch: int, prompt: int, new_tokens: int
         errors = [e for e in ranks.gather(error) if e]
         if errors:
             records.append(dict(rec, error=errors[0]))
+            log(f"  {preset} batch {batch}: {name} failed: {errors[0][:200]}")
             continue
         ms = decode * 1e3 / steps
         rec.update(prefill_ms=prefill * 1e3, decode_ms=decode * 1e3, ms_per_step=ms, tok_s=batch * steps / decode,
@@ -295,6 +294,7 @@ def run_case(model: Model, preset: str, batch: int, prompt: int, new_tokens: int
         rec["tokens_agree"] = same / max(1, sum(len(r) for r in ref))  # vs the first provider
         rec["same_prefix"] = min(common_prefix(ra, rb) for ra, rb in zip(toks, ref))
         records.append(rec)
+        log(f"  {preset} batch {batch}: {name} {rec['tok_s']:.0f} tok/s, {ms:.3f} ms a step")
     by = {r["provider"]: r for r in records if "tok_s" in r}
     for r in by.values():
         if "gptfast-tp" in by and r["provider"] != "gptfast-tp":

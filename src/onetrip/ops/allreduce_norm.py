@@ -9,21 +9,22 @@ gets both results. Modes (``make_comm``):
     sum rounded to x's dtype before the residual is added (any backend: gloo on the CPU).
   * "fused": one Triton kernel over symmetric memory (``torch.distributed._symmetric_memory``,
     peer-to-peer mappings only; NVLink multicast is never used). A program per row:
-    1. copy this rank's row into its symmetric buffer (the half this call uses);
+    1. push (the default): store this rank's row into its slot of every peer's symmetric buffer
+       (the half this call uses), NVLink writes that need no reply; pull: into its own buffer;
     2. barrier with the same program on every peer: a release store of the call's epoch into
        each peer's flag slot (this rank, program), then an acquire spin until every peer's slot
        here holds it; no host barrier, no extra launch;
-    3. load the row from every rank's buffer (peers over NVLink), sum in float32 in rank order
-       (the same bits on every rank), add the residual, store h rounded, normalize the unrounded
-       sum, store normed.
+    3. load every rank's row (push: all in this rank's buffer; pull: from the peers' over NVLink),
+       sum in float32 in rank order (the same bits on every rank), add the residual, store h
+       rounded, normalize the unrounded sum, store normed.
     Rows beyond ``max_tokens`` (a prefill) take the "nccl" path.
 
-Bytes a rank moves, for an M x N partial of b bytes: one-shot reads (W - 1) M N b from its
-peers (NCCL's ring: 2 (W - 1) / W M N b each way) and M N b (x, plus the residual) locally,
-and writes 2 M N b (h, normed) plus its copy-in. At decode sizes (batch 1 x 8192 bf16: 16 KB,
-36 ns of an H200's 450 GB/s of NVLink a direction) nothing of that is bandwidth: the floor is a
-launch, a one-way NVLink write for the flags and a round trip for the loads
-(``docs/allreduce.md``).
+Bytes a rank moves, for an M x N partial of b bytes: one-shot sends (push) or reads (pull)
+(W - 1) M N b over NVLink (NCCL's ring: 2 (W - 1) / W M N b each way) and reads M N b (x, plus
+the residual) locally, and writes 2 M N b (h, normed). At decode sizes (batch 1 x 8192 bf16:
+16 KB, 36 ns of an H200's 450 GB/s of NVLink a direction) nothing of that is bandwidth: the
+floor is a launch and a one-way NVLink write for the data and flags (push); pulling adds a
+round trip for the loads (``docs/allreduce.md``).
 
 Why the buffer has two halves: rank r may write its partial for call k + 1 while a slower peer
 still reads r's partial of call k; the halves alternate by call, and r only writes a half again
@@ -90,13 +91,14 @@ def _allreduce_norm_kernel(
     x_ptr, r_ptr, w_ptr,              # x, r: (M, N) this rank's rows; w: (N,)
     y_ptr, h_ptr,                     # normed, h: (M, N)
     state_ptr,                        # int64 [epoch, programs finished]: this rank's call counter
-    data_table,                       # int64 (WORLD,): every rank's symmetric data (2, max_tokens, N), mapped here
+    data_table,                       # int64 (WORLD,): every rank's symmetric data (2, WORLD, max_tokens, N), mapped here
     flag_table,                       # int64 (WORLD,): every rank's symmetric flags (WORLD, P) int64
-    M, N, half_numel, P,              # half_numel = max_tokens * N; P: flag slots a rank (>= the grid)
+    M, N, max_tokens, P,              # P: flag slots a rank (>= the grid)
     stride_xm, stride_rm, stride_ym, stride_hm,
     eps,
     RANK: tl.constexpr, WORLD: tl.constexpr,   # constexpr: the peer loop unrolls and skips this rank
     HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+    PUSH: tl.constexpr,               # write this rank's rows into every peer's buffer (else: peers pull them)
     BLOCK_N: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -104,14 +106,21 @@ def _allreduce_norm_kernel(
     cols = tl.arange(0, BLOCK_N)  # (BLOCK_N,)
     col_ok = cols < N
     epoch = tl.load(state_ptr)
-    half = (epoch % 2) * half_numel  # the halves alternate by call
+    # rank q's partial of a row sits in slot q of the call's half: of q's own buffer (pull), of the reader's (push)
+    half = (epoch % 2) * WORLD * max_tokens * N  # the halves alternate by call
     buf_ptr = _peer_ptr(data_table, RANK, x_ptr.dtype.element_ty)
     n_rows = (M - pid + G - 1) // G  # this program's rows: pid, pid + G, ...
-    # 1. this rank's rows into the half of this call
+    # 1. this rank's rows into slot RANK of the half of this call: its own buffer's, or every peer's
     for i in range(0, n_rows):
         row = (pid + i * G).to(tl.int64)
         xr = tl.load(x_ptr + row * stride_xm + cols, mask=col_ok)
-        tl.store(buf_ptr + half + row * N + cols, xr, mask=col_ok)
+        at = half + (RANK * max_tokens + row) * N + cols
+        if PUSH:
+            for q in tl.static_range(WORLD):
+                if q != RANK:
+                    tl.store(_peer_ptr(data_table, q, x_ptr.dtype.element_ty) + at, xr, mask=col_ok)
+        else:
+            tl.store(buf_ptr + at, xr, mask=col_ok)
     # 2. every peer's copy-in of these rows is done
     _barrier(flag_table, pid, P, epoch + 1, RANK, WORLD)
     w = 0.0
@@ -125,9 +134,10 @@ def _allreduce_norm_kernel(
             if q == RANK:
                 v = tl.load(x_ptr + row * stride_xm + cols, mask=col_ok, other=0.0)
             else:
-                base = _peer_ptr(data_table, q, x_ptr.dtype.element_ty)
-                # .cg: from the owner's L2 over NVLink, never a stale line of this SM's L1
-                v = tl.load(base + half + row * N + cols, mask=col_ok, other=0.0, cache_modifier=".cg")
+                base = buf_ptr if PUSH else _peer_ptr(data_table, q, x_ptr.dtype.element_ty)
+                # .cg: from the owner's L2 (over NVLink when pulling), never a stale line of this SM's L1
+                v = tl.load(base + half + (q * max_tokens + row) * N + cols, mask=col_ok, other=0.0,
+                            cache_modifier=".cg")
             acc += v.to(tl.float32)
         if HAS_RESIDUAL:
             acc += tl.load(r_ptr + row * stride_rm + cols, mask=col_ok, other=0.0).to(tl.float32)
@@ -147,16 +157,16 @@ def _num_warps(block_n: int) -> int:
     return max(1, min(16, block_n // 1024))  # 32 elements of the row a thread up to 16K wide (8192: 8 warps)
 
 
-def _launch(x, residual, weight, y, h, state, data_table, flag_table, max_tokens, programs, eps, rank, world):
+def _launch(x, residual, weight, y, h, state, data_table, flag_table, max_tokens, programs, eps, rank, world, push):
     M, N = x.shape
     block_n = triton.next_power_of_2(N)
     _allreduce_norm_kernel[(min(M, programs),)](
         x, residual if residual is not None else x, weight if weight is not None else x, y, h,
         state, data_table, flag_table,
-        M, N, max_tokens * N, programs,
+        M, N, max_tokens, programs,
         x.stride(0), residual.stride(0) if residual is not None else 0, y.stride(0), h.stride(0),
         eps,
-        RANK=rank, WORLD=world, HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
+        RANK=rank, WORLD=world, HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None, PUSH=push,
         BLOCK_N=block_n, num_warps=_num_warps(block_n),
     )
 
@@ -168,15 +178,15 @@ def _launch(x, residual, weight, y, h, state, data_table, flag_table, max_tokens
 def _allreduce_norm_op(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Optional[torch.Tensor],
                        out: torch.Tensor, h: torch.Tensor, state: torch.Tensor, data_table: torch.Tensor,
                        flag_table: torch.Tensor, max_tokens: int, programs: int, eps: float, rank: int,
-                       world: int) -> None:
+                       world: int, push: bool) -> None:
     if not use_triton(x):
         raise RuntimeError("the fused all-reduce runs its Triton kernel only (CUDA, or TRITON_INTERPRET=1); "
                            "use make_comm(..., mode='nccl') elsewhere")
-    _launch(x, residual, weight, out, h, state, data_table, flag_table, max_tokens, programs, eps, rank, world)
+    _launch(x, residual, weight, out, h, state, data_table, flag_table, max_tokens, programs, eps, rank, world, push)
 
 
 @_allreduce_norm_op.register_fake
-def _(x, residual, weight, out, h, state, data_table, flag_table, max_tokens, programs, eps, rank, world):
+def _(x, residual, weight, out, h, state, data_table, flag_table, max_tokens, programs, eps, rank, world, push):
     return None
 
 
@@ -185,12 +195,14 @@ class AllReduceComm:
     """What ``allreduce_add_rms_norm`` needs of a tensor-parallel group; built by ``make_comm``.
 
     mode "nccl" holds the group alone. Mode "fused" also holds this rank's symmetric memory:
-    ``buf`` (2, max_tokens, hidden) of ``dtype`` (one half a call), ``flags`` (world, programs)
+    ``buf`` (2, world, max_tokens, hidden) of ``dtype`` (one half a call, a slot a rank's
+    partial), ``flags`` (world, programs)
     int64 (the barrier's slots), ``state`` int64 [epoch, programs finished] (local), the
     tables of every rank's ``buf`` and ``flags`` addresses as this process maps them
     (``data_table``, ``flag_table``: int64 (world,)) and ``handle`` (the rendezvous, kept
     alive with the comm). ``programs``: the most programs a call launches (<= the SM count,
-    so that all of them are resident and every spin can end).
+    so that all of them are resident and every spin can end). ``push``: each rank writes its
+    partial into every peer's buffer before the barrier (else each reads its peers' after it).
     """
 
     group: Any
@@ -208,6 +220,7 @@ class AllReduceComm:
     data_table: Optional[torch.Tensor] = None
     flag_table: Optional[torch.Tensor] = None
     handle: Any = None
+    push: bool = True
 
 
 def _check_int(name: str, value, low: int) -> None:
@@ -246,7 +259,7 @@ def _symmetric_buffers(group, rank, world, hidden, max_tokens, dtype, device):
             enable(name)
     programs = max(1, min(max_tokens, sm_count(device)))
     elem = torch.empty((), dtype=dtype).element_size()
-    data_bytes = 2 * max_tokens * hidden * elem
+    data_bytes = 2 * world * max_tokens * hidden * elem
     flag_off = -(-data_bytes // _FLAG_ALIGN) * _FLAG_ALIGN
     raw = symm_mem.empty(flag_off + world * programs * 8, dtype=torch.uint8, device=device)
     raw[flag_off:].zero_()
@@ -261,7 +274,7 @@ def _symmetric_buffers(group, rank, world, hidden, max_tokens, dtype, device):
     torch.cuda.synchronize(device)
     return dict(
         programs=programs,
-        buf=raw[:data_bytes].view(dtype).view(2, max_tokens, hidden),
+        buf=raw[:data_bytes].view(dtype).view(2, world, max_tokens, hidden),
         flags=raw[flag_off:].view(torch.int64).view(world, programs),
         state=torch.zeros(2, dtype=torch.int64, device=device),
         data_table=torch.tensor(data, dtype=torch.int64, device=device),
@@ -271,7 +284,7 @@ def _symmetric_buffers(group, rank, world, hidden, max_tokens, dtype, device):
 
 
 def make_comm(group, rank: int, world: int, hidden: int, max_tokens: int, dtype: torch.dtype,
-              device: torch.device | str, mode: str = "auto") -> AllReduceComm:
+              device: torch.device | str, mode: str = "auto", *, push: bool = True) -> AllReduceComm:
     """An ``AllReduceComm`` for ``allreduce_add_rms_norm`` over ``group`` (a ProcessGroup, or
     None for the default group). A collective call in mode "fused" (and "auto" on CUDA): every
     rank makes it, with the same hidden, max_tokens and dtype.
@@ -280,15 +293,20 @@ def make_comm(group, rank: int, world: int, hidden: int, max_tokens: int, dtype:
         rank, world: this rank's index in the group and the group's size (checked against it
             when torch.distributed is initialized; world 1 needs no group).
         hidden: the width of a row. max_tokens: the most rows a fused call takes (the symmetric
-            buffer holds 2 x max_tokens rows: the decode batch); more rows (a prefill) go through
+            buffer holds 2 x world x max_tokens rows: the decode batch); more rows (a prefill) go through
             NCCL.
         dtype: float32/float16/bfloat16, the dtype of every x. device: this rank's GPU.
         mode: "nccl" (``dist.all_reduce`` then ``add_rms_norm``; also the CPU / gloo path),
             "fused" (symmetric memory and one Triton kernel: CUDA, 2-8 ranks, hidden <= 32768),
             "auto" (fused where it can serve and the rendezvous works, else nccl).
+        push: the fused mode's algorithm: each rank stores its partial into every peer's buffer
+            before the barrier, so after it every load is local (True); or each rank loads its
+            peers' partials over NVLink after the barrier (False: a round trip more).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
+    if not isinstance(push, bool):
+        raise TypeError(f"push must be a bool, got {type(push).__name__}")
     _check_int("world", world, 1)
     _check_int("rank", rank, 0)
     if rank >= world:
@@ -321,7 +339,7 @@ def make_comm(group, rank: int, world: int, hidden: int, max_tokens: int, dtype:
         if mode == "fused":
             raise
         return AllReduceComm(mode="nccl", **base)
-    return AllReduceComm(mode="fused", **base, **fused)
+    return AllReduceComm(mode="fused", **base, **fused, push=push)
 
 
 def _check(x, residual, weight, eps, comm, residual_out):
@@ -390,7 +408,7 @@ def allreduce_add_rms_norm(x: torch.Tensor, residual: Optional[torch.Tensor], we
     h2, h_scratch = rows_out(h, N)
     call_op(_allreduce_norm_op, as_rows(x, N), as_rows(residual, N) if residual is not None else None,
             weight.contiguous() if weight is not None else None, y2, h2, comm.state, comm.data_table,
-            comm.flag_table, comm.max_tokens, comm.programs, float(eps), comm.rank, comm.world)
+            comm.flag_table, comm.max_tokens, comm.programs, float(eps), comm.rank, comm.world, comm.push)
     if y_scratch:
         out.copy_(y2.view(out.shape))
     if h_scratch:
