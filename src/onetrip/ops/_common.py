@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import torch
-import triton
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -44,9 +43,14 @@ def check_tensor(
 
 
 def check_same_device(ref_name: str, ref: torch.Tensor, **others: torch.Tensor | None) -> None:
+    device = None  # read once: each read of .device builds a new object (~0.2 us)
     for name, t in others.items():
-        if t is not None and t.device != ref.device:
-            raise ValueError(f"{name} is on {t.device} but {ref_name} is on {ref.device}; all tensors must share a device")
+        if t is not None:
+            if device is None:
+                device = ref.device
+            if t.device != device:
+                raise ValueError(f"{name} is on {t.device} but {ref_name} is on {device}; all tensors must share a "
+                                 f"device")
 
 
 def check_shape(name: str, t: torch.Tensor, shape: Sequence[int], what: str) -> None:
@@ -65,6 +69,8 @@ def as_rows(t: torch.Tensor, width: int) -> torch.Tensor:
     Strided rows stay views (the kernels take a row stride); a layout that cannot be
     expressed by one row stride is copied once.
     """
+    if t.dim() == 2 and (t.is_contiguous() or width <= 1 or t.stride()[1] == 1):
+        return t  # already (rows, width): a reshape's view costs ~1.5 us
     if t.stride(-1) != 1 and width > 1:
         t = t.contiguous()
     return t.reshape(math.prod(t.shape[:-1]), width)  # not -1: ambiguous when width == 0
@@ -75,6 +81,8 @@ def heads_view(x: torch.Tensor, batch: int, keep_values: bool) -> tuple[torch.Te
     along head_dim, and False; or, when no such view exists, a contiguous copy
     (``keep_values``) or an empty buffer of that shape, and True (the caller copies back).
     The rotary and KV-cache ops take their q, k, v this way."""
+    if x.dim() == 4 and (x.is_contiguous() or x.stride()[3] == 1 or x.shape[3] == 1):
+        return x, False  # already (batch, seq, heads, head_dim): a view's call costs ~2.5 us
     shape = (batch, *x.shape[-3:])
     if x.stride(-1) == 1 or x.shape[-1] == 1:
         try:
@@ -93,9 +101,10 @@ def output(
     dtype: torch.dtype,
     device: torch.device,
 ) -> torch.Tensor:
-    """Return ``out`` after checking it, or a new empty tensor of ``shape``."""
+    """Return ``out`` after checking it, or a new empty contiguous tensor of ``shape``
+    (a caller whose result has an input's shape takes ``empty_as(input)``: cheaper)."""
     if out is None:
-        return torch.empty(shape, dtype=dtype, device=device)
+        return torch.empty(tuple(shape), dtype=dtype, device=device)
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor or None, got {type(out).__name__}")
     check_shape(name, out, shape, "the shape of the result")
@@ -106,12 +115,20 @@ def output(
     return out
 
 
+def empty_as(t: torch.Tensor) -> torch.Tensor:
+    """An empty contiguous tensor of ``t``'s shape, dtype and device: ``empty_like`` for a
+    contiguous ``t`` (~1.5 us of host time; ``torch.empty`` parses its size: 2.5-4 us)."""
+    return torch.empty_like(t) if t.is_contiguous() else torch.empty_like(t, memory_format=torch.contiguous_format)
+
+
 def rows_out(out: torch.Tensor, width: int) -> tuple[torch.Tensor, bool]:
     """A (rows, width) view of ``out`` the kernel can write, and whether it is a scratch copy.
 
     When ``out`` cannot be viewed with one row stride and a unit column stride, the
     kernel writes a contiguous scratch buffer that the caller copies back.
     """
+    if out.dim() == 2 and (out.is_contiguous() or width == 1 or out.stride()[1] == 1):
+        return out, False  # already (rows, width): a view's call costs ~1.5 us
     rows = math.prod(out.shape[:-1])
     if out.stride(-1) == 1 or width == 1:
         try:
@@ -119,6 +136,21 @@ def rows_out(out: torch.Tensor, width: int) -> tuple[torch.Tensor, bool]:
         except RuntimeError:
             pass
     return torch.empty((rows, width), dtype=out.dtype, device=out.device), True
+
+
+# The dict under os.environ, which its writes update (POSIX: bytes keys and values); else None.
+_ENVIRON = os.environ._data if os.name == "posix" and type(getattr(os.environ, "_data", None)) is dict else None
+
+
+def getenv(name: str, default: str) -> str:
+    """``os.environ.get(name, default)`` at a dict lookup's cost: the Mapping layers of
+    ``os.environ`` (encode the key, decode the value) take ~1 us, and a launch reads
+    ONETRIP_PDL at every call. Reads the dict that ``os.environ`` writes, so a change made
+    through it (``monkeypatch.setenv``) shows at once."""
+    if _ENVIRON is None:
+        return os.environ.get(name, default)
+    value = _ENVIRON.get(name.encode())
+    return default if value is None else value.decode("utf-8", "surrogateescape")
 
 
 @functools.lru_cache(maxsize=1)
@@ -133,7 +165,8 @@ def dispatch_mode() -> str:
     return value
 
 
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_Tensor, _Parameter = torch.Tensor, torch.nn.Parameter
+_SCALARS = frozenset((int, float, bool, str, type(None)))  # argument types that are never tensors
 
 
 def _direct_ok(args: tuple) -> bool:
@@ -145,7 +178,11 @@ def _direct_ok(args: tuple) -> bool:
         return False
     grad = torch.is_grad_enabled()
     for a in args:
-        if isinstance(a, torch.Tensor) and (type(a) not in _PLAIN or (grad and a.requires_grad)):
+        t = type(a)
+        if t is _Tensor or t is _Parameter:
+            if grad and a.requires_grad:
+                return False
+        elif t not in _SCALARS and isinstance(a, _Tensor):  # a subclass (a fake tensor, a functorch wrapper)
             return False
     return True
 
@@ -173,7 +210,11 @@ def needs_grad(*tensors: torch.Tensor | None) -> bool:
     """True when autograd records a call on ``tensors``: grad mode is on and one of them
     requires a gradient. The ops then take their autograd path (an ``autograd.Function``
     over the custom ops), else the plain one."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    if torch.is_grad_enabled():
+        for t in tensors:
+            if t is not None and t.requires_grad:
+                return True
+    return False
 
 
 def check_no_out(name: str, out: torch.Tensor | None) -> None:
@@ -185,7 +226,7 @@ def check_no_out(name: str, out: torch.Tensor | None) -> None:
 
 def is_interpreting() -> bool:
     """True when Triton kernels run through Triton's CPU interpreter (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+    return getenv("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
 def use_triton(t: torch.Tensor) -> bool:
@@ -206,7 +247,7 @@ def pdl_mode() -> int:
     (2.5% slower than with none). On an H100 the norm, bias_gelu, GLU and rotary kernels
     take it: the gap between back-to-back calls 1.2-1.8 -> 0.7-1.1 us, rms_norm 64 x 256K
     86 -> 88% of copy, the 4096 x 4096 norms +1-2.6 points."""
-    value = os.environ.get("ONETRIP_PDL", "1") or "1"
+    value = getenv("ONETRIP_PDL", "1") or "1"
     if value not in ("0", "1"):
         raise ValueError(f"ONETRIP_PDL must be 0 or 1, got {value!r}")
     return int(value)
@@ -215,10 +256,18 @@ def pdl_mode() -> int:
 def pdl_args(t: torch.Tensor) -> dict:
     """Launch arguments for ``pdl_mode()``: none when it is off, on the CPU, or on a GPU
     older than sm_90; else the kernel's ``PDL`` constexpr and Triton's ``launch_pdl``."""
-    mode = pdl_mode()
-    if not mode or not hopper_or_newer(t):
-        return {}
-    return {"PDL": mode, "launch_pdl": True}
+    return pdl_kwargs(pdl_on(t))
+
+
+def pdl_on(t: torch.Tensor) -> bool:
+    """Whether a launch on ``t``'s device takes ``pdl_args``' arguments (a launcher that
+    keeps its arguments keys them by this, and builds them with ``pdl_kwargs``)."""
+    return bool(pdl_mode()) and hopper_or_newer(t)
+
+
+def pdl_kwargs(on: bool) -> dict:
+    """``pdl_args``' arguments when ``on``, else none."""
+    return {"PDL": 1, "launch_pdl": True} if on else {}
 
 
 @functools.lru_cache(maxsize=None)
@@ -229,8 +278,10 @@ def _capability_major(index: int) -> int:
 def hopper_or_newer(t: torch.Tensor) -> bool:
     """``t`` is on a CUDA GPU of compute capability 9 or more (TMA, programmatic dependent
     launch); cached per device, so launches can ask every time."""
-    return t.is_cuda and _capability_major(t.device.index if t.device.index is not None
-                                           else torch.cuda.current_device()) >= 9
+    if not t.is_cuda:
+        return False
+    index = t.device.index
+    return _capability_major(index if index is not None else torch.cuda.current_device()) >= 9
 
 
 @functools.lru_cache(maxsize=None)
@@ -248,7 +299,7 @@ def _sm_count(index: int) -> int:
 
 def sm_count(device: torch.device) -> int:
     """Streaming multiprocessors of ``device``; a nominal 4 on the CPU (interpreter)."""
-    if device.type != "cuda":
+    if device_type(device) != "cuda":
         return 4
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
@@ -261,9 +312,23 @@ def _gpu_name(index: int) -> str:
 def gpu_name(device: torch.device) -> str:
     """The name of ``device`` ("NVIDIA H100 80GB HBM3"), for launch tables measured on one
     GPU model; "" off CUDA."""
-    if device.type != "cuda":
+    if device_type(device) != "cuda":
         return ""
     return _gpu_name(device.index if device.index is not None else torch.cuda.current_device())
+
+
+_DEVICE_TYPES: dict = {}
+
+
+def device_type(device: torch.device) -> str:
+    """``device.type``, kept per device: the attribute builds a new string at every read
+    (~0.5 us; a dict lookup by the device ~0.06), and each launch asks a few times."""
+    if torch.compiler.is_compiling():  # traced code reads the attribute itself
+        return device.type
+    kind = _DEVICE_TYPES.get(device)
+    if kind is None:
+        kind = _DEVICE_TYPES[device] = device.type
+    return kind
 
 
 def gpu_table_entry(tables: dict, gpu: str, key):
@@ -299,11 +364,28 @@ def tile_config(rows: int, width: int, *, tile: int = 2048, max_block_n: int = 2
     two 16-byte loads per input) came within 2.2% of the best of 13 configs at every width
     (mean 0.6%); no single other rule came closer. A tile's rows are at most ``tile`` and
     ``max_block_n`` wide; ``num_warps`` is capped so that a thread keeps at least
-    ``per_thread`` elements where few or narrow rows leave a smaller tile.
+    ``per_thread`` elements where few or narrow rows leave a smaller tile. Memoized: a launch
+    asks at every call.
     """
     if per_thread < 1:
         raise ValueError(f"per_thread={per_thread} must be >= 1 (elements a thread)")
-    block_n = min(triton.next_power_of_2(max(width, 1)), max_block_n, tile)
-    block_m = max(1, min(triton.next_power_of_2(max(rows, 1)), tile // block_n))
+    return _tile_config(rows, width, tile, max_block_n, num_warps, per_thread)
+
+
+@functools.lru_cache(maxsize=4096)
+def _tile_config(rows: int, width: int, tile: int, max_block_n: int, num_warps: int, per_thread: int) -> TileConfig:
+    block_n = min(next_pow2(max(width, 1)), max_block_n, tile)
+    block_m = max(1, min(next_pow2(max(rows, 1)), tile // block_n))
     warps = max(1, min(num_warps, (block_m * block_n) // (32 * per_thread)))
     return TileConfig(block_m, block_n, warps)
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) of host ints. ``triton.cdiv`` and ``triton.next_power_of_2`` are constexpr
+    functions whose Python calls unwrap constexprs first: ~1 us each, several a launch."""
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """The least power of two >= n, for n >= 1 (0 for 0, as ``triton.next_power_of_2``)."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0

@@ -5,12 +5,12 @@ chooses from them. Figures are % of a plain copy's bandwidth, bf16, moving the s
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 
 import torch
-import triton
 
-from ._common import gpu_name, gpu_table_entry, is_interpreting, sm_count
+from ._common import cdiv, device_type, gpu_name, gpu_table_entry, is_interpreting, next_pow2, sm_count
 
 MODES = ("rows", "coop", "two_pass", "loop")
 
@@ -173,8 +173,8 @@ def segments(N: int, cfg: NormConfig) -> tuple[int, int]:
     if cfg.mode != "loop" or cfg.split.programs == 1:
         return 1, N
     for parts in (cfg.split.programs, 8):
-        seg = triton.cdiv(triton.cdiv(N, parts), cfg.block_n) * cfg.block_n
-        split = triton.cdiv(N, seg)
+        seg = cdiv(cdiv(N, parts), cfg.block_n) * cfg.block_n
+        split = cdiv(N, seg)
         if not (cfg.split.cluster and 8 < split < 16):
             break
     return split, seg
@@ -327,7 +327,7 @@ ROWS_PICKS = {
 def can_wait(device: torch.device) -> bool:
     """Programs may spin on a sibling's counter ("coop", a split "loop" row): on a GPU, not
     under the interpreter, which runs programs one after another."""
-    return not is_interpreting() and device.type == "cuda"
+    return not is_interpreting() and device_type(device) == "cuda"
 
 
 def norm_config(rows: int, width: int, device: torch.device, *, is_rms: bool = True,
@@ -343,16 +343,24 @@ def norm_config(rows: int, width: int, device: torch.device, *, is_rms: bool = T
     "loop" needs a row for every SM: 64 rows of 256K (64 programs on 132 SMs) ran at 27% of
     copy against coop's 41% (H200). ``dense``: every row stride equals the width; the 8K
     pick gains only with the width a constant, so strided rows of 8K stay whole (88 vs 95%).
+    Memoized on its arguments and the device's facts (GPU model, SM count, whether programs
+    may wait on each other): a config is built and checked once. After changing a table at
+    run time (``tools/norm_ab.py``), ``norm_config.cache_clear()``.
     """
-    block_n = triton.next_power_of_2(max(width, 1))
+    return _norm_config(rows, width, gpu_name(device), sm_count(device), can_wait(device), is_rms, has_residual,
+                        chunk, chunk_warps, dense)
+
+
+@functools.lru_cache(maxsize=4096)
+def _norm_config(rows: int, width: int, gpu: str, sms: int, wait: bool, is_rms: bool, has_residual: bool,
+                 chunk: int, chunk_warps: int, dense: bool) -> NormConfig:
+    block_n = next_pow2(max(width, 1))
     picks = LOOP_PICKS[(is_rms, has_residual)]
     key = block_n if has_residual else min(block_n, max(picks))
-    gpu = gpu_name(device)
     pick = gpu_table_entry(PICKS_GPU, gpu, ("loop", is_rms, has_residual, key)) or picks.get(key)
     few = gpu_table_entry(FEW_ROWS_GPU, gpu, ("loop", is_rms, has_residual, key))
     if few is not None and rows < few[0]:
         pick = few[1]
-    sms = sm_count(device)
     if pick is not None:
         split = pick.split.programs
         if rows * split >= (sms if split == 1 else sms // 2) and (dense or block_n > 8192):
@@ -361,11 +369,24 @@ def norm_config(rows: int, width: int, device: torch.device, *, is_rms: bool = T
         row_pick = (gpu_table_entry(PICKS_GPU, gpu, ("rows", is_rms, has_residual, block_n))
                     or ROWS_PICKS[(is_rms, has_residual)].get(block_n))
         if row_pick is not None:
-            return dataclasses.replace(row_pick, block_m=min(row_pick.block_m, triton.next_power_of_2(max(rows, 1))))
+            return dataclasses.replace(row_pick, block_m=min(row_pick.block_m, next_pow2(max(rows, 1))))
         pair = 2 if block_n <= 4096 or not is_rms else 1
-        block_m = max(1, min(triton.next_power_of_2(max(rows, 1)), max(pair, 2048 // block_n)))
+        block_m = max(1, min(next_pow2(max(rows, 1)), max(pair, 2048 // block_n)))
         warps = max(4, min(16 if block_n <= 16384 else 32, block_m * block_n // 1024))
         return NormConfig("rows", block_m, block_n, warps)
-    n_chunks = triton.cdiv(width, chunk)
-    coop = can_wait(device) and n_chunks <= sm_count(device)
+    n_chunks = cdiv(width, chunk)
+    coop = wait and n_chunks <= sms
     return NormConfig("coop" if coop else "two_pass", 1, chunk, chunk_warps)
+
+
+# norm._launch's plans, made of the configs norm_config picks: cleared with its memo.
+PLANS: dict = {}
+
+
+def _clear() -> None:
+    """Forget the memoized configs and the launch plans made of them."""
+    _norm_config.cache_clear()
+    PLANS.clear()
+
+
+norm_config.cache_clear = _clear

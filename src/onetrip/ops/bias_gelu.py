@@ -12,6 +12,7 @@ the bytes), added by ``_reduce.column_sum``. Its programs make one wave (``Backw
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -25,19 +26,25 @@ from ._common import (
     TileConfig,
     as_rows,
     call_op,
+    cdiv,
     check_dtype_match,
     check_no_out,
     check_same_device,
     check_shape,
     check_tensor,
+    empty_as,
     needs_grad,
+    next_pow2,
     output,
     pdl_args,
+    pdl_kwargs,
+    pdl_on,
     rows_out,
     sm_count,
     tile_config,
     use_triton,
 )
+from ._launch import launch, meta_key
 from ._reduce import column_sum
 
 APPROXIMATIONS = ("tanh", "none")
@@ -73,16 +80,18 @@ def _launch(x: torch.Tensor, bias: Optional[torch.Tensor], y: torch.Tensor, appr
     if M == 0 or N == 0:
         return None
     cfg = config or tile_config(M, N)
-    grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
-    return _bias_gelu_kernel[grid](
-        x, bias if bias is not None else x, y,
-        M, N,
-        x.stride(0), y.stride(0),
-        HAS_BIAS=bias is not None,
-        APPROX_TANH=approximate == "tanh",
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        num_warps=cfg.num_warps, **pdl_args(x),
-    )
+    grid = (cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n),)
+    meta, key = _meta(cfg.block_m, cfg.block_n, cfg.num_warps, bias is not None, approximate == "tanh", pdl_on(x))
+    return launch(_bias_gelu_kernel, grid, (x, bias if bias is not None else x, y, M, N, x.stride()[0], y.stride()[0]),
+                  meta, key)
+
+
+@functools.lru_cache(maxsize=1024)
+def _meta(block_m: int, block_n: int, num_warps: int, has_bias: bool, tanh: bool, pdl: bool) -> tuple[dict, int]:
+    """The forward's constexprs and options, and their ``meta_key``: kept, as a launch needs them at every call."""
+    meta = dict(HAS_BIAS=has_bias, APPROX_TANH=tanh, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps,
+                **pdl_kwargs(pdl))
+    return meta, meta_key(meta)
 
 
 @torch.library.custom_op("onetrip::bias_gelu", mutates_args=("out",))
@@ -135,7 +144,7 @@ def bias_gelu(
     if needs_grad(x, bias):
         check_no_out("out", out)
         return _BiasGeluFunction.apply(x, bias, approximate)
-    out = output("out", out, x.shape, x.dtype, x.device)
+    out = empty_as(x) if out is None else output("out", out, x.shape, x.dtype, x.device)
     y2, scratch = rows_out(out, N)
     call_op(_bias_gelu_op, as_rows(x, N), bias, y2, approximate)
     if scratch:
@@ -310,6 +319,7 @@ class BackwardPlan:
     col_blocks: int
 
 
+@functools.lru_cache(maxsize=4096)  # a launch asks at every call
 def backward_plan(M: int, N: int, config: BackwardConfig, sms: int, itemsize: int = 2) -> BackwardPlan:
     """``config``'s one-wave layout of an (M, N) problem on ``sms`` SMs (BackwardConfig says
     why): as many bands as fill programs_per_sm x SMs programs, each of at least min_band
@@ -322,12 +332,12 @@ def backward_plan(M: int, N: int, config: BackwardConfig, sms: int, itemsize: in
     target = config.programs_per_sm * sms
     max_bands = max(1, M // config.min_band)
     ideal = N * min(config.max_partials, max_bands) // target  # the slice width that makes ``target`` programs
-    block_n = min(max(MIN_BLOCK_N, min(MAX_BLOCK_N, 1 << max(0, ideal.bit_length() - 1))), triton.next_power_of_2(N))
-    block_m = max(1, min(config.tile * 2 // itemsize // block_n, triton.next_power_of_2(M)))
-    col_blocks, row_tiles = triton.cdiv(N, block_n), triton.cdiv(M, block_m)
+    block_n = min(max(MIN_BLOCK_N, min(MAX_BLOCK_N, 1 << max(0, ideal.bit_length() - 1))), next_pow2(N))
+    block_m = max(1, min(config.tile * 2 // itemsize // block_n, next_pow2(M)))
+    col_blocks, row_tiles = cdiv(N, block_n), cdiv(M, block_m)
     bands = max(1, min(max_bands, target // col_blocks, row_tiles))
-    band = block_m * triton.cdiv(row_tiles, bands)
-    return BackwardPlan(block_m, block_n, band, triton.cdiv(M, band), col_blocks)
+    band = block_m * cdiv(row_tiles, bands)
+    return BackwardPlan(block_m, block_n, band, cdiv(M, band), col_blocks)
 
 
 def _launch_backward(dy: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tensor], dx: torch.Tensor,
@@ -346,23 +356,18 @@ def _launch_backward(dy: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Ten
         return None
     if dbias is None:
         tile = tile_config(M, N)
-        plan = BackwardPlan(tile.block_m, tile.block_n, tile.block_m, triton.cdiv(M, tile.block_m),
-                            triton.cdiv(N, tile.block_n))
-        launch = dict(num_warps=tile.num_warps)
+        plan = BackwardPlan(tile.block_m, tile.block_n, tile.block_m, cdiv(M, tile.block_m), cdiv(N, tile.block_n))
+        options = dict(num_warps=tile.num_warps)
     else:
         cfg = config or BACKWARD_PICKS[BACKWARD_PICK]
         plan = backward_plan(M, N, cfg, sm_count(x.device), x.element_size())
-        launch = dict(PREFETCH=cfg.prefetch, STAGES=cfg.stages, num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
+        options = dict(PREFETCH=cfg.prefetch, STAGES=cfg.stages, num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
     partials = None if dbias is None else torch.empty((plan.bands, N), dtype=torch.float32, device=x.device)
-    kernel = _bias_gelu_backward_kernel[(plan.bands * plan.col_blocks,)](
-        dy, x, bias if bias is not None else x, dx, partials if partials is not None else dx,
-        M, N, plan.band,
-        dy.stride(0), x.stride(0), dx.stride(0),
-        HAS_BIAS=bias is not None, HAS_DBIAS=dbias is not None,
-        APPROX_TANH=approximate == "tanh",
-        BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
-        **launch, **pdl_args(x),
-    )
+    args = (dy, x, bias if bias is not None else x, dx, partials if partials is not None else dx, M, N, plan.band,
+            dy.stride()[0], x.stride()[0], dx.stride()[0])
+    kernel = launch(_bias_gelu_backward_kernel, (plan.bands * plan.col_blocks,), args,
+                    dict(HAS_BIAS=bias is not None, HAS_DBIAS=dbias is not None, APPROX_TANH=approximate == "tanh",
+                         BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, **options, **pdl_args(x)))
     if dbias is not None:
         column_sum(partials, dbias.dtype, out=dbias)
     return kernel
@@ -392,7 +397,7 @@ class _BiasGeluFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, bias: Optional[torch.Tensor], approximate: str) -> torch.Tensor:
         N = x.shape[-1]
-        y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        y = empty_as(x)
         call_op(_bias_gelu_op, as_rows(x, N), bias, as_rows(y, N), approximate)
         ctx.save_for_backward(x, bias)
         ctx.approximate = approximate
@@ -402,7 +407,7 @@ class _BiasGeluFunction(torch.autograd.Function):
     def backward(ctx, dy: torch.Tensor):
         x, bias = ctx.saved_tensors
         N = x.shape[-1]
-        dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        dx = empty_as(x)
         dbias = torch.empty_like(bias) if ctx.needs_input_grad[1] else None
         call_op(_bias_gelu_backward_op, as_rows(dy, N), as_rows(x, N), bias, as_rows(dx, N), dbias, ctx.approximate)
         return dx if ctx.needs_input_grad[0] else None, dbias, None

@@ -20,6 +20,7 @@ even that when it is exactly 1.0.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 from typing import List, Optional, Sequence
@@ -29,10 +30,11 @@ import torch.nn.functional as F
 import triton
 
 from ._cluster import cluster_ok, launch_clusters
-from ._common import (as_rows, call_op, check_same_device, check_tensor, is_interpreting, needs_grad, pdl_args,
-                      sm_count, use_triton)
+from ._common import (as_rows, call_op, cdiv, check_same_device, check_tensor, empty_as, is_interpreting, needs_grad,
+                      next_pow2, pdl_on, sm_count, use_triton)
 from ._cross_entropy_jit import (_ce_loop_kernel, _ce_rows_kernel, _count_kernel, _loss_total_kernel, _rows_unfused,
                                  _scale_kernel)
+from ._launch import launch, meta_key
 
 REDUCTIONS = ("mean", "sum", "none")
 TARGET_DTYPES = (torch.int32, torch.int64)
@@ -104,12 +106,18 @@ def split_for(V: int, most: int) -> int:
 def cross_entropy_config(rows: int, V: int, itemsize: int, device: torch.device) -> CrossEntropyConfig:
     """The launch for ``rows`` rows of ``V`` logits of ``itemsize`` bytes: up to ROWS_LIMIT
     logits, whole rows in registers, up to 8 rows a program filling 8192 logits (V = 1000:
-    8 rows), 16 logits a thread; wider, the "loop" pick of V's power-of-two bucket."""
+    8 rows), 16 logits a thread; wider, the "loop" pick of V's power-of-two bucket. Memoized:
+    a launch asks at every call."""
+    return _cross_entropy_config(rows, V, itemsize)
+
+
+@functools.lru_cache(maxsize=4096)
+def _cross_entropy_config(rows: int, V: int, itemsize: int) -> CrossEntropyConfig:
     if V <= ROWS_LIMIT:
-        block = triton.next_power_of_2(V)
-        block_r = max(1, min(triton.next_power_of_2(max(rows, 1)), ROWS_MAX, ROWS_ELEMENTS // block))
+        block = next_pow2(V)
+        block_r = max(1, min(next_pow2(max(rows, 1)), ROWS_MAX, ROWS_ELEMENTS // block))
         return CrossEntropyConfig("rows", max(1, min(16, block_r * block // (16 * 32))), block_r=block_r)
-    pick = LOOP_PICKS.get(triton.next_power_of_2(V), LOOP_PICKS[max(LOOP_PICKS)])
+    pick = LOOP_PICKS.get(next_pow2(V), LOOP_PICKS[max(LOOP_PICKS)])
     return pick if pick.split == 1 else replace(pick, split=split_for(V, pick.split))
 
 
@@ -120,15 +128,14 @@ def _launch(x, target, scale, loss, lse, grad, ignore_index, smoothing, z_loss, 
     forward = loss is not None
     g = x if grad is None else grad
     stride_scale = scale.stride(0) if scale is not None and scale.numel() > 1 else 0
-    pdl = pdl_args(x) if overlap else {}  # the kernel before wrote scale (or nothing this one reads)
+    pdl = overlap and pdl_on(x)  # the kernel before wrote scale (or nothing this one reads)
     args = (x, target, x if scale is None else scale, lse if loss is None else loss, lse, g)
     ints = (N, x.stride(0), g.stride(0), stride_scale, ignore_index, smoothing, z_loss, softcap if softcap > 0 else 1.0)
-    meta = dict(V=V, HAS_SOFTCAP=softcap > 0, HAS_SCALE=scale is not None, FORWARD=forward, WRITE_GRAD=grad is not None,
-                PDL=pdl.get("PDL", 0), num_warps=cfg.num_warps, **({"launch_pdl": True} if pdl else {}),
-                **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
+    flags = (V, softcap > 0, scale is not None, forward, grad is not None, pdl, cfg.num_warps, cfg.maxnreg)
     if cfg.mode == "rows":
-        return _ce_rows_kernel[(triton.cdiv(N, cfg.block_r),)](*args, *ints, BLOCK_R=cfg.block_r,
-                                                               BLOCK=triton.next_power_of_2(V), **meta)
+        meta, key = _rows_meta(cfg.block_r, *flags)
+        return launch(_ce_rows_kernel, (cdiv(N, cfg.block_r),), (*args, *ints), meta, key)
+    meta = _meta(*flags)
     vec = 16 // x.element_size()
     # a row stride Triton does not mark divisible by 16: aligned steps (16-byte vectors) from before the row
     meta.update(LANES=32 * cfg.num_warps, VEC=vec, UNROLL=cfg.unroll, SHIFT=x.stride(0) % 16 != 0,
@@ -147,7 +154,22 @@ def _launch(x, target, scale, loss, lse, grad, ignore_index, smoothing, z_loss, 
                 _ce_loop_kernel[(N * split,)](*args, part, *ints, SPLIT=split, CLUSTER=False, PASSES=passes, **meta)
             return None
         split = 1
-    return _ce_loop_kernel[(N * split,)](*args, lse, *ints, SPLIT=split, CLUSTER=False, PASSES=0, **meta)
+    return launch(_ce_loop_kernel, (N * split,), (*args, lse, *ints), dict(SPLIT=split, CLUSTER=False, PASSES=0, **meta))
+
+
+def _meta(V: int, has_softcap: bool, has_scale: bool, forward: bool, write_grad: bool, pdl: bool, num_warps: int,
+          maxnreg: int) -> dict:
+    """Both kernels' constexprs and options."""
+    return dict(V=V, HAS_SOFTCAP=has_softcap, HAS_SCALE=has_scale, FORWARD=forward, WRITE_GRAD=write_grad,
+                PDL=int(pdl), num_warps=num_warps, **({"launch_pdl": True} if pdl else {}),
+                **({"maxnreg": maxnreg} if maxnreg else {}))
+
+
+@functools.lru_cache(maxsize=4096)
+def _rows_meta(block_r: int, *flags) -> tuple[dict, int]:
+    """``_meta`` of the "rows" kernel and its ``meta_key``: kept, as a launch needs them at every call."""
+    meta = dict(BLOCK_R=block_r, BLOCK=next_pow2(flags[0]), **_meta(*flags))
+    return meta, meta_key(meta)
 
 
 def _run(x, target, scale, loss, lse, grad, ignore_index, smoothing, z_loss, softcap, overlap=False):
@@ -204,8 +226,8 @@ def _count_op(target: torch.Tensor, out: torch.Tensor, ignore_index: int) -> Non
     """out (2,) float32 = (1 / n, n), n the targets (N,) not ignore_index."""
     N = target.shape[0]
     if use_triton(target) and N <= ONE_PROGRAM_ROWS:
-        _count_kernel[(1,)](target, out, N, ignore_index, BLOCK=SMALL_BLOCK, PDL=pdl_args(target).get("PDL", 0),
-                            num_warps=4)
+        launch(_count_kernel, (1,), (target, out, N, ignore_index),
+               dict(BLOCK=SMALL_BLOCK, PDL=int(pdl_on(target)), num_warps=4))
         return
     n = (target != ignore_index).sum().float()
     out.copy_(torch.stack((1.0 / n, n)))
@@ -221,10 +243,10 @@ def _total_op(loss_rows: torch.Tensor, n_valid: Optional[torch.Tensor], out: tor
     """out () float32 = sum of loss_rows (N,) float32, over n_valid (float32, one element) if given."""
     N = loss_rows.shape[0]
     if use_triton(loss_rows) and N <= ONE_PROGRAM_ROWS:
-        pdl = pdl_args(loss_rows) if overlap else {}
-        _loss_total_kernel[(1,)](loss_rows, loss_rows if n_valid is None else n_valid, out, N, BLOCK=SMALL_BLOCK,
-                                 MEAN=n_valid is not None, PDL=pdl.get("PDL", 0), num_warps=4,
-                                 **({"launch_pdl": True} if pdl else {}))
+        pdl = overlap and pdl_on(loss_rows)
+        launch(_loss_total_kernel, (1,), (loss_rows, loss_rows if n_valid is None else n_valid, out, N),
+               dict(BLOCK=SMALL_BLOCK, MEAN=n_valid is not None, PDL=int(pdl), num_warps=4,
+                    **({"launch_pdl": True} if pdl else {})))
         return
     total = loss_rows.sum()
     out.copy_(total if n_valid is None else (total / n_valid).reshape(()))
@@ -251,8 +273,8 @@ def _scale_grads_op(grads: List[torch.Tensor], grad_output: torch.Tensor) -> Non
             continue
         g2 = g.view(1, -1) if g.dim() < 2 else g
         M, K = g2.shape
-        grid = min(M * triton.cdiv(K, SCALE_BLOCK), SCALE_WAVE * sm_count(g.device))
-        _scale_kernel[(grid,)](g2, grad_output, M, K, g2.stride(0), BLOCK=SCALE_BLOCK, num_warps=4)
+        grid = min(M * cdiv(K, SCALE_BLOCK), SCALE_WAVE * sm_count(g.device))
+        launch(_scale_kernel, (grid,), (g2, grad_output, M, K, g2.stride(0)), dict(BLOCK=SCALE_BLOCK, num_warps=4))
 
 
 @_scale_grads_op.register_fake
@@ -360,18 +382,23 @@ def check_loss_options(ignore_index, label_smoothing, z_loss, softcap) -> tuple[
 
 def _rows(logits, target):
     """logits as (N, V) rows, target as (N,), and empty float32 (N,) loss and lse rows."""
-    x2, t1 = as_rows(logits, logits.shape[-1]), target.reshape(-1).contiguous()
+    x2, t1 = as_rows(logits, logits.shape[-1]), _flat(target)
     loss = torch.empty(x2.shape[0], dtype=torch.float32, device=logits.device)
     return x2, t1, loss, torch.empty_like(loss)
 
 
+def _flat(target: torch.Tensor) -> torch.Tensor:
+    """target as a contiguous (N,) tensor (itself when it is one: a reshape's view costs ~1.5 us)."""
+    return target if target.dim() == 1 and target.is_contiguous() else target.reshape(-1).contiguous()
+
+
 def mean_scale(target: torch.Tensor, ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(1 / n_valid as a (1,) float32 tensor, n_valid as a float32 scalar tensor) of the
+    """(1 / n_valid, n_valid), each a (1,) float32 tensor, of the
     (N,) contiguous ``target``, on the device (one kernel): no host sync. With every row
     ignored the scale is inf; the kernels give ignored rows 0, never inf x 0."""
     out = torch.empty(2, dtype=torch.float32, device=target.device)
-    call_op(_count_op, target.reshape(-1).contiguous(), out, ignore_index)
-    return out[:1], out[1]
+    call_op(_count_op, _flat(target), out, ignore_index)
+    return out[:1], out[1:]
 
 
 def reduce_loss(loss_rows: torch.Tensor, reduction: str, n_valid: Optional[torch.Tensor],
@@ -379,7 +406,11 @@ def reduce_loss(loss_rows: torch.Tensor, reduction: str, n_valid: Optional[torch
     """Sum, or sum / n_valid (nan with every row ignored, as PyTorch gives), of float32 rows,
     in one kernel; ``overlap``: the kernel launched just before wrote ``loss_rows`` (PDL)."""
     out = torch.empty((), dtype=torch.float32, device=loss_rows.device)
-    call_op(_total_op, loss_rows, n_valid.float().reshape(1) if reduction == "mean" else None, out, overlap)
+    n = None
+    if reduction == "mean":
+        n = n_valid.float()
+        n = n if n.dim() == 1 else n.reshape(1)
+    call_op(_total_op, loss_rows, n, out, overlap)
     return out
 
 
@@ -408,7 +439,7 @@ class _CrossEntropyFunction(torch.autograd.Function):
                     torch.autograd.graph.increment_version(x2)
                 grad = x2.detach()  # not a view made without grad of a tensor now modified: saveable
             else:
-                grad = torch.empty(x2.shape, dtype=logits.dtype, device=logits.device)
+                grad = empty_as(x2)
                 call_op(_cross_entropy_op, x2, t1, scale, loss_rows, lse, grad, *options, after_count)
             ctx.save_for_backward(grad)
             loss = reduce_loss(loss_rows, reduction, n_valid, overlap)
@@ -425,7 +456,7 @@ class _CrossEntropyFunction(torch.autograd.Function):
             return None, None, None, None, None
         if reduction == "none":
             x2, t1, lse = ctx.saved_tensors
-            grad = torch.empty(x2.shape, dtype=x2.dtype, device=x2.device)
+            grad = empty_as(x2)
             call_op(_cross_entropy_op, x2, t1, dloss.reshape(-1), None, lse, grad, *options)
         else:
             (grad,) = ctx.saved_tensors

@@ -45,8 +45,9 @@ from . import autotune
 from ._attention_backward import launch_backward
 from ._attention_jit import LOG2E, _attn_fwd_kernel
 from ._attention_tma import TMA_DTYPES, TMA_MIN_SEQ, TMA_TILES, descriptors, tma_supported
-from ._common import (call_op, check_dtype_match, check_no_out, check_same_device, check_tensor, needs_grad, output,
-                      use_triton)
+from ._common import (call_op, cdiv, check_dtype_match, check_no_out, check_same_device, check_tensor, empty_as,
+                      needs_grad, next_pow2, output, use_triton)
+from ._launch import launch, meta_key
 
 MAX_HEAD_DIM = 256
 # flash_attention's backward mode by default: True runs a dQ kernel of its own (7 tile
@@ -73,6 +74,7 @@ class AttentionConfig:
     use_tma: bool = False
 
 
+@functools.lru_cache(maxsize=4096)  # a launch asks at every call
 def attention_config(head_dim: int, max_seqlen_q: Optional[int] = None, tma: bool = False) -> AttentionConfig:
     """The heuristic by head dim: the launch config wherever autotuning does not run
     (ONETRIP_AUTOTUNE=0, the interpreter, capture of an untuned bucket; see _tuned_config).
@@ -102,7 +104,7 @@ def attention_config(head_dim: int, max_seqlen_q: Optional[int] = None, tma: boo
     else:
         cfg = AttentionConfig(64, 32, 8, 2)
     if max_seqlen_q is not None:
-        cfg = AttentionConfig(min(cfg.block_m, max(16, triton.next_power_of_2(max(max_seqlen_q, 1)))),
+        cfg = AttentionConfig(min(cfg.block_m, max(16, next_pow2(max(max_seqlen_q, 1)))),
                               cfg.block_n, cfg.num_warps, cfg.num_stages)
     return cfg
 
@@ -190,6 +192,13 @@ def _tuned_config(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, s
         return None
     head_dim, group = q.shape[-1], q.shape[-2] // k.shape[-2]
     causal = window[1] == 0 and window[0] < 0
+    cache = _tune_cache()
+    # a pick the cache holds stays the bucket's for this process: found again without building
+    # the key (a JSON string) a call; the cache object itself in the key (a new one, a new pick)
+    memo = (cache, head_dim, causal, min(next_pow2(max(max_seqlen_q, 1)), MAX_TUNED_SEQ), group, q.dtype, q.device)
+    picked = _PICKED.get(memo)
+    if picked is not None:
+        return picked
     key = autotune.tune_key("flash_attention", attention_bucket(head_dim, causal, max_seqlen_q, group, q.dtype),
                             q.device)
 
@@ -201,12 +210,18 @@ def _tuned_config(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, s
         for c in attention_candidates(head_dim, q.dtype, max_seqlen_q):
             yield asdict(c)
 
-    picked = autotune.tune(key, candidates(), bench, cache=_tune_cache(),
+    picked = autotune.tune(key, candidates(), bench, cache=cache,
                            default=asdict(attention_config(head_dim, max_seqlen_q)))
     try:
-        return AttentionConfig(**picked)
+        config = AttentionConfig(**picked)
     except TypeError:  # a hand-edited cache entry with other fields: the heuristic, not a crash
         return None
+    if cache.get(key) is not None:  # not the heuristic of an untuned bucket (under capture)
+        _PICKED[memo] = config
+    return config
+
+
+_PICKED: dict = {}  # _tuned_config's memo
 
 
 def _launch(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, softmax_scale: float,
@@ -219,39 +234,51 @@ def _launch(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, so
     Returns the compiled kernel (its ``n_regs``, ``n_spills``) or None when there is no work.
     """
     varlen = cu_seqlens_q is not None
+    sq, sk, sv, so = q.stride(), k.stride(), v.stride(), out.stride()  # one call each: stride(i) parses its argument
     if varlen:
         batch, seqlen_q, seqlen_k = cu_seqlens_q.shape[0] - 1, max_seqlen_q, 0
         qb = kb = vb = ob = lb = 0  # packed tokens: the sequence's start comes from cu_seqlens
     else:
         batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
-        qb, kb, vb, ob = q.stride(0), k.stride(0), v.stride(0), out.stride(0)
+        qb, kb, vb, ob = sq[0], sk[0], sv[0], so[0]
         lb = lse.stride(0) if lse is not None else 0
     heads, head_dim, kv_heads = q.shape[-2], q.shape[-1], k.shape[-2]
     if batch == 0 or heads == 0 or seqlen_q == 0 or q.numel() == 0:
         return None
-    tma_ok = tma_supported(q, k, v, out, varlen)
-    cfg = config or attention_config(head_dim, seqlen_q, tma=q.is_cuda and tma_ok)
-    block_d = max(16, triton.next_power_of_2(head_dim))
+    # TMA's checks (~6 us of host time) only where the config would take it: the heuristic's
+    # TMA tile (a Hopper GPU, long queries), or a config that asks for it
+    wants = config.use_tma if config is not None else q.is_cuda and attention_config(head_dim, seqlen_q, tma=True).use_tma
+    tma_ok = wants and tma_supported(q, k, v, out, varlen)
+    cfg = config or attention_config(head_dim, seqlen_q, tma=tma_ok)
+    block_d = max(16, next_pow2(head_dim))
     use_tma = cfg.use_tma and tma_ok
     descs = descriptors(q, k, v, out, cfg.block_m, cfg.block_n, block_d) if use_tma else (None,) * 4
     left, right = window
     cap = float(softcap)
-    grid = (triton.cdiv(seqlen_q, cfg.block_m), heads, batch)
-    s = lambda t: (t.stride(-3), t.stride(-2))  # (token, head) strides
+    grid = (cdiv(seqlen_q, cfg.block_m), heads, batch)
     dummy = cu_seqlens_q if varlen else q
-    return _attn_fwd_kernel[grid](
-        q, k, v, out, lse if lse is not None else out, *descs, dummy, cu_seqlens_k if varlen else dummy,
-        seqlen_q, seqlen_k, heads // kv_heads,
-        qb, *s(q), kb, *s(k), vb, *s(v), ob, *s(out),
-        lb, lse.stride(-2) if lse is not None else 0,
-        softmax_scale * LOG2E, softmax_scale / cap if cap > 0 else 0.0, cap * LOG2E, left, right,
-        HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d,
-        IS_VARLEN=varlen, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, HAS_SOFTCAP=cap > 0,
-        STORE_LSE=lse is not None, USE_TMA=use_tma,
-        # float32 inputs: full-precision products (the GPU default would round them to tf32).
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    args = (q, k, v, out, lse if lse is not None else out, *descs, dummy, cu_seqlens_k if varlen else dummy,
+            seqlen_q, seqlen_k, heads // kv_heads,  # then per tensor its (batch,) token and head strides
+            qb, sq[-3], sq[-2], kb, sk[-3], sk[-2], vb, sv[-3], sv[-2], ob, so[-3], so[-2],
+            lb, lse.stride(-2) if lse is not None else 0,
+            softmax_scale * LOG2E, softmax_scale / cap if cap > 0 else 0.0, cap * LOG2E, left, right)
+    # the config by its fields: a dataclass hashes in Python, ~0.5 us
+    meta, key = _meta(cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, head_dim, varlen, left >= 0,
+                      right >= 0, cap > 0, lse is not None, use_tma, q.dtype == torch.float32)
+    return launch(_attn_fwd_kernel, grid, args, meta, key)
+
+
+@functools.lru_cache(maxsize=4096)
+def _meta(block_m: int, block_n: int, num_warps: int, num_stages: int, head_dim: int, varlen: bool, has_left: bool,
+          has_right: bool, has_softcap: bool, store_lse: bool, use_tma: bool, fp32: bool) -> tuple[dict, int]:
+    """The forward's constexprs and options, and their ``meta_key``: kept, as a launch needs them at every call."""
+    meta = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, next_pow2(head_dim)),
+                IS_VARLEN=varlen, HAS_LEFT=has_left, HAS_RIGHT=has_right, HAS_SOFTCAP=has_softcap,
+                STORE_LSE=store_lse, USE_TMA=use_tma,
+                # float32 inputs: full-precision products (the GPU default would round them to tf32).
+                DOT_PRECISION="ieee" if fp32 else "tf32",
+                num_warps=num_warps, num_stages=num_stages)
+    return meta, meta_key(meta)
 
 
 @torch.library.custom_op("onetrip::flash_attention", mutates_args=("out", "lse"))
@@ -322,7 +349,7 @@ class _FlashAttentionFunction(torch.autograd.Function):
                 softcap, return_lse, deterministic):
         q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
         varlen = cu_seqlens_q is not None
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        out = empty_as(q)
         lse_shape = (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
         lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
         call_op(_attention_op, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, left,
@@ -336,7 +363,7 @@ class _FlashAttentionFunction(torch.autograd.Function):
         q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
         # dout of a sum is an expand (stride 0): the kernels need a unit stride along head_dim.
         dout = dout if dout.stride(-1) == 1 else dout.contiguous()
-        dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+        dq, dk, dv = empty_as(q), empty_as(k), empty_as(v)
         call_op(_attention_backward_op, dout, q, k, v, out, lse, dlse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
                 *ctx.args)
         return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
@@ -461,7 +488,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
         return _FlashAttentionFunction.apply(*tensors, max_q, max_k, float(softmax_scale), left, right,
                                              float(softcap), return_lse, bool(deterministic))
 
-    out = output("out", out, q.shape, q.dtype, q.device)
+    out = empty_as(q) if out is None else output("out", out, q.shape, q.dtype, q.device)
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     o = out if out.stride(-1) == 1 else torch.empty_like(out, memory_format=torch.contiguous_format)
     lse = None

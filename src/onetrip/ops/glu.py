@@ -19,6 +19,7 @@ gradient are written by the one kernel.
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -31,20 +32,24 @@ from ._common import (
     TileConfig,
     as_rows,
     call_op,
+    cdiv,
     check_dtype_match,
     check_no_out,
     check_same_device,
     check_shape,
     check_tensor,
+    empty_as,
     gpu_name,
     gpu_table_entry,
     needs_grad,
     output,
-    pdl_args,
+    pdl_kwargs,
+    pdl_on,
     rows_out,
     tile_config,
     use_triton,
 )
+from ._launch import launch, meta_key
 
 APPROXIMATIONS = ("tanh", "none")
 # The custom op's ``activation`` argument, and the kernel's ACTIVATION constexpr for it.
@@ -54,7 +59,7 @@ _GELU = {"tanh": "gelu_tanh", "none": "gelu_erf"}
 
 @triton.jit
 def _glu_kernel(
-    gate_ptr, up_ptr, y_ptr,  # each (M, N) with unit column stride and its own row stride
+    gate_ptr, up_ptr, y_ptr,  # each (M, N) with unit column stride and its own row stride (PACKED: see below)
     M, N,
     stride_gm, stride_um, stride_ym,
     ACTIVATION: tl.constexpr,  # 0 silu, 1 gelu (tanh), 2 gelu (erf)
@@ -68,6 +73,9 @@ def _glu_kernel(
     C_SY: tl.constexpr = 0,
     EVEN: tl.constexpr = False,  # the tiles cover M x N exactly: no masks
     PDL: tl.constexpr = 0,  # programmatic dependent launch (_common.pdl_mode says why)
+    # gate_ptr holds (M, 2N) rows, up their right half (up_ptr unused, stride_um = stride_gm):
+    # the launcher then passes one tensor, not two views of it (~2.5 us of host time each)
+    PACKED: tl.constexpr = False,
 ):
     pdl_start(PDL)
     # ACTIVATION is constexpr so that each variant compiles to straight-line code holding
@@ -77,6 +85,8 @@ def _glu_kernel(
         stride_gm = C_SG
         stride_um = C_SU
         stride_ym = C_SY
+    if PACKED:
+        up_ptr = gate_ptr + N
     rows64, cols, mask = row_tile(M, N, BLOCK_M, BLOCK_N, EVEN)
     g = tl.load(gate_ptr + rows64[:, None] * stride_gm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     u = tl.load(up_ptr + rows64[:, None] * stride_um + cols[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -106,12 +116,18 @@ def glu_tile_config(M: int, N: int, tile_warps: tuple[int, int]) -> TileConfig:
 def _default_tile(M: int, N: int, device: torch.device) -> TileConfig:
     """The forward's tile for (M, N) on ``device`` (GLU_TILE_GPU for this GPU model, else
     GLU_TILE); the backward takes the same."""
-    return glu_tile_config(M, N, gpu_table_entry(GLU_TILE_GPU, gpu_name(device), "tile") or GLU_TILE)
+    return _model_tile(M, N, gpu_name(device))
 
 
-def _launch(gate: torch.Tensor, up: torch.Tensor, y: torch.Tensor, activation: str,
+@functools.lru_cache(maxsize=4096)
+def _model_tile(M: int, N: int, gpu: str) -> TileConfig:
+    return glu_tile_config(M, N, gpu_table_entry(GLU_TILE_GPU, gpu, "tile") or GLU_TILE)
+
+
+def _launch(gate: torch.Tensor, up: Optional[torch.Tensor], y: torch.Tensor, activation: str,
             config: TileConfig | None = None, const: bool = True):
-    """Launch on 2-D views: gate, up, y (M, N), each with unit column stride.
+    """Launch on 2-D views: gate, up, y (M, N), each with unit column stride; or, with
+    ``up`` None, gate the (M, 2N) rows whose halves are the gate and up.
 
     ``up`` may be ``gate`` shifted by N columns (the halves of one (M, 2N) tensor).
     ``config``: default the GPU model's tile (GLU_TILE_GPU, else GLU_TILE).
@@ -121,25 +137,34 @@ def _launch(gate: torch.Tensor, up: torch.Tensor, y: torch.Tensor, activation: s
     0.994-0.995 -> 0.998x torch.compile. False: one kernel for every width.
     Returns the compiled kernel (its ``n_regs``, ``n_spills``), or None when nothing ran.
     """
-    M, N = gate.shape
+    M, N = y.shape
     if M == 0 or N == 0:
         return None
     config = config or _default_tile(M, N, gate.device)
-    grid = (triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n),)
-    return _glu_kernel[grid](
-        gate, up, y,
-        M, N,
-        gate.stride(0), up.stride(0), y.stride(0),
-        ACTIVATION=ACTIVATIONS[activation],
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        EVEN=const and M % config.block_m == 0 and N % config.block_n == 0,
-        num_warps=config.num_warps, **pdl_args(gate),
-        **(dict(C_N=N, C_SG=gate.stride(0), C_SU=up.stride(0), C_SY=y.stride(0)) if const else {}),
-    )
+    grid = (cdiv(M, config.block_m) * cdiv(N, config.block_n),)
+    sg, sy = gate.stride()[0], y.stride()[0]  # stride(0) parses its argument: twice stride()'s cost
+    su = sg if up is None else up.stride()[0]
+    even = const and M % config.block_m == 0 and N % config.block_n == 0
+    meta, key = _meta(activation, config.block_m, config.block_n, config.num_warps, even, up is None, pdl_on(gate),
+                      (N, sg, su, sy) if const else None)
+    return launch(_glu_kernel, grid, (gate, gate if up is None else up, y, M, N, sg, su, sy), meta, key)
+
+
+@functools.lru_cache(maxsize=4096)
+def _meta(activation: str, block_m: int, block_n: int, num_warps: int, even: bool, packed: bool, pdl: bool,
+          const: Optional[tuple]) -> tuple[dict, int]:
+    """The forward's constexprs and options (``const``: the width and row strides compiled
+    in), and their ``meta_key``: kept, as a launch needs them at every call."""
+    meta = dict(ACTIVATION=ACTIVATIONS[activation], BLOCK_M=block_m, BLOCK_N=block_n, EVEN=even, PACKED=packed,
+                num_warps=num_warps, **pdl_kwargs(pdl))
+    if const is not None:
+        meta.update(C_N=const[0], C_SG=const[1], C_SU=const[2], C_SY=const[3])
+    return meta, meta_key(meta)
 
 
 @torch.library.custom_op("onetrip::glu", mutates_args=("out",))
-def _glu_op(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor, activation: str) -> None:
+def _glu_op(gate: torch.Tensor, up: Optional[torch.Tensor], out: torch.Tensor, activation: str) -> None:
+    """out (M, N) from gate, up (M, N); with up None, gate is the (M, 2N) packed rows."""
     if use_triton(gate):
         _launch(gate, up, out, activation)
     elif activation == "silu":
@@ -177,7 +202,7 @@ def _glu(gate_up: torch.Tensor, up: Optional[torch.Tensor], activation: str,
     out = output("out", out, gate_up.shape[:-1] + (N,), gate_up.dtype, gate_up.device)
     if out.numel() == 0:
         return out
-    gate2, up2 = _rows(gate_up, up)
+    gate2, up2, _ = _rows(gate_up, up)
     y2, scratch = rows_out(out, N)
     call_op(_glu_op, gate2, up2, y2, activation)
     if scratch:
@@ -185,14 +210,14 @@ def _glu(gate_up: torch.Tensor, up: Optional[torch.Tensor], activation: str,
     return out
 
 
-def _rows(gate_up: torch.Tensor, up: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(M, N) row views of the gate and up (copies where no single row stride describes them)."""
+def _rows(gate_up: torch.Tensor, up: Optional[torch.Tensor]) -> tuple[torch.Tensor, Optional[torch.Tensor], int]:
+    """(gate, up, N) for the custom ops: (M, N) row views of the gate and up (copies where no
+    single row stride describes them), or without ``up`` the (M, 2N) rows of gate_up and None."""
     if up is None:
         N = gate_up.shape[-1] // 2
-        rows = as_rows(gate_up, 2 * N)  # (M, 2N): up is gate + N columns, same row stride
-        return rows[:, :N], rows[:, N:]
+        return as_rows(gate_up, 2 * N), None, N  # (M, 2N): up is gate + N columns, same row stride
     N = gate_up.shape[-1]
-    return as_rows(gate_up, N), as_rows(up, N)
+    return as_rows(gate_up, N), as_rows(up, N), N
 
 
 @triton.jit
@@ -204,8 +229,14 @@ def _glu_backward_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PDL: tl.constexpr = 0,  # programmatic dependent launch (_common.pdl_mode says why)
+    PACKED: tl.constexpr = False,  # gate_ptr holds (M, 2N) rows, up their right half (as the forward's)
+    PACKED_GRAD: tl.constexpr = False,  # dgate_ptr holds (M, 2N) rows, dup their right half
 ):
     pdl_start(PDL)
+    if PACKED:
+        up_ptr = gate_ptr + N
+    if PACKED_GRAD:
+        dup_ptr = dgate_ptr + N
     rows64, cols, mask = row_tile(M, N, BLOCK_M, BLOCK_N)
     dy = tl.load(dy_ptr + rows64[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     g = tl.load(gate_ptr + rows64[:, None] * stride_gm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -220,36 +251,39 @@ def _glu_backward_kernel(
              cast_out(dy * a, dup_ptr.dtype.element_ty), mask=mask)
 
 
-def _launch_backward(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, dgate: torch.Tensor,
-                     dup: torch.Tensor, activation: str, config: TileConfig | None = None):
+def _launch_backward(dy: torch.Tensor, gate: torch.Tensor, up: Optional[torch.Tensor], dgate: torch.Tensor,
+                     dup: Optional[torch.Tensor], activation: str, config: TileConfig | None = None):
     """Launch on 2-D views: dy, gate, up, dgate, dup (M, N), each with unit column stride
-    (dup may be dgate shifted by N columns). ``config``: default the forward's tile."""
-    M, N = gate.shape
+    (dup may be dgate shifted by N columns); up None: gate is the (M, 2N) packed rows; dup
+    None: dgate is the (M, 2N) packed gradient. ``config``: default the forward's tile."""
+    M, N = dy.shape
     if M == 0 or N == 0:
         return None
     config = config or _default_tile(M, N, gate.device)
-    grid = (triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n),)
-    return _glu_backward_kernel[grid](
-        dy, gate, up, dgate, dup,
-        M, N,
-        dy.stride(0), gate.stride(0), up.stride(0), dgate.stride(0), dup.stride(0),
-        ACTIVATION=ACTIVATIONS[activation],
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        num_warps=config.num_warps, **pdl_args(gate),
-    )
+    grid = (cdiv(M, config.block_m) * cdiv(N, config.block_n),)
+    sg, sdg = gate.stride()[0], dgate.stride()[0]
+    args = (dy, gate, gate if up is None else up, dgate, dgate if dup is None else dup, M, N,
+            dy.stride()[0], sg, sg if up is None else up.stride()[0], sdg, sdg if dup is None else dup.stride()[0])
+    return launch(_glu_backward_kernel, grid, args,
+                  dict(ACTIVATION=ACTIVATIONS[activation], BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+                       PACKED=up is None, PACKED_GRAD=dup is None, num_warps=config.num_warps,
+                       **pdl_kwargs(pdl_on(gate))))
 
 
 @torch.library.custom_op("onetrip::glu_backward", mutates_args=("dgate", "dup"))
-def _glu_backward_op(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, dgate: torch.Tensor,
+def _glu_backward_op(dy: torch.Tensor, gate: torch.Tensor, up: Optional[torch.Tensor], dgate: torch.Tensor,
                      dup: Optional[torch.Tensor], activation: str) -> None:
-    """dgate, dup (M, N) from dy, gate, up (M, N); with dup None, dgate is the packed (M, 2N)
-    gradient and takes dup in its right half (one mutated tensor: its halves never alias)."""
-    if dup is None:
-        N = gate.shape[1]
-        dgate, dup = dgate[:, :N], dgate[:, N:]
+    """dgate, dup (M, N) from dy, gate, up (M, N); with up None, gate is the packed (M, 2N)
+    rows; with dup None, dgate is the packed (M, 2N) gradient and takes dup in its right half
+    (one mutated tensor: its halves never alias)."""
     if use_triton(gate):
         _launch_backward(dy, gate, up, dgate, dup, activation)
         return
+    N = dy.shape[1]
+    if up is None:
+        gate, up = gate[:, :N], gate[:, N:]
+    if dup is None:
+        dgate, dup = dgate[:, :N], dgate[:, N:]
     d, g, u = dy.float(), gate.float(), up.float()  # unfused, in float32
     if activation == "silu":
         s = torch.sigmoid(g)
@@ -273,9 +307,8 @@ class _GluFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, gate_up: torch.Tensor, up: Optional[torch.Tensor], activation: str) -> torch.Tensor:
-        gate2, up2 = _rows(gate_up, up)
-        N = gate2.shape[1]
-        y = torch.empty(gate_up.shape[:-1] + (N,), dtype=gate_up.dtype, device=gate_up.device)
+        gate2, up2, N = _rows(gate_up, up)
+        y = torch.empty((*gate_up.shape[:-1], N), dtype=gate_up.dtype, device=gate_up.device)
         if y.numel():
             call_op(_glu_op, gate2, up2, as_rows(y, N), activation)
         ctx.save_for_backward(gate_up, up)
@@ -285,10 +318,9 @@ class _GluFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         gate_up, up = ctx.saved_tensors
-        gate2, up2 = _rows(gate_up, up)
-        N = gate2.shape[1]
-        dgate = torch.empty(gate_up.shape, dtype=gate_up.dtype, device=gate_up.device)
-        dup = None if up is None else torch.empty(up.shape, dtype=up.dtype, device=up.device)
+        gate2, up2, N = _rows(gate_up, up)
+        dgate = empty_as(gate_up)
+        dup = None if up is None else empty_as(up)
         if dgate.numel():
             call_op(_glu_backward_op, as_rows(dy, N), gate2, up2, as_rows(dgate, dgate.shape[-1]),
                     None if dup is None else as_rows(dup, N), ctx.activation)

@@ -32,6 +32,7 @@ How rows are covered (``NormConfig.mode``):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -45,25 +46,30 @@ from ._common import (
     acc_dtype,
     as_rows,
     call_op,
+    cdiv,
     check_dtype_match,
     check_no_out,
     check_same_device,
     check_shape,
     check_tensor,
+    empty_as,
     is_interpreting,
     needs_grad,
+    next_pow2,
     output,
     pdl_args,
+    pdl_mode,
     rows_out,
     use_triton,
 )
 from ._jit import pdl_start
+from ._launch import launch, meta_key
 from ._norm_backward import backward_unfused, launch_backward
 from ._norm_chunk import _chunk_stats, _load_h, _load_wb, _mean_rstd, _store_y
 from ._norm_jit import _loop_row, _wait_row
 from ._norm_l2 import l2_first
 from ._norm_l2 import requests as l2_requests
-from ._norm_picks import (FEW_ROWS_GPU, LOOP_PICKS, PICKS_GPU, ROWS_PICKS, CacheHints, L2Requests, LoadOrder,
+from ._norm_picks import (FEW_ROWS_GPU, LOOP_PICKS, PICKS_GPU, PLANS, ROWS_PICKS, CacheHints, L2Requests, LoadOrder,
                           NormConfig, Reuse, Split, can_wait, launch_segments, norm_config)
 from ._norm_smem import smem_fits
 
@@ -224,16 +230,75 @@ def _norm_kernel(
                      BLOCK_C)
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """A launch of ``cfg`` as ``_plan`` lays it out: the split and segment, the
+    buffers a split row needs, and each launch's (grid, meta, meta's key)."""
+
+    cfg: NormConfig  # held, so that no other object takes the id of a given config, which keys the plan
+    C: int  # chunks a row ("coop", "two_pass")
+    seg: int  # a "loop" segment's columns
+    part: Optional[tuple]  # the float32 partials' shape, or None
+    sync: int  # int32 counters zeroed before the launch (0: none)
+    cluster: Optional[tuple]  # a grid of clusters first: (clusters, ranks, meta), or None
+    launches: tuple  # ((grid, meta, meta_key(meta)), ...), in order
+
+
+MAX_PLANS = 4096  # past it the plans start over (a plan a row count, config and layout)
+
+
 def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bool,
             config: NormConfig | None = None):
     """Launch on validated 2-D views (unit column stride); ``h`` is None without a residual.
-    Returns the compiled kernel of the last launch (its ``n_regs``, ``n_spills``) or None."""
+    Returns the compiled kernel of the last launch (its ``n_regs``, ``n_spills``) or None.
+
+    The launches of a (config, rows, width, layout, device) are laid out once (``_plan``) and
+    kept in ``PLANS`` (which ``norm_config.cache_clear()`` empties): a call then costs the key
+    below, a dict lookup and the launches."""
     M, N = x.shape
     if M == 0 or N == 0:
         return None
-    dense = all(t is None or t.stride(0) == N for t in (x, residual, y, h))
-    cfg = config or norm_config(M, N, x.device, is_rms=is_rms, has_residual=residual is not None, dense=dense)
-    C = triton.cdiv(N, cfg.block_n)
+    sx, sy = x.stride()[0], y.stride()[0]  # stride(0) parses its argument: twice stride()'s cost
+    sr = residual.stride()[0] if residual is not None else 0
+    sh = h.stride()[0] if h is not None else 0
+    dense = sx == N and sy == N and (residual is None or sr == N) and (h is None or sh == N)
+    # 16-byte alignment of x, y, residual: "loop" plans read it (the shared-memory segment, L2 requests)
+    aligned = (not x.data_ptr() & 15) | (not y.data_ptr() & 15) << 1 | \
+        (residual is None or not residual.data_ptr() & 15) << 2
+    # a given config by id (its plan holds it, so no other object takes the id); else norm_config's
+    key = (None if config is None else id(config), M, N, dense, x.dtype, x.get_device(), aligned, residual is None,
+           weight is None, bias is None, is_rms, gemma, pdl_mode())
+    plan = PLANS.get(key)
+    if plan is None:
+        cfg = config or norm_config(M, N, x.device, is_rms=is_rms, has_residual=residual is not None, dense=dense)
+        plan = _plan(cfg, x, residual, weight, bias, y, h, dense, is_rms, gemma)
+        if len(PLANS) >= MAX_PLANS:
+            PLANS.clear()
+        PLANS[key] = plan
+    part = sync = x
+    tail = (M, N, plan.C, plan.seg, sx, sr, sy, sh, eps)
+    head = (x, residual if residual is not None else x, weight if weight is not None else x,
+            bias if bias is not None else x, y, h if h is not None else x)
+    if plan.cluster is not None:
+        clusters, ranks, meta = plan.cluster
+        kernel = launch_clusters(_norm_kernel, clusters, ranks, *head, part, sync, *tail, **meta)
+        if kernel is not None:  # None when this Triton's launcher cannot be given a cluster size
+            return kernel
+    if plan.part is not None:
+        part = torch.empty(plan.part, dtype=torch.float32, device=x.device)
+    if plan.sync:
+        sync = torch.zeros(plan.sync, dtype=torch.int32, device=x.device)
+    args = (*head, part, sync, *tail)
+    for grid, meta, meta_id in plan.launches:
+        kernel = launch(_norm_kernel, grid, args, meta, meta_id)
+    return kernel
+
+
+def _plan(cfg: NormConfig, x, residual, weight, bias, y, h, dense: bool, is_rms: bool, gemma: bool) -> _Plan:
+    """Lay out the launches of ``cfg`` over these views (``_launch``'s); raises ValueError
+    for a config that does not fit the width (``launch_segments``)."""
+    M, N = x.shape
+    C = cdiv(N, cfg.block_n)
     split, seg = launch_segments(N, cfg)
     loop = cfg.mode == "loop"
     # A split row's programs wait on each other in one launch on a GPU; the interpreter runs
@@ -246,26 +311,20 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
     # constant width cut into whole chunks (no masks: the copies have none), every row 16-byte
     # aligned (pass 2 reads 16-byte runs) and the segment fits (smem_fits); elsewhere pass 2 reads L2
     even = const_n > 0 and const_n == seg * split and seg % cfg.block_n == 0
-    smem = (cfg.reuse.smem_segment and loop and cfg.block_m == 1 and residual is None and x.is_cuda
-            and not is_interpreting() and (split == 1 or wait) and even
-            and x.data_ptr() % 16 == 0 and y.data_ptr() % 16 == 0
-            and smem_fits(seg, cfg.block_n, cfg.num_warps, x.element_size()))
+    smem = bool(cfg.reuse.smem_segment and loop and cfg.block_m == 1 and residual is None and x.is_cuda
+                and not is_interpreting() and (split == 1 or wait) and even
+                and x.data_ptr() % 16 == 0 and y.data_ptr() % 16 == 0
+                and smem_fits(seg, cfg.block_n, cfg.num_warps, x.element_size()))
     # half steps where shared memory serves and half a chunk still gives each thread runs of 8
     half_steps = cfg.order.half_steps and smem and smem_fits(seg, cfg.block_n // 2, cfg.num_warps, x.element_size())
     pdl = pdl_args(x)  # the launch's PDL arguments, also whether L2 requests may go before the wait
     ahead, first = l2_requests(cfg, x, residual, M, seg, even, cluster or split == 1, bool(pdl))
 
-    def launch(phase, passes, part, sync, clusters):
-        args = (x, residual if residual is not None else x, weight if weight is not None else x,
-                bias if bias is not None else x, y, h if h is not None else x, part, sync,
-                M, N, C, seg,
-                x.stride(0), residual.stride(0) if residual is not None else 0, y.stride(0),
-                h.stride(0) if h is not None else 0,
-                eps)
-        meta = dict(
+    def meta(phase, passes, clusters):
+        return dict(
             IS_RMS=is_rms, GEMMA=gemma,
             HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
-            PHASE=phase.value, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_C=max(2, triton.next_power_of_2(C)),
+            PHASE=phase.value, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_C=max(2, next_pow2(C)),
             CONST_N=const_n, LATE_WB=cfg.late_weight, PDL=pdl.get("PDL", 0),
             UNROLL=cfg.unroll, SPLIT=split, SEG_N=seg if const_n else 0, CLUSTER=clusters, PASSES=passes,
             KEEP_ROW=cfg.hints.keep_row, DROP_Y=cfg.hints.drop_y, KEEP_WB=cfg.hints.keep_weight,
@@ -280,27 +339,21 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
             num_warps=cfg.num_warps, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
             **({"launch_pdl": pdl["launch_pdl"]} if pdl else {}),
         )
-        if clusters:  # None when this Triton's launcher cannot be given a cluster size
-            return launch_clusters(_norm_kernel, M, split, *args, **meta)
-        return _norm_kernel[(triton.cdiv(M, cfg.block_m) * (split if loop else C),)](*args, **meta)
 
-    if cluster:
-        kernel = launch(_LOOP, 0, x, x, True)
-        if kernel is not None:
-            return kernel
-    part = x
+    part = None
     if cfg.mode in ("coop", "two_pass"):
-        part = torch.empty((M, C, 2), dtype=torch.float32, device=x.device)
+        part = (M, C, 2)
     elif split > 1:
-        part = torch.empty((M, split, 3), dtype=torch.float32, device=x.device)
-    sync = x
-    if cfg.mode == "coop" or (split > 1 and wait):
-        sync = torch.zeros(1 + M, dtype=torch.int32, device=x.device)
+        part = (M, split, 3)
+    sync = 1 + M if cfg.mode == "coop" or (split > 1 and wait) else 0
     phases = {"rows": ((_ROWS, 0),), "coop": ((_COOP, 0),), "two_pass": ((_STATS, 0), (_APPLY, 0)),
               "loop": ((_LOOP, 0),) if split == 1 or wait else ((_LOOP, 1), (_LOOP, 2))}[cfg.mode]
+    grid = (cdiv(M, cfg.block_m) * (split if loop else C),)
+    launches = []
     for phase, passes in phases:
-        kernel = launch(phase, passes, part, sync, False)
-    return kernel
+        m = meta(phase, passes, False)
+        launches.append((grid, m, meta_key(m)))
+    return _Plan(cfg, C, seg, part, sync, (M, split, meta(_LOOP, 0, True)) if cluster else None, tuple(launches))
 
 
 @torch.library.custom_op("onetrip::norm", mutates_args=("out", "residual_out"))
@@ -362,8 +415,8 @@ class _NormFunction(torch.autograd.Function):
         N = h.shape[-1]
         if dy is None:  # only h was used: dx = dh_out; none for the weight and bias (as PyTorch gives)
             return (dh_out if need_x else None), (dh_out if need_r else None), None, None, None, None, None
-        dx = torch.empty(h.shape, dtype=h.dtype, device=h.device) if need_x or need_r else None
-        dw = torch.empty(N, dtype=weight.dtype, device=h.device) if need_w else None
+        dx = empty_as(h) if need_x or need_r else None
+        dw = torch.empty_like(weight) if need_w else None
         db = torch.empty(N, dtype=bias_dtype, device=h.device) if need_b else None
         call_op(_norm_backward_op, as_rows(dy, N), as_rows(h, N), as_rows(dh_out, N) if dh_out is not None else None,
                 weight.contiguous() if weight is not None else None, as_rows(dx, N) if dx is not None else None,
@@ -401,11 +454,12 @@ def _norm(x, residual, weight, bias, eps, is_rms, gemma, out, residual_out):
 def _norm_forward(x, residual, weight, bias, eps, is_rms, gemma, out, residual_out):
     """The forward on checked inputs: (normed, h), h being x without a residual."""
     N = x.shape[-1]
-    out = output("out", out, x.shape, x.dtype, x.device)
+    out = empty_as(x) if out is None else output("out", out, x.shape, x.dtype, x.device)
     y2, y_scratch = rows_out(out, N)
     h2 = h_scratch = None
     if residual is not None:
-        residual_out = output("residual_out", residual_out, x.shape, x.dtype, x.device)
+        residual_out = empty_as(x) if residual_out is None else output("residual_out", residual_out, x.shape,
+                                                                         x.dtype, x.device)
         h2, h_scratch = rows_out(residual_out, N)
     call_op(_norm_op, as_rows(x, N), as_rows(residual, N) if residual is not None else None,
             weight.contiguous() if weight is not None else None, bias.contiguous() if bias is not None else None,

@@ -20,6 +20,7 @@ gradient copied: the forward's bytes, read the gradients of q_out and k_out, wri
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -28,9 +29,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (call_op, check_dtype_match, check_no_out, check_same_device, check_shape, check_tensor,
-                      heads_view, needs_grad, output, pdl_args, sm_count, use_triton)
+from ._common import (call_op, cdiv, check_dtype_match, check_no_out, check_same_device, check_shape, check_tensor,
+                      empty_as, heads_view, needs_grad, next_pow2, output, pdl_kwargs, pdl_on, sm_count, use_triton)
 from ._jit import pdl_start
+from ._launch import launch, meta_key
 from ._rotary_jit import cos_sin_rows, head_rows, load_pair, load_tail, rotate_heads, store_pair, store_tail
 
 POSITION_DTYPES = (torch.int32, torch.int64)
@@ -126,10 +128,15 @@ class RotaryConfig:
 def rotary_config(tokens: int, heads: int, half: int, device: torch.device, *, tile: int = 4096) -> RotaryConfig:
     """About ``tile`` rotated pairs per program, but at least ~4 programs per SM when
     there are enough tokens (decode batches of a few tokens get one token per program)."""
-    block_half = triton.next_power_of_2(max(half, 1))
-    block_h = min(triton.next_power_of_2(max(heads, 1)), max(1, tile // block_half))
+    return _rotary_config(tokens, heads, half, sm_count(device), tile)
+
+
+@functools.lru_cache(maxsize=4096)  # a launch asks at every call
+def _rotary_config(tokens: int, heads: int, half: int, sms: int, tile: int) -> RotaryConfig:
+    block_half = next_pow2(max(half, 1))
+    block_h = min(next_pow2(max(heads, 1)), max(1, tile // block_half))
     per_token = block_h * block_half
-    limit = max(1, tokens // (4 * sm_count(device)))
+    limit = max(1, tokens // (4 * sms))
     block_t = 1
     while 2 * block_t * per_token <= tile and 2 * block_t <= limit:
         block_t *= 2
@@ -148,12 +155,18 @@ def merged_config(tokens: int, heads: int, kv_heads: int, half: int, tail: int, 
     ``tools/tune_rotary.py``): 95.5% / 94.3% / 91.8% of copy against
     ``rotary_config``'s 95.0% / 83.6% / 90.4%; so ``apply_rotary`` launches this, and
     ``append_kv`` keeps ``rotary_config``."""
-    block_h, block_hk = triton.next_power_of_2(max(heads, 1)), triton.next_power_of_2(max(kv_heads, 1))
-    cols = 2 * triton.next_power_of_2(max(half, 1)) + (triton.next_power_of_2(tail) if tail > 0 else 0)
+    return _merged_config(tokens, heads, kv_heads, half, tail, sm_count(device), tile, per_thread)
+
+
+@functools.lru_cache(maxsize=4096)  # a launch asks at every call
+def _merged_config(tokens: int, heads: int, kv_heads: int, half: int, tail: int, sms: int, tile: int,
+                   per_thread: int) -> RotaryConfig:
+    block_h, block_hk = next_pow2(max(heads, 1)), next_pow2(max(kv_heads, 1))
+    cols = 2 * next_pow2(max(half, 1)) + (next_pow2(tail) if tail > 0 else 0)
     while (block_h + block_hk) * cols > tile and max(block_h, block_hk) > 1:
         block_h, block_hk = max(1, block_h // 2), max(1, block_hk // 2)
     per_token = (block_h + block_hk) * cols
-    limit = max(1, tokens // (4 * sm_count(device)))
+    limit = max(1, tokens // (4 * sms))
     block_t = 1
     while 2 * block_t * per_token <= tile and 2 * block_t <= limit:
         block_t *= 2
@@ -178,17 +191,27 @@ def _launch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     tail = D - 2 * half
     cfg = config or merged_config(n_tokens, H, Hkv, half, tail, q.device)
     inplace = q_out.data_ptr() == q.data_ptr() and k_out.data_ptr() == k.data_ptr()
-    return _rotary_kernel[(triton.cdiv(n_tokens, cfg.block_t),)](
-        q, k, q_out, k_out, cos, sin, positions if positions is not None else cos,
-        n_tokens, S, positions.numel() if positions is not None else S, H, Hkv, half, tail,
-        *q.stride()[:3], *k.stride()[:3], *q_out.stride()[:3], *k_out.stride()[:3],
-        cos.stride(0), sin.stride(0),
-        INTERLEAVED=interleaved, HAS_POS=positions is not None, COPY_TAIL=tail > 0 and not inplace,
-        MERGE_QK=cfg.merge_qk, TOK64=cfg.index64 or n_tokens + cfg.block_t >= 2**31,
-        BLOCK_T=cfg.block_t, BLOCK_H=cfg.block_h, BLOCK_HK=cfg.block_hk or cfg.block_h,
-        BLOCK_HALF=triton.next_power_of_2(half), BLOCK_TAIL=triton.next_power_of_2(max(tail, 1)),
-        INVERSE=inverse, num_warps=cfg.num_warps, **pdl_args(q),
-    )
+    args = (q, k, q_out, k_out, cos, sin, positions if positions is not None else cos,
+            n_tokens, S, positions.numel() if positions is not None else S, H, Hkv, half, tail,
+            *q.stride()[:3], *k.stride()[:3], *q_out.stride()[:3], *k_out.stride()[:3], cos.stride()[0],
+            sin.stride()[0])
+    # the config by its fields: a dataclass hashes in Python, ~0.5 us
+    meta, key = _meta(cfg.block_t, cfg.block_h, cfg.block_hk or cfg.block_h, cfg.merge_qk, cfg.num_warps,
+                      bool(interleaved), positions is not None, tail > 0 and not inplace,
+                      cfg.index64 or n_tokens + cfg.block_t >= 2**31, half, tail, inverse, pdl_on(q))
+    return launch(_rotary_kernel, (cdiv(n_tokens, cfg.block_t),), args, meta, key)
+
+
+@functools.lru_cache(maxsize=4096)
+def _meta(block_t: int, block_h: int, block_hk: int, merge_qk: bool, num_warps: int, interleaved: bool,
+          has_pos: bool, copy_tail: bool, tok64: bool, half: int, tail: int, inverse: bool,
+          pdl: bool) -> tuple[dict, int]:
+    """The kernel's constexprs and options, and their ``meta_key``: kept, as a launch needs them at every call."""
+    meta = dict(INTERLEAVED=interleaved, HAS_POS=has_pos, COPY_TAIL=copy_tail, MERGE_QK=merge_qk, TOK64=tok64,
+                BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_HK=block_hk,
+                BLOCK_HALF=next_pow2(half), BLOCK_TAIL=next_pow2(max(tail, 1)),
+                INVERSE=inverse, num_warps=num_warps, **pdl_kwargs(pdl))
+    return meta, meta_key(meta)
 
 
 @torch.library.custom_op("onetrip::apply_rotary", mutates_args=("q_out", "k_out"))
@@ -247,8 +270,7 @@ class _RotaryFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gq: torch.Tensor, gk: torch.Tensor):
         cos, sin, positions = ctx.saved_tensors
-        dq = torch.empty(gq.shape, dtype=gq.dtype, device=gq.device)
-        dk = torch.empty(gk.shape, dtype=gk.dtype, device=gk.device)
+        dq, dk = empty_as(gq), empty_as(gk)
         batch = math.prod(gq.shape[:-3])
         if batch * gq.shape[-3]:
             gqv, _ = heads_view(gq, batch, True)  # a contiguous copy when no such view exists
@@ -356,8 +378,8 @@ def apply_rotary(
                          f"0..{seq - 1} need {seq} rows (pass longer tables, or positions)")
     if inplace and out is not None:
         raise ValueError("out must be None when inplace=True (the outputs are q and k)")
-    cos = cos if cos.stride(-1) == 1 else cos.contiguous()
-    sin = sin if sin.stride(-1) == 1 else sin.contiguous()
+    cos = cos if cos.is_contiguous() or cos.stride()[-1] == 1 else cos.contiguous()
+    sin = sin if sin.is_contiguous() or sin.stride()[-1] == 1 else sin.contiguous()
     if needs_grad(q, k, cos, sin):
         if needs_grad(cos, sin):
             raise ValueError("cos and sin require a gradient, but apply_rotary differentiates only with respect to "
@@ -384,8 +406,11 @@ def _rotate(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     else:
         if out is not None and (not isinstance(out, (tuple, list)) or len(out) != 2):
             raise TypeError(f"out must be a pair (q_out, k_out) or None, got {type(out).__name__}")
-        q_out = output("out[0]", None if out is None else out[0], q.shape, q.dtype, q.device)
-        k_out = output("out[1]", None if out is None else out[1], k.shape, k.dtype, k.device)
+        if out is None:
+            q_out, k_out = empty_as(q), empty_as(k)
+        else:
+            q_out = output("out[0]", out[0], q.shape, q.dtype, q.device)
+            k_out = output("out[1]", out[1], k.shape, k.dtype, k.device)
     batch = math.prod(q.shape[:-3])
     if batch * seq == 0:
         return q_out, k_out
