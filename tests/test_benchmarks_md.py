@@ -1,8 +1,11 @@
 """BENCHMARKS.md is generated from the curated results: a figure there cannot drift from its data."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,12 +23,17 @@ def test_curated_results_stay_small():
     assert sum(p.stat().st_size for p in tracked) <= 8 << 20
 
 
-def test_train_section_renders_a_run():
+def _tool():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("benchmarks_md", ROOT / "tools" / "benchmarks_md.py")
     md = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(md)
+    return md
+
+
+def test_train_section_renders_a_run():
+    md = _tool()
     rec = dict(model="llama-3.2-1b", seq=4096, batch=4, losses=[11.9, 11.2], error=None, skipped=None,
                max_batch=7, max_batch_exact=True, max_tokens_vs_eager=None, tokens_per_s=30000.0,
                speedup_vs_eager=None, peak_bytes=100 * 2**30, peak_vs_eager=None, max_loss_diff=0.0)
@@ -42,3 +50,76 @@ def test_train_section_renders_a_run():
     assert "| llama-3.2-1b | eager | 4 | 30,000 | 100.0 | 7 x 4096 | 0.0e+00 |" in text, text
     assert "Not measured: llama-3.2-1b liger: liger-kernel is not installed." in text
     assert "transformers 5.17.0" in text
+
+
+META = {"sm_count": 132, "torch": "2.11.0", "triton": "3.6.0", "cuda": "13.0", "date": "2026-11-29T17:39:19+00:00"}
+
+
+def _allreduce_run() -> dict:
+    rec = dict(hidden=8192, world=2, dtype="bf16", payload_bytes=16384, link_bytes=16384, ok=True, max_err=0.05,
+               bound=0.1, error=None)
+    results = []
+    for batch, fused_us in ((1, 7.0), (64, 12.0)):
+        results += [dict(rec, batch=batch, provider="nccl+add_rms_norm", us=8.4, us_max=8.5 + batch / 8, speedup=1.0),
+                    dict(rec, batch=batch, provider="onetrip-fused", us=fused_us, us_max=fused_us,
+                         speedup=(8.5 + batch / 8) / fused_us, max_err=0.0156, bound=0.0625)]
+    results.append(dict(rec, hidden=4096, batch=17, provider="nccl+add_rms_norm", us=None, us_max=None, speedup=None,
+                        ok=None, error="RuntimeError: NCCL timeout"))
+    return {"meta": dict(META, gpu="NVIDIA H200", suite="allreduce", world=2, nccl="2.28.9"), "results": results}
+
+
+def _decode_tp_run(tp: int, preset: str, **extra) -> dict:
+    rec = dict(preset=preset, tp=tp, batch=1, provider="onetrip-tp", tok_s=111.0, ms_per_step=9.009,
+               pct_of_floor=81.64, allreduce_us_per_layer=None if tp == 1 else 16.59,
+               allreduce_pct_of_step=None if tp == 1 else 6.66, **extra)
+    meta = dict(META, gpu=f"NVIDIA H200 x {tp}", gpu_name="NVIDIA H200", tp=tp, copy_gbs=4249.0,
+                copy_gbs_per_rank=[4250.0, 4249.0][:tp], nccl="2.28.9" if tp > 1 else None)
+    return {"meta": meta, "results": [rec]}
+
+
+def test_take_files_multi_gpu_runs_by_gpu_and_rank_count(tmp_path, monkeypatch):
+    md = _tool()
+    monkeypatch.setattr(md, "RESULTS", tmp_path / "results")
+    runs = {"allreduce-nvidia-h200-x2-20261129.json": _allreduce_run(),
+            "decode-tp2-nvidia-h200-bfloat16-20261129.json": _decode_tp_run(2, "llama-3.1-8b"),
+            "decode-tp1-nvidia-h200-bfloat16-20261129.json": _decode_tp_run(1, "llama-3.1-8b")}
+    for name, data in runs.items():
+        (tmp_path / name).write_text(json.dumps(data))
+    took = lambda name, *args: md.take(tmp_path / name, *args).relative_to(tmp_path / "results").as_posix()
+    assert took("allreduce-nvidia-h200-x2-20261129.json", None) == "h200x2/allreduce.json"
+    assert took("decode-tp2-nvidia-h200-bfloat16-20261129.json", "tp2-8b") == "h200x2/decode-tp-tp2-8b.json"
+    assert took("decode-tp1-nvidia-h200-bfloat16-20261129.json", "tp1-8b") == "h200/decode-tp-tp1-8b.json"
+    assert took("decode-tp1-nvidia-h200-bfloat16-20261129.json", "tp1-8b", "h200x2") == "h200x2/decode-tp-tp1-8b.json"
+    with pytest.raises(SystemExit, match="h100x2"):
+        md.take(tmp_path / "decode-tp1-nvidia-h200-bfloat16-20261129.json", "tp1-8b", "h100x2")
+    # the decode section keeps to decode's files, the decode-tp section to decode-tp's
+    assert [md.suite_of(s) for s in ("decode-8b", "decode-tp-tp2-8b", "decode-attention", "ops-backward")] == \
+        ["decode", "decode-tp", "decode-attention", "ops-backward"]
+    assert len(md.runs_of("h200x2", "decode-tp")) == 2 and md.runs_of("h200x2", "decode") == []
+
+
+def test_allreduce_section_renders_a_run():
+    md = _tool()
+    text = md.allreduce_section("h200x2", _allreduce_run())
+    assert "**NVIDIA H200 x 2**, 2026-11-29 17:39 UTC; torch 2.11.0, Triton 3.6.0, CUDA 13.0, NCCL 2.28.9." in text
+    assert "| 1 | 16 KiB | 8.6 | **7.0** | 1.23x | ok (1.6e-02 / 6.2e-02) |" in text, text
+    assert "| 64 | 16 KiB | 16.5 | **12.0** | 1.38x | ok (1.6e-02 / 6.2e-02) |" in text, text
+    assert "| 17 | 16 KiB | — | — | — |" in text and "Failed: nccl+add_rms_norm 4096 x 17: RuntimeError" in text
+    assert "Against the bar (hidden 8192, batch 1-64): onetrip-fused 1.23-1.38x nccl+add_rms_norm, met." in text
+
+
+def test_decode_tp_section_and_bars():
+    md = _tool()
+    runs = [_decode_tp_run(2, "llama-3.1-70b"), _decode_tp_run(2, "llama-3.1-8b", vs_tp1=1.413),
+            _decode_tp_run(1, "llama-3.1-8b")]
+    text = md.decode_tp_section("h200x2", runs)
+    assert "- TP 1, llama-3.1-8b: **NVIDIA H200 x 1**" in text and "copy 4249 GB/s a GPU (the slowest)" in text
+    rows = [line for line in text.splitlines() if line.startswith("| llama")]
+    assert rows == ["| llama-3.1-8b | 1 | 1 | onetrip-tp | **111** | 9.01 | 81.6% | — | — | — | — |",
+                    "| llama-3.1-8b | 2 | 1 | onetrip-tp | **111** | 9.01 | 81.6% | 16.6 | 6.7% | 1.41x | — |",
+                    "| llama-3.1-70b | 2 | 1 | onetrip-tp | **111** | 9.01 | 81.6% | 16.6 | 6.7% | — | — |"], text
+    bars = md.decode_tp_bars(runs)
+    assert "Llama-3.1-8B, TP 2, batch 1: 1.41x onetrip's TP 1 tok/s (bar 1.7x: not met)" in bars
+    assert "TP 4 / 8: not measured, no 4- or 8-GPU machine lent" in bars
+    bars = md.decode_tp_bars(runs + [_decode_tp_run(4, "llama-3.1-70b", vs_gptfast=1.25)])
+    assert "TP 4 batch 1: 81.6% of the floor, 1.25x gptfast-tp" in bars and "not measured, no 4-" not in bars

@@ -3,18 +3,21 @@
     python tools/benchmarks_md.py            # rewrite BENCHMARKS.md
     python tools/benchmarks_md.py --check    # exit 1 if BENCHMARKS.md is not what the results give
     python tools/benchmarks_md.py --take RUN.json [...]  # a new run becomes its suite's curated result
+    python tools/benchmarks_md.py --take decode-tp1-....json --tag tp1-8b --gpu h200x2  # a TP-1 baseline
 
 The curated results are the latest run of each suite on each GPU, as ``onetrip bench SUITE``
 writes it: ``benchmarks/results/<gpu>/<suite>[-<tag>].json``, each ``{"meta": {...}, "results":
-[...]}`` with the GPU, versions and date in ``meta``. This script holds the prose of each
-section (method, peers, floor) and builds every table from those files; it needs only the
-standard library.
+[...]}`` with the GPU, versions and date in ``meta``; ``<gpu>`` is the model (``h200``) or, for a
+run over several GPUs of one host, the model and the rank count (``h200x2``). This script holds
+the prose of each section (method, peers, floor) and builds every table from those files; it
+needs only the standard library.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -22,13 +25,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 TARGET = ROOT / "BENCHMARKS.md"
-GPUS = ("h100", "h200")  # folder names under RESULTS, in the order shown
+GPU_MODELS = ("h100", "h200")  # matched in meta's GPU name, lower case
+GPUS = ("h100", "h200", "h200x2", "h200x4", "h200x8")  # folder names under RESULTS, in the order shown
 
 OP_ORDER = ("bias_gelu", "silu_mul", "gelu_mul", "rms_norm", "add_rms_norm", "layer_norm", "add_layer_norm",
             "rotary")
 OPS_PEERS = ("eager", "torch.compile", "liger", "onetrip")
 ATTN_PEERS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "onetrip")
 DECODE_PROVIDERS = ("transformers", "gpt-fast", "onetrip-eager", "onetrip-fused", "onetrip-graphs", "onetrip-paged")
+DECODE_TP_PROVIDERS = ("gptfast-tp", "onetrip-tp-nccl", "onetrip-tp")
 
 INTRO = """\
 # Benchmarks
@@ -163,6 +168,44 @@ same batch. Largest batch: the most sequences a step fits in the GPU's memory (`
 bound). Loss: the largest |loss - eager's loss| over 20 steps on the same data.
 """
 
+ALLREDUCE_TEXT = """\
+## Tensor-parallel all-reduce + residual add + RMSNorm (`onetrip bench allreduce --world N`)
+
+Each rank holds a bf16 partial (batch x hidden); every provider returns h = the sum over ranks +
+the residual, and RMSNorm(h): **nccl+add_rms_norm** (`dist.all_reduce` in place, then onetrip's
+`add_rms_norm`), **symm-one-shot+add_rms_norm** (PyTorch's symmetric-memory
+`one_shot_all_reduce` of a partial already in symmetric memory, then `add_rms_norm`) and
+**onetrip-fused** (`allreduce_add_rms_norm`: one kernel stores the rows into every peer's buffer
+over NVLink, meets its peers at per-program flags, sums in rank order and normalizes). Timing: a
+CUDA graph of 100 back-to-back calls, us a call = the replays' median / 100, the max over ranks
+(the slowest rank sets a TP step's pace); payload: a rank's partial. Check: one eager call's
+outputs against a float64 evaluation, at most twice PyTorch's own bf16 error. Bar:
+onetrip-fused at least 1.2x nccl+add_rms_norm at hidden 8192, batch 1-64.
+"""
+
+DECODE_TP_TEXT = """\
+## Tensor-parallel decode (`onetrip bench decode --tp N`)
+
+Llama-shaped models with random bf16 weights sharded over N GPUs, one process each
+(column-parallel q/k/v and gate/up, row-parallel o and down, the LM head split over the
+vocabulary), a 32-token prompt and 128 new tokens, greedy: **onetrip-tp** (onetrip's engine,
+the step one CUDA graph, a layer's two all-reduces fused with the residual add and RMSNorm) and
+**onetrip-tp-nccl** (the same with NCCL, then the add + norm kernel). tok/s: rank 0's. % of
+floor: the floor over the step time, the floor being the max over ranks of (its weights + its
+KV cache, bytes) / its copy bandwidth measured in the run (the aggregate bandwidth limit). AR: a
+layer's two all-reduces timed alone in a CUDA graph, us a layer, and layers x that as a share of
+the step. vs TP 1: tok/s over onetrip's TP-1 run (the one-GPU engine) of the same build and day.
+Bars: Llama-3.1-8B at TP 2 at least 1.7x onetrip's own TP 1 tok/s at batch 1; a 70B-shaped model
+at TP 4 and 8 at least 75% of the aggregate bandwidth limit and ahead of the gpt-fast-style
+decoder.
+
+From another run (the previous build, the same day, its fused all-reduce pulling peers' rows
+instead of pushing them): **gptfast-tp** (gpt-fast's TP recipe on the same shard tensors:
+`torch.compile(mode="reduce-overhead")`, NCCL all-reduce) decoded Llama-3.1-8B at TP 2 at 232
+tok/s at batch 1 and 3913 at batch 32, onetrip-tp at 350 and 9385 there: vs gptfast-tp 1.51x /
+2.40x. The curated runs leave gptfast-tp out (its compile takes minutes a rank).
+"""
+
 GEMV_TEXT = """\
 ## Batch-1 projections (`onetrip bench gemv`)
 
@@ -186,6 +229,9 @@ CAVEATS = {
     ("h100", "ops"): "Since this run, layer_norm's 256K pick no longer asks the L2 for its weight and bias "
                      "before the PDL wait (a 0.5-0.9 point gain, under the one point a knob must earn): its "
                      "64 x 262144 cell is expected near 89.5%, not re-measured yet.",
+    ("h200x2", "decode-tp"): "The llama-3.1-70b rows are of the previous build, whose fused all-reduce pulls peers' "
+                             "rows instead of pushing them (0.9-3.0 us a call slower at hidden 8192, batch 1-64, in "
+                             "that build's `allreduce` run); not re-measured with push yet.",
 }
 
 
@@ -195,14 +241,18 @@ def load(gpu: str, suite: str) -> dict | None:
 
 
 def header(meta: dict) -> str:
-    """One line: the GPU, date, versions and the copy bandwidth of the run."""
+    """One line: the GPU(s), date, versions and the copy bandwidth of the run."""
     versions = ", ".join(f"{name} {meta[key]}" for key, name in (("torch", "torch"), ("triton", "Triton"),
-                                                                  ("cuda", "CUDA"), ("liger_kernel", "Liger-Kernel"),
+                                                                  ("cuda", "CUDA"), ("nccl", "NCCL"),
+                                                                  ("liger_kernel", "Liger-Kernel"),
                                                                   ("transformers", "transformers")) if meta.get(key))
     copy = f", copy {meta['copy_gbs']:.0f} GB/s" if meta.get("copy_gbs") else ""
+    if len(meta.get("copy_gbs_per_rank") or ()) > 1:
+        copy += " a GPU (the slowest)"
     quick = " (`--quick`)" if meta.get("quick") else ""
     when = meta["date"][:16].replace("T", " ") + " UTC" if "T" in meta["date"] else meta["date"]
-    return f"**{meta['gpu']}**, {when}{quick}; {versions}{copy}."
+    gpu = meta["gpu"] if " x " in meta["gpu"] or not meta.get("world") else f"{meta['gpu']} x {meta['world']}"
+    return f"**{gpu}**, {when}{quick}; {versions}{copy}."
 
 
 def table(head: list[str], rows: list[list[str]]) -> str:
@@ -432,6 +482,89 @@ def decode_section(gpu: str, runs: list[dict]) -> str:
     return "\n".join(out)
 
 
+# --------------------------------------------------------------------- tensor parallel
+
+def allreduce_section(gpu: str, data: dict) -> str:
+    res = data["results"]
+    provs = list(dict.fromkeys(r["provider"] for r in res))
+    out = [header(data["meta"]), ""]
+    for hidden in dict.fromkeys(r["hidden"] for r in res):
+        rows = []
+        for batch in dict.fromkeys(r["batch"] for r in res if r["hidden"] == hidden):
+            by = {r["provider"]: r for r in res if (r["hidden"], r["batch"]) == (hidden, batch)}
+            cells = ["—" if by.get(p) is None or by[p].get("us_max") is None else
+                     (f"**{by[p]['us_max']:.1f}**" if p == "onetrip-fused" else f"{by[p]['us_max']:.1f}")
+                     for p in provs]
+            mine = by.get("onetrip-fused") or {}
+            check = "—" if mine.get("ok") is None else \
+                f"{'ok' if mine['ok'] else 'FAIL'} ({mine['max_err']:.1e} / {mine['bound']:.1e})"
+            payload = next(r["payload_bytes"] for r in by.values())
+            rows.append([str(batch), f"{payload // 1024} KiB", *cells,
+                         f"{mine['speedup']:.2f}x" if mine.get("speedup") else "—", check])
+        out += [f"hidden {hidden}, us a call (max over ranks):", "",
+                table(["batch", "payload", *provs, "fused / nccl", "fused check (max err / bound)"], rows), ""]
+    failed = [f"{r['provider']} {r['hidden']} x {r['batch']}: {r['error']}" for r in res if r.get("error")]
+    if failed:
+        out += ["Failed: " + "; ".join(failed) + ".", ""]
+    bar = [r for r in res if r["provider"] == "onetrip-fused" and r["hidden"] == 8192 and 1 <= r["batch"] <= 64]
+    if bar:
+        speed = [r.get("speedup") or 0.0 for r in bar]
+        out += [f"Against the bar (hidden 8192, batch {min(r['batch'] for r in bar)}-{max(r['batch'] for r in bar)}): "
+                f"onetrip-fused {min(speed):.2f}-{max(speed):.2f}x nccl+add_rms_norm, "
+                f"{'met' if min(speed) >= 1.2 else 'not met'}.", ""]
+    return "\n".join(out)
+
+
+def natural(text: str) -> list:
+    """Sort key that puts llama-3.1-8b before llama-3.1-70b."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
+
+
+def decode_tp_section(gpu: str, runs: list[dict]) -> str:
+    """One table over every run of the folder: a row per (preset, TP, batch, provider)."""
+    recs = [r for data in runs for r in data["results"]]
+    out = []
+    for data in sorted(runs, key=lambda d: (d["meta"]["tp"], d["meta"]["date"])):
+        presets = ", ".join(dict.fromkeys(r["preset"] for r in data["results"]))
+        out.append(f"- TP {data['meta']['tp']}, {presets}: {header(data['meta'])}")
+    order = {p: i for i, p in enumerate(DECODE_TP_PROVIDERS)}
+    rows = []
+    for r in sorted(recs, key=lambda r: (natural(r["preset"]), r["tp"], r["batch"], order.get(r["provider"], -1))):
+        num = lambda key, fmt: "—" if r.get(key) is None else format(r[key], fmt)
+        tok = num("tok_s", ".0f")
+        rows.append([r["preset"], str(r["tp"]), str(r["batch"]), r["provider"],
+                     f"**{tok}**" if r["provider"] == "onetrip-tp" and r.get("tok_s") else tok,
+                     num("ms_per_step", ".2f"), pct(r.get("pct_of_floor")), num("allreduce_us_per_layer", ".1f"),
+                     pct(r.get("allreduce_pct_of_step")), num("vs_tp1", ".2f") + "x" * (r.get("vs_tp1") is not None),
+                     num("vs_gptfast", ".2f") + "x" * (r.get("vs_gptfast") is not None)])
+    out += ["", table(["preset", "TP", "batch", "provider", "tok/s", "ms / step", "% of floor", "AR us / layer",
+                       "AR % of step", "vs TP 1", "vs gptfast-tp"], rows), ""]
+    failed = [f"{r['preset']} TP {r['tp']} batch {r['batch']} {r['provider']}: {r['error']}" for r in recs
+              if r.get("error")]
+    if failed:
+        out += ["Failed: " + "; ".join(failed) + ".", ""]
+    return "\n".join(out)
+
+
+def decode_tp_bars(runs: list[dict]) -> str:
+    """The issue's bars against the runs of every GPU folder."""
+    mine = [r for data in runs for r in data["results"] if r["provider"] == "onetrip-tp" and r.get("tok_s")]
+    small = next((r for r in mine if r["preset"] == "llama-3.1-8b" and r["tp"] == 2 and r["batch"] == 1
+                  and r.get("vs_tp1")), None)
+    first = "Llama-3.1-8B, TP 2, batch 1: " + ("not measured" if small is None else
+                                               f"{small['vs_tp1']:.2f}x onetrip's TP 1 tok/s "
+                                               f"(bar 1.7x: {'met' if small['vs_tp1'] >= 1.7 else 'not met'})")
+    big = lambda tp: [r for r in mine if "70b" in r["preset"] and r["tp"] == tp]
+    cells = []
+    for tp in (2, 4, 8):
+        for r in big(tp):
+            peer = f", {r['vs_gptfast']:.2f}x gptfast-tp" if r.get("vs_gptfast") else ", gptfast-tp not run"
+            cells.append(f"TP {tp} batch {r['batch']}: {pct(r.get('pct_of_floor'))} of the floor{peer}")
+    if not big(4) and not big(8):
+        cells.append("TP 4 / 8: not measured, no 4- or 8-GPU machine lent")
+    return f"Against the bars: {first}. 70B-shaped (bar: TP 4 and 8, 75% of the floor): {'; '.join(cells)}.\n"
+
+
 def gemv_section(gpu: str, data: dict) -> str:
     res = [r for r in data["results"] if r["rows"] == 1]
     by = {(r["preset"], r["proj"], r["provider"]): r for r in res}
@@ -481,6 +614,21 @@ def demo_section(gpu: str, data: dict) -> str:
     return "\n".join(out)
 
 
+SUITES = ("allreduce", "attention", "attention-backward", "decode", "decode-attention", "decode-tp", "demo", "gemv",
+          "loss", "ops", "ops-backward", "optim", "train")  # a run's file name starts with one
+BY_RUN = {"decode": decode_section, "decode-tp": decode_tp_section}  # sections over every file of the suite
+
+
+def suite_of(stem: str) -> str | None:
+    """The suite of a file name: the longest suite it starts with (``decode-tp-tp2-8b``: decode-tp)."""
+    return max((s for s in SUITES if stem == s or stem.startswith(s + "-")), key=len, default=None)
+
+
+def runs_of(gpu: str, suite: str) -> list[dict]:
+    """Every curated run of ``suite`` on ``gpu``: ``<suite>.json`` and ``<suite>-<tag>.json``."""
+    return [json.loads(p.read_text()) for p in sorted((RESULTS / gpu).glob("*.json")) if suite_of(p.stem) == suite]
+
+
 def render() -> str:
     parts = [INTRO]
     sections = ((OPS_TEXT, "ops", ops_section), (BACKWARD_TEXT, "ops-backward", backward_section),
@@ -489,41 +637,53 @@ def render() -> str:
                 (ATTN_TEXT, "attention", attention_section),
                 (ATTN_BWD_TEXT, "attention-backward", attention_backward_section),
                 (DATTN_TEXT, "decode-attention", decode_attention_section), (DECODE_TEXT, "decode", None),
+                (ALLREDUCE_TEXT, "allreduce", allreduce_section), (DECODE_TP_TEXT, "decode-tp", None),
                 (GEMV_TEXT, "gemv", gemv_section), (DEMO_TEXT, "demo", demo_section))
     for text, suite, fn in sections:
-        body = []
+        body, every = [], []
         for gpu in GPUS:
-            if fn is None:  # decode: one file per run (decode.json, decode-8b.json, ...)
-                runs = [json.loads(p.read_text()) for p in sorted((RESULTS / gpu).glob("decode*.json"))
-                        if not p.name.startswith("decode-attention")]
-                if runs:
-                    body.append(decode_section(gpu, runs))
-                continue
-            data = load(gpu, suite)
-            if data is not None:
+            if fn is None:  # one file per run (decode.json, decode-8b.json, ...)
+                runs = runs_of(gpu, suite)
+                every += runs
+                text_gpu = BY_RUN[suite](gpu, runs) if runs else None
+            else:
+                data = load(gpu, suite)
+                text_gpu = None if data is None else fn(gpu, data)
+            if text_gpu is not None:
                 note = CAVEATS.get((gpu, suite))
-                body.append(fn(gpu, data) + (f"\n{note}\n" if note else ""))
+                body.append(text_gpu + (f"\n{note}\n" if note else ""))
+        if body and suite == "decode-tp":
+            body.append(decode_tp_bars(every))
         if body:
             parts += [text, *body]
     return "\n".join(parts).rstrip() + "\n"
 
 
-SUITES = ("decode-attention", "attention-backward", "attention", "decode", "demo", "gemv", "ops-backward", "ops", "loss", "optim",
-          "train")  # a run's file name starts with one
+def gpu_folder(meta: dict) -> str | None:
+    """``h200`` for a one-GPU run, ``h200x2`` for one over 2 GPUs (meta's ``world``, ``tp`` or "... x 2")."""
+    name = (meta.get("gpu_name") or meta.get("gpu") or "").lower()
+    model = next((g for g in GPU_MODELS if g in name), None)
+    count = re.search(r" x (\d+)$", meta.get("gpu") or "")
+    ranks = meta.get("world") or meta.get("tp") or (int(count.group(1)) if count else 1)
+    return None if model is None else model if ranks == 1 else f"{model}x{ranks}"
 
 
-def take(run: Path, tag: str | None) -> Path:
-    """Copy ``run`` (a bench's JSON; its PNG beside it too) to ``RESULTS/<gpu>/<suite>[-<tag>].json``."""
+def take(run: Path, tag: str | None, gpu: str | None = None) -> Path:
+    """Copy ``run`` (a bench's JSON; its PNG beside it too) to ``RESULTS/<gpu>/<suite>[-<tag>].json``;
+    ``gpu`` (a folder of the run's GPU model) overrides the run's own folder, e.g. for a TP-1
+    baseline run on one GPU of an h200x2 host, kept beside its TP-2 runs."""
     data = json.loads(run.read_text())
     if not (isinstance(data, dict) and "meta" in data and "results" in data):
         raise SystemExit(f"{run}: not a bench run ({{'meta': ..., 'results': [...]}}, as `onetrip bench` writes)")
-    gpu_name = data["meta"].get("gpu") or ""
-    gpu = next((g for g in GPUS if g in gpu_name.lower()), None)
-    suite = data["meta"].get("suite") or next((s for s in SUITES if run.name.startswith(s + "-")), None)
-    if gpu is None or suite is None:
-        raise SystemExit(f"{run}: cannot tell its GPU ({gpu_name!r}; known: {GPUS}) or suite (file name "
-                         f"starting with one of {SUITES})")
-    dest = RESULTS / gpu / (f"{suite}-{tag}" if tag else suite)
+    meta = data["meta"]
+    own = gpu_folder(meta)
+    suite = meta.get("suite") or ("decode-tp" if "tp" in meta else suite_of(run.stem))
+    if own is None or own not in GPUS or suite is None:
+        raise SystemExit(f"{run}: cannot tell its GPU folder ({meta.get('gpu')!r} -> {own}; known: {GPUS}) or suite "
+                         f"(meta's suite, tp, or a file name starting with one of {SUITES})")
+    if gpu is not None and (gpu not in GPUS or gpu.split("x")[0] != own.split("x")[0]):
+        raise SystemExit(f"--gpu {gpu}: not a folder of the run's GPU model {own.split('x')[0]} (known: {GPUS})")
+    dest = RESULTS / (gpu or own) / (f"{suite}-{tag}" if tag else suite)
     dest.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(run, dest.with_suffix(".json"))
     if run.with_suffix(".png").exists():
@@ -537,9 +697,11 @@ def main() -> int:
     parser.add_argument("--take", type=Path, nargs="+", metavar="RUN.json",
                         help="make these runs (a bench's JSON output) their suite's curated result first")
     parser.add_argument("--tag", help="with --take: stored as <suite>-<tag>.json (e.g. a second decode run)")
+    parser.add_argument("--gpu", choices=GPUS, help="with --take: store under this folder of the run's GPU model "
+                                                    "(e.g. a TP-1 baseline beside the h200x2 runs it is measured for)")
     args = parser.parse_args()
     for run in args.take or ():
-        print(f"took {run} as {take(run, args.tag).relative_to(ROOT)}")
+        print(f"took {run} as {take(run, args.tag, args.gpu).relative_to(ROOT)}")
     text = render()
     if args.check:
         if TARGET.read_text() != text:
