@@ -9,6 +9,9 @@ With ``--tp N`` the command runs in N processes under torchrun (``cli.py`` relau
 itself), one tensor-parallel rank each (``models.tp``) on CUDA device LOCAL_RANK (gloo on
 the CPU); every rank generates, rank 0 prints. Kernels, bytes and bandwidth are then one
 rank's: its slices of the weights and KV cache against its own GPU's copy bandwidth.
+
+``--model`` takes a checkpoint directory, a preset name or a Hugging Face Hub id
+(``org/name``, ``org/name@revision``; ``models.hub``), in that order.
 """
 
 from __future__ import annotations
@@ -19,13 +22,14 @@ import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
 from ..device import copy_bandwidth_gbs
 from ..models import Model, get_config, load_model
 from ..models.config import PRESETS
+from ..models.hub import HubId, hub_offline, parse_hub_id, snapshot
 from ..models.tp import TensorParallel, env_device, load_model_tp, random_model_tp
 from .budget import decode_budget
 from .generate import Engine, GenerationResult
@@ -37,28 +41,51 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 def load(spec: str, dtype: Optional[torch.dtype], device: str, seed: int = 0,
          tp: Optional[TensorParallel] = None) -> tuple[Model, Optional[Tokenizer], str]:
-    """A Hugging Face directory with a config.json (weights, and its tokenizer when there is
-    a tokenizer.json) or a preset name (random weights, no tokenizer). Returns (model,
-    tokenizer, label); raises ValueError naming ``spec`` and the presets otherwise. With
-    ``tp``, this rank's shard (read slice by slice, or this rank's part of the preset's
-    random weights)."""
-    check_model(spec)
+    """The model ``spec`` names (``model_source``). A directory with a config.json, or a Hub
+    id (its snapshot in the hub cache, downloaded first unless HF_HUB_OFFLINE=1): its
+    weights, and its tokenizer when there is a tokenizer.json. A preset: random weights, no
+    tokenizer. Returns (model, tokenizer, label: the directory's, repository's or preset's
+    name). dtype None: config.json's torch_dtype (float32 for a preset). Raises ValueError
+    naming ``spec`` and the three forms for anything else, or saying why a Hub id's files
+    cannot be had.
+    With ``tp``, this rank's shard (read slice by slice, or this rank's part of the
+    preset's random weights)."""
+    source = model_source(spec)
+    if isinstance(source, str):
+        if tp is not None:
+            return random_model_tp(get_config(spec), tp, dtype or torch.float32, device, seed=seed), None, spec
+        return Model.random(get_config(spec), dtype or torch.float32, device, seed=seed), None, spec
+    path = source if isinstance(source, Path) else snapshot(source)
+    model = load_model(path, dtype, device) if tp is None else load_model_tp(path, tp, dtype, device)
+    tok = Tokenizer.from_dir(path) if (path / "tokenizer.json").is_file() else None
+    return model, tok, source.name
+
+
+def model_source(spec: str) -> Union[Path, str, HubId]:
+    """What ``--model spec`` names, tried in this order: an existing directory with a
+    config.json (its Path), a preset (its name), a Hugging Face Hub id ``org/name`` or
+    ``org/name@revision`` (a HubId). Raises a ValueError naming ``spec`` and the three forms
+    for anything else. Reads no network."""
     path = Path(spec)
     if (path / "config.json").is_file():
-        model = load_model(path, dtype, device) if tp is None else load_model_tp(path, tp, dtype, device)
-        tok = Tokenizer.from_dir(path) if (path / "tokenizer.json").is_file() else None
-        return model, tok, path.name
-    if tp is not None:
-        return random_model_tp(get_config(spec), tp, dtype or torch.float32, device, seed=seed), None, spec
-    return Model.random(get_config(spec), dtype or torch.float32, device, seed=seed), None, spec
+        return path
+    if spec in PRESETS:
+        return spec
+    hub = None if path.is_dir() else parse_hub_id(spec)  # a local directory is never a Hub id
+    if hub is None:
+        raise ValueError(f"--model {spec!r} is neither a directory with config.json nor a preset; "
+                         f"presets: {', '.join(PRESETS)}; nor a Hugging Face Hub id (org/name or "
+                         f"org/name@revision)")
+    return hub
 
 
 def check_model(spec: str) -> None:
-    """Raise a ValueError naming ``spec`` and the presets, before anything slow, unless it is
-    a directory with a config.json or a preset."""
-    if not (Path(spec) / "config.json").is_file() and spec not in PRESETS:
-        raise ValueError(f"--model {spec!r} is neither a directory with config.json nor a preset; "
-                         f"presets: {', '.join(PRESETS)}")
+    """Raise ``model_source``'s ValueError before anything slow; for a Hub id with
+    HF_HUB_OFFLINE=1, also when the hub cache lacks it (a look at the cache; nothing is
+    downloaded)."""
+    source = model_source(spec)
+    if isinstance(source, HubId) and hub_offline():
+        snapshot(source)
 
 
 def cpu_warning(spec: str, backend: str) -> str:

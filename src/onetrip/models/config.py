@@ -9,6 +9,10 @@ Covered families (``ModelConfig.architecture`` derives the name from the flags):
     LlamaForCausalLM   plain Llama 2/3 (optionally with Llama-3 "llama3" rope scaling)
     Qwen2ForCausalLM   Llama + biases on the q, k and v projections
     Qwen3ForCausalLM   Llama + RMSNorm of each q and k head before the rotary
+
+A config.json option these do not implement (a sliding window, another rope scaling,
+extra biases, quantization, ...) is refused by name (``unsupported_options``), never
+ignored: ignoring it would run a different model.
 """
 
 from __future__ import annotations
@@ -111,46 +115,22 @@ class ModelConfig:
     def from_hf(cls, hf: dict) -> "ModelConfig":
         """Read a Hugging Face ``config.json`` dict (Llama, Qwen2 or Qwen3): the family from
         "architectures", or from "model_type" where there is none (as transformers does).
+        Absent keys take the family's transformers defaults (Qwen3: head_dim 128).
 
-        Raises ValueError naming the architecture, the missing key or the option that is
-        not supported.
+        Raises ValueError naming the architecture, the missing key, or the option onetrip
+        does not implement with its value and what is supported (``unsupported_options``).
         """
         arch = _architecture(hf)
         missing = [key for key in REQUIRED_KEYS if key not in hf]
         if missing:
             raise ValueError(f"{arch}: the config has no {', '.join(map(repr, missing))} "
                              f"(required: {', '.join(REQUIRED_KEYS)})")
-        if hf.get("use_sliding_window"):
-            raise ValueError(f"{arch}: use_sliding_window=True is not supported (only full attention)")
-        other = {i: kind for i, kind in enumerate(hf.get("layer_types") or []) if kind != "full_attention"}
-        if other:
-            raise ValueError(f"{arch}: layer_types has {len(other)} layer(s) of kind "
-                             f"{', '.join(map(repr, sorted(set(other.values()))))} (the first is layer {min(other)}); "
-                             f"only 'full_attention' is supported")
-        act = hf.get("hidden_act", "silu")
-        if act != "silu":
-            raise ValueError(f"{arch}: hidden_act {act!r} is not supported, only 'silu'")
-        if hf.get("mlp_bias"):
-            raise ValueError(f"{arch}: mlp_bias=True is not supported")
-        if arch == "Qwen2ForCausalLM":
-            bias = True  # Qwen2 always has q/k/v biases (and none on o)
-        else:
-            if hf.get("attention_bias"):  # in HF Llama/Qwen3 this also puts a bias on o_proj
-                raise ValueError(f"{arch}: attention_bias=True is not supported")
-            bias = False
+        problems = unsupported_options(arch, hf)
+        if problems:
+            raise ValueError(f"{arch}: {'; '.join(problems)}")
         heads = hf["num_attention_heads"]
-        # transformers >= 5 writes "rope_parameters" (with rope_theta inside); older versions
-        # write "rope_theta" and "rope_scaling" at the top level.
-        rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
-        theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
-        kind = rope.get("rope_type", rope.get("type", "default"))
-        if kind == "llama3":
-            scaling = RopeScaling(float(rope["factor"]), float(rope["low_freq_factor"]),
-                                  float(rope["high_freq_factor"]), int(rope["original_max_position_embeddings"]))
-        elif kind == "default":
-            scaling = None
-        else:
-            raise ValueError(f"{arch}: rope scaling type {kind!r} is not supported (only 'llama3' or none)")
+        theta, scaling = _rope(arch, hf)
+        head_dim = hf.get("head_dim", _QWEN3_HEAD_DIM if arch == "Qwen3ForCausalLM" else None)
         return cls(
             vocab_size=hf["vocab_size"],
             hidden_size=hf["hidden_size"],
@@ -158,14 +138,14 @@ class ModelConfig:
             num_layers=hf["num_hidden_layers"],
             num_heads=heads,
             num_kv_heads=hf.get("num_key_value_heads") or heads,
-            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
-            rope_theta=float(theta),
+            head_dim=head_dim or hf["hidden_size"] // heads,
+            rope_theta=theta,
             rope_scaling=scaling,
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            attention_bias=bias,
+            attention_bias=arch == "Qwen2ForCausalLM",  # Qwen2 always has q/k/v biases (and none on o)
             qk_norm=arch == "Qwen3ForCausalLM",
-            max_position_embeddings=int(hf.get("max_position_embeddings", 8192)),
+            max_position_embeddings=int(hf.get("max_position_embeddings", _MAX_POSITIONS[arch])),
         )
 
     def to_hf(self, torch_dtype: Optional[torch.dtype] = None) -> dict:
@@ -213,6 +193,85 @@ def _architecture(hf: dict) -> str:
                          f"family; supported: architectures {', '.join(SUPPORTED_ARCHITECTURES)} or model_type "
                          f"{', '.join(MODEL_TYPES)}")
     return MODEL_TYPES[model_type]
+
+
+# transformers' defaults for keys a config.json may leave out.
+_QWEN3_HEAD_DIM = 128  # Qwen3Config's head_dim, not hidden / heads
+_MAX_POSITIONS = {"LlamaForCausalLM": 2048, "Qwen2ForCausalLM": 32768, "Qwen3ForCausalLM": 32768}
+_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor")
+
+
+def _rope_parameters(hf: dict) -> dict:
+    """The rotary settings as one flat dict: transformers >= 5 writes "rope_parameters" (with
+    rope_theta inside, nested per layer type in some configs); older versions write
+    "rope_theta" and "rope_scaling" at the top level."""
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    if not isinstance(rope, dict):
+        raise ValueError(f"rope_parameters / rope_scaling must be a JSON object, got {rope!r}")
+    if isinstance(rope.get("full_attention"), dict):  # nested per layer type; sliding layers are refused
+        rope = rope["full_attention"]
+    return dict(rope)
+
+
+def unsupported_options(arch: str, hf: dict) -> list[str]:
+    """One sentence per option of the config.json dict ``hf`` (architecture ``arch``) that
+    onetrip does not implement, naming the option, its value and what is supported; empty
+    when every option is implemented. The rules are transformers' meaning of each option
+    for Llama, Qwen2 and Qwen3, shared by the three families."""
+    problems = []
+    if hf.get("use_sliding_window"):  # Qwen2/Qwen3: layers from max_window_layers on see a window
+        problems.append(f"use_sliding_window=True is not supported (sliding_window={hf.get('sliding_window')!r}, "
+                        f"max_window_layers={hf.get('max_window_layers')!r}); only full attention on every layer")
+    other = {i: kind for i, kind in enumerate(hf.get("layer_types") or []) if kind != "full_attention"}
+    if other:
+        problems.append(f"layer_types has {len(other)} layer(s) of kind "
+                        f"{', '.join(map(repr, sorted(set(other.values()))))} (the first is layer {min(other)}); "
+                        f"only 'full_attention' is supported")
+    act = hf.get("hidden_act", "silu")
+    if act not in ("silu", "swish"):  # transformers maps both names to SiLU
+        problems.append(f"hidden_act {act!r} is not supported, only 'silu'")
+    if arch == "LlamaForCausalLM" and hf.get("mlp_bias"):  # Qwen2/Qwen3 MLPs have no biases whatever it says
+        problems.append("mlp_bias=True is not supported (biases on gate, up and down); only MLPs without biases")
+    if arch != "Qwen2ForCausalLM" and hf.get("attention_bias"):  # Qwen2 has q/k/v biases whatever it says
+        problems.append(f"attention_bias=True is not supported (biases on q, k, v and o); {arch} runs without "
+                        f"attention biases (Qwen2ForCausalLM: on q, k and v)")
+    quant = hf.get("quantization_config")
+    if quant:
+        method = quant.get("quant_method") if isinstance(quant, dict) else quant
+        problems.append(f"quantization_config (quant_method {method!r}) is not supported; only unquantized "
+                        f"float32, float16 or bfloat16 weights")
+
+    rope = _rope_parameters(hf)
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind not in ("default", "llama3"):
+        problems.append(f"rope scaling type {kind!r} is not supported (only 'llama3' or none): {rope!r}")
+    partial = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+    if partial not in (None, 1, 1.0):
+        problems.append(f"partial_rotary_factor={partial!r} is not supported; the rotary covers the whole "
+                        f"head_dim (1.0)")
+    if kind == "llama3":
+        missing = [key for key in _LLAMA3_KEYS if key not in rope]
+        if missing:
+            problems.append(f"rope scaling 'llama3' has no {', '.join(map(repr, missing))} "
+                            f"(required: {', '.join(_LLAMA3_KEYS)}): {rope!r}")
+        elif not rope["low_freq_factor"] < rope["high_freq_factor"]:
+            problems.append(f"rope scaling 'llama3' needs low_freq_factor < high_freq_factor, got "
+                            f"{rope['low_freq_factor']!r} and {rope['high_freq_factor']!r}")
+    return problems
+
+
+def _rope(arch: str, hf: dict) -> tuple[float, Optional[RopeScaling]]:
+    """(rope_theta, the llama3 scaling or None) of a config ``unsupported_options`` passed."""
+    rope = _rope_parameters(hf)
+    theta = float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    if rope.get("rope_type", rope.get("type", "default")) != "llama3":
+        return theta, None
+    # transformers: a top-level original_max_position_embeddings wins; absent, max_position_embeddings.
+    original = hf.get("original_max_position_embeddings",
+                      rope.get("original_max_position_embeddings",
+                               hf.get("max_position_embeddings", _MAX_POSITIONS[arch])))
+    return theta, RopeScaling(float(rope["factor"]), float(rope["low_freq_factor"]),
+                              float(rope["high_freq_factor"]), int(original))
 
 
 _LLAMA3_1B_SCALING = RopeScaling(32.0, 1.0, 4.0, 8192)
