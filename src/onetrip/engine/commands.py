@@ -241,8 +241,9 @@ def _generate(args, console, status, tp: Optional[TensorParallel], device: str) 
         status.print(f"[yellow]{cpu_warning(args.model, args.backend)}[/]")
     on_gpu = device.startswith("cuda")
     dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if on_gpu else torch.float32)
-    model, tok, label = load(args.model, None if args.dtype is None and Path(args.model).is_dir() else dtype,
-                             device, seed=args.seed, tp=tp)
+    checkpoint = not isinstance(model_source(args.model), str)  # a directory or a hub id: its own dtype by default
+    model, tok, label = load(args.model, None if args.dtype is None and checkpoint else dtype, device, seed=args.seed,
+                             tp=tp)
     model.backend = args.backend
     prompts = build_prompts(tok, args.prompt, args.prompt_tokens, args.batch, args.chat, model.config.vocab_size,
                             seed=args.seed)
