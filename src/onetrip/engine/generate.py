@@ -238,7 +238,8 @@ class Engine:
         if not self.graphs:
             self._decode_step(slot, sampling)
             return
-        key = (sampling, self.model.backend, self.model.fused_options)
+        # The sampler's part of the params only: a new max_tokens or stop list reuses the graph.
+        key = (sampling.sampler_key(), self.model.backend, self.model.fused_options)
         if slot.graph is None or slot.graph_key != key:
             slot.graph = self._capture(slot, sampling)
             slot.graph_key = key

@@ -71,7 +71,12 @@ class PagedKVCache(nn.Module):
     def narrow(self, batch: int) -> "PagedKVCache":
         """The first ``batch`` rows of the block table over the same pools (the engine's
         smaller batch buckets run in views, as with ``KVCache.narrow``)."""
-        view = PagedKVCache(0, 0, 0, 0, self.block_table[:batch], self.k.dtype, self.k.device)
+        return self.with_table(self.block_table[:batch])
+
+    def with_table(self, block_table: torch.Tensor) -> "PagedKVCache":
+        """The same pools read through another (rows, max_blocks) int32 table, e.g. one row
+        of it for a single sequence's prefill (the scheduler)."""
+        view = PagedKVCache(0, 0, 0, 0, block_table, self.k.dtype, self.k.device)
         view.k, view.v = self.k, self.v
         return view
 

@@ -1,0 +1,512 @@
+"""Continuous batching: requests join and leave a running batch between decode steps, their
+KV caches in one paged pool.
+
+    sched = Scheduler(model, max_batch=64, page_size=64, eos_ids=tokenizer.eos_ids)
+    sched.add_request("a", prompt_ids, SamplingParams(temperature=0.7, max_tokens=256, seed=1))
+    while sched.has_unfinished():
+        for out in sched.step():       # RequestOutput: new_token_ids, finished, finish_reason
+            ...
+    sched.abort("b")                   # between steps: its pages are free at once
+
+One ``step()``:
+
+    1. pages   a running request whose next position starts a page gets one from the pool;
+               when the pool is dry the youngest admitted request is preempted: its pages
+               go back, it returns to the queue's front with its tokens appended to its
+               prompt, and is recomputed later (its output goes on where it stopped).
+    2. admit   with no prefill in flight, the queue's head (FIFO) is admitted when a table
+               row and the pages of its prompt + 1 are free.
+    3. prefill one chunk (``prefill_chunk`` tokens) of the admitted request, through
+               ``Model.forward`` on a one-row block table over the same pools; after its
+               last chunk its first token is drawn and it takes the next table row.
+    4. decode  one step of rows 0..n-1 in bucket ``min(bucket_for(n), max_batch)``; rows past
+               n point at the sink page. With ``graphs`` on a GPU this is one CUDA-graph
+               replay per (bucket, sampling mode), over static buffers that the host
+               rewrites in place between steps.
+    5. read    one host read (the new tokens); EOS, stop_token_ids and max_tokens are
+               decided on the host; a finished request leaves and the last row moves into
+               its place (table row, length, token, sampling row).
+
+Every row samples with its own params (``sampling.sample_rows``): temperature, top_k,
+top_p, min_p and seed are per-row tensors, and a row's noise is keyed by its request's seed
+and its own token count at batch row 0, so a request draws the same tokens alone, in any
+batch and after a preemption. The host keeps a mirror of the row buffers (``_Rows``) and
+uploads the rows that changed, asynchronously, before the step that reads them.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import operator
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import torch
+
+from ..graphs import capture
+from ..models.llama import Model
+from ..models.paged import SINK, PagedKVCache, pages_for
+from .generate import bucket_for
+from .sampling import RowParams, SamplingParams, row_mode, row_values, sample_rows
+
+
+@dataclass
+class RequestOutput:
+    """What a step did to one request. ``token_ids`` is a copy of every token so far."""
+
+    request_id: str
+    prompt_len: int
+    new_token_ids: list[int]        # the tokens this step added (may be empty on finish)
+    token_ids: list[int]            # every generated token so far
+    finished: bool
+    finish_reason: Optional[str]    # "stop" (EOS, stop_token_ids, a stop string), "length", "abort"
+
+
+@dataclass(eq=False)
+class _Request:
+    id: str
+    prompt: list[int]
+    params: SamplingParams
+    stop_ids: frozenset
+    row_values: tuple                 # sampling.row_values(params)
+    tokens: list[int] = field(default_factory=list)
+    pages: list[int] = field(default_factory=list)
+    context: list[int] = field(default_factory=list)  # what the prefill computes: prompt + tokens
+    filled: int = 0                   # tokens of ``context`` in the cache
+    row: int = -1                     # its table row while it decodes
+    order: int = 0                    # admission count: the largest is the youngest
+    first_pending: bool = False       # its first token is on the device, not read yet
+    finish_reason: Optional[str] = None
+
+
+class _Rows:
+    """The per-row state a decode step reads, (rows,) each but the table, on the device and
+    as a host mirror (page-locked on a GPU, so uploads are asynchronous).
+
+    table (rows, max_blocks) int32; lens int32 (tokens in the cache); tok (rows, 1) int64
+    (the next input); active int32 (1 for a real row: lens += active); the sampling rows
+    (``RowParams``). The last row is the prefill's (its table and sampling params)."""
+
+    def __init__(self, rows: int, max_blocks: int, device: torch.device):
+        pin = device.type == "cuda"
+
+        def make(dev, pin_memory):
+            return dict(table=torch.full((rows, max_blocks), SINK, dtype=torch.int32, device=dev,
+                                         pin_memory=pin_memory),
+                        lens=torch.zeros(rows, dtype=torch.int32, device=dev, pin_memory=pin_memory),
+                        tok=torch.zeros(rows, 1, dtype=torch.int64, device=dev, pin_memory=pin_memory),
+                        active=torch.zeros(rows, dtype=torch.int32, device=dev, pin_memory=pin_memory))
+
+        self.dev = make(device, False)
+        self.host = make("cpu", pin)
+        self.sampling = RowParams.empty(rows, device)
+        host_sampling = RowParams.empty(rows, "cpu", pin=pin)
+        names = ("inv_temperature", "top_k", "top_p", "log_min_p", "seed_key", "step")
+        self.dev.update(zip(names, self.sampling.tensors()))
+        self.host.update(zip(names, host_sampling.tensors()))
+        self.np = {name: t.numpy() for name, t in self.host.items()}  # fast element writes
+        self.dirty: set[int] = set()
+        self.copied: Optional[torch.cuda.Event] = None  # the last upload's end (GPU)
+
+    def upload(self) -> None:
+        """Copy the dirty rows (runs of consecutive rows) of every buffer to the device."""
+        rows = sorted(self.dirty)
+        self.dirty.clear()
+        for _, run in itertools.groupby(enumerate(rows), lambda p: p[1] - p[0]):
+            run = [r for _, r in run]
+            lo, hi = run[0], run[-1] + 1
+            for name, dst in self.dev.items():
+                dst[lo:hi].copy_(self.host[name][lo:hi], non_blocking=True)
+        if self.dev["lens"].is_cuda:
+            self.copied = torch.cuda.Event()
+            self.copied.record()
+
+    def writable(self) -> dict:
+        """The host mirror's numpy views, once the last upload has read them (an asynchronous
+        copy reads the page-locked mirror when it runs; the copies sit ahead of the step's
+        kernels in the stream, so this wait is short)."""
+        if self.copied is not None:
+            self.copied.synchronize()
+            self.copied = None
+        return self.np
+
+
+class Scheduler:
+    """Continuous batching of requests on ``model`` (eager or fused backend; module docstring).
+
+    max_batch: table rows, i.e. requests decoding at once.
+    max_seq: prompt + max_tokens allowed per request; default the config's
+        max_position_embeddings, capped by the pool (one request must fit the pool).
+    page_size: tokens per KV page.
+    num_pages: pages per layer, one of them the sink. Default: on a GPU, what
+        ``memory_fraction`` of the free memory holds (at most ``max_batch`` sequences of
+        the default max_seq); on the CPU, ``max_batch`` sequences of max_seq.
+    prefill_chunk: prompt tokens per prefill forward (one chunk per step).
+    graphs: capture each decode bucket's step in a CUDA graph (GPU only; ignored on the CPU).
+    eos_ids: the model's end ids; a request stops at them unless ``ignore_eos``.
+
+    Not thread-safe: one thread calls add_request, abort and step.
+    """
+
+    def __init__(self, model: Model, *, max_batch: int = 64, max_seq: Optional[int] = None, page_size: int = 64,
+                 num_pages: Optional[int] = None, prefill_chunk: int = 512, graphs: bool = True,
+                 eos_ids: Sequence[int] = (), memory_fraction: float = 0.9):
+        if not isinstance(model, Model):
+            raise TypeError(f"model must be an onetrip Model, got {type(model).__name__}")
+        if model.tp is not None:
+            raise ValueError("model is a tensor-parallel shard; the Scheduler samples from full-vocabulary "
+                             "logits: give it a model on one device")
+        for name, value in (("max_batch", max_batch), ("page_size", page_size), ("prefill_chunk", prefill_chunk),
+                            ("max_seq", 1 if max_seq is None else max_seq)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if num_pages is not None and (isinstance(num_pages, bool) or not isinstance(num_pages, int) or num_pages < 2):
+            raise ValueError(f"num_pages must be an int >= 2 (one page is the sink) or None, got {num_pages!r}")
+        if isinstance(memory_fraction, bool) or not isinstance(memory_fraction, (int, float)) \
+                or not 0 < memory_fraction <= 1:
+            raise ValueError(f"memory_fraction must be in (0, 1], got {memory_fraction!r}")
+        if not isinstance(graphs, bool):
+            raise TypeError(f"graphs must be a bool, got {graphs!r}")
+        try:
+            self.eos_ids = tuple(operator.index(i) for i in eos_ids)
+        except TypeError:
+            raise TypeError(f"eos_ids must be a sequence of ints, got {eos_ids!r}") from None
+        c, dev = model.config, model.device
+        self.model = model
+        self.max_batch, self.page_size, self.prefill_chunk = max_batch, page_size, prefill_chunk
+        self.graphs = graphs and dev.type == "cuda"
+        if num_pages is None:
+            num_pages = self._default_pages(max_seq or c.max_position_embeddings, memory_fraction)
+        if max_seq is None:
+            max_seq = min(c.max_position_embeddings, (num_pages - 1) * page_size)
+        elif pages_for(max_seq, page_size) > num_pages - 1:
+            raise ValueError(f"max_seq {max_seq} needs {pages_for(max_seq, page_size)} pages of {page_size} tokens "
+                             f"but num_pages {num_pages} leaves {num_pages - 1} (one is the sink): one request "
+                             f"must fit the pool; raise num_pages or lower max_seq")
+        self.max_seq = max_seq
+        self._num_pages = num_pages
+        max_blocks = pages_for(max_seq, page_size)
+        self._prefill_row = max_batch  # the rows' last: the prefill's one-row table and sampling params
+        self._rows = _Rows(max_batch + 1, max_blocks, dev)
+        table = self._rows.dev["table"]
+        pools = [PagedKVCache(num_pages, page_size, c.num_kv_heads, c.head_dim, table, model.dtype, dev)
+                 for _ in model.layers]
+        self._prefill_views = [kv.with_table(table[max_batch:]) for kv in pools]
+        self._bucket_views = {}
+        b = 1
+        while True:
+            b = min(b, max_batch)
+            self._bucket_views[b] = [kv.with_table(table[:b]) for kv in pools]
+            if b == max_batch:
+                break
+            b *= 2
+        model._rope_for(max_blocks * page_size)  # the rotary tables cover what the table addresses
+        self._reads = torch.zeros(max_batch + 1, dtype=torch.int64, device=dev)  # the new tokens; [-1]: prefill's
+        self._graphs: dict[tuple[int, str], torch.cuda.CUDAGraph] = {}
+        self._free = list(range(num_pages - 1, 0, -1))  # page ids 1.. (0 is the sink); pop() gives 1 first
+        self._waiting: collections.deque[_Request] = collections.deque()
+        self._prefilling: Optional[_Request] = None
+        self._running: list[_Request] = []  # index = table row
+        self._requests: dict[str, _Request] = {}  # every unfinished one
+        self._admissions = itertools.count()
+        self.num_preemptions = 0
+
+    def _default_pages(self, max_seq: int, memory_fraction: float) -> int:
+        c, model = self.model.config, self.model
+        room = self.max_batch * pages_for(max_seq, self.page_size) + 1
+        if model.device.type != "cuda":
+            return room
+        page_bytes = 2 * c.num_layers * self.page_size * c.num_kv_heads * c.head_dim * model.dtype.itemsize
+        free, _ = torch.cuda.mem_get_info(model.device)
+        fits = int(free * memory_fraction) // page_bytes
+        if fits < 2:
+            raise ValueError(f"{free / 2**30:.2f} GiB free x memory_fraction {memory_fraction} holds no KV page of "
+                             f"{page_bytes / 2**20:.1f} MiB; free GPU memory or pass num_pages")
+        return min(fits, room)
+
+    # -- the API ---------------------------------------------------------------------------------
+
+    @property
+    def total_pages(self) -> int:
+        """Pages in the pool, the sink excluded."""
+        return self._num_pages - 1
+
+    @property
+    def free_pages(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_running(self) -> int:
+        """Requests admitted: decoding, or prefilling."""
+        return len(self._running) + (self._prefilling is not None)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._requests)
+
+    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Queue a request (never blocks). ValueError: an empty prompt, ids outside the
+        vocabulary, prompt + params.max_tokens > max_seq, a request_id already unfinished."""
+        if not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
+        if request_id in self._requests:
+            raise ValueError(f"request_id {request_id!r} is already queued or running; give each request its own id")
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        try:
+            prompt = [operator.index(t) for t in prompt_ids]
+        except TypeError:
+            raise TypeError(f"prompt_ids must be a sequence of int token ids, got {prompt_ids!r:.80}") from None
+        if not prompt:
+            raise ValueError(f"prompt_ids of request {request_id!r} is empty; give at least one token")
+        vocab = self.model.config.vocab_size
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            bad = next(t for t in prompt if not 0 <= t < vocab)
+            raise ValueError(f"prompt_ids must lie in [0, {vocab}) (the model's vocab_size), got {bad}")
+        if len(prompt) + params.max_tokens > self.max_seq:
+            raise ValueError(f"prompt_ids ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) exceeds max_seq "
+                             f"{self.max_seq}; shorten the prompt or lower max_tokens")
+        stop = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_ids))
+        req = _Request(request_id, prompt, params, frozenset(stop), row_values(params))
+        self._requests[request_id] = req
+        self._waiting.append(req)
+
+    def abort(self, request_id: str, reason: str = "abort") -> Optional[RequestOutput]:
+        """Remove a request wherever it is and free its pages now. Returns its final output
+        (finished, ``finish_reason=reason``), or None for an unknown or finished id."""
+        req = self._requests.get(request_id)
+        if req is None:
+            return None
+        if req in self._waiting:
+            self._waiting.remove(req)
+        self._release(req)
+        del self._requests[request_id]
+        req.finish_reason = reason
+        return RequestOutput(req.id, len(req.prompt), [], list(req.tokens), True, reason)
+
+    @torch.no_grad()
+    def step(self) -> list[RequestOutput]:
+        """One iteration (module docstring): an output for every request that got tokens
+        or finished."""
+        self._grow()
+        self._admit()
+        first = self._prefill_chunk()  # the request whose first token is at _reads[-1], or None
+        batch = list(self._running)    # rows 0..n-1, the joined request included
+        if batch:
+            self._decode(len(batch), first if first is not None and first.row >= 0 else None)
+        if not batch and first is None:
+            return []
+        values = self._reads[: len(self._reads) if first is not None else len(batch)].tolist()  # the one host read
+        if batch:  # the mirror follows what the step did on the device
+            h, n = self._rows.np, len(batch)
+            h["tok"][:n, 0] = values[:n]
+            h["lens"][:n] += 1
+            h["step"][:n] += 1
+        new: dict[_Request, list[int]] = {}
+        if first is not None:
+            first.first_pending = False
+            self._take(first, values[-1], new)
+        for i, req in enumerate(batch):
+            self._take(req, values[i], new)
+        return [RequestOutput(r.id, len(r.prompt), toks, list(r.tokens), r.finish_reason is not None,
+                              r.finish_reason) for r, toks in new.items()]
+
+    # -- pages -----------------------------------------------------------------------------------
+
+    def _grow(self) -> None:
+        """A page for every running request whose next decode position starts one."""
+        for req in list(self._running):
+            if req.row < 0:  # preempted by an earlier turn of this loop
+                continue
+            need = pages_for(len(req.prompt) + len(req.tokens), self.page_size)  # positions 0..lens
+            while len(req.pages) < need:
+                if self._free:
+                    req.pages.append(self._free.pop())
+                    self._rows.dirty.add(req.row)
+                    continue
+                victim = max([*self._running, *([self._prefilling] if self._prefilling else [])],
+                             key=lambda r: r.order)
+                self._preempt(victim)
+                if victim is req:
+                    break
+
+    def _preempt(self, req: _Request) -> None:
+        """Free its pages; back to the queue's front, to be prefilled again over prompt + tokens."""
+        self._release(req)
+        self._waiting.appendleft(req)
+        self.num_preemptions += 1
+
+    def _release(self, req: _Request) -> None:
+        """Its pages back to the pool; out of the prefill slot or its table row."""
+        self._free.extend(reversed(req.pages))
+        req.pages = []
+        req.filled = 0
+        if req is self._prefilling:
+            self._prefilling = None
+        if req.row >= 0:  # the last row moves into its place
+            i, last = req.row, len(self._running) - 1
+            moved = self._running.pop()
+            if moved is not req:
+                self._running[i] = moved
+                moved.row = i
+            req.row = -1
+            self._rows.dirty.update((i, last))
+
+    def _admit(self) -> None:
+        if self._prefilling is not None or not self._waiting or len(self._running) >= self.max_batch:
+            return
+        req = self._waiting[0]
+        need = pages_for(len(req.prompt) + len(req.tokens) + 1, self.page_size)  # the prompt and the first input
+        if need > len(self._free):
+            return
+        self._waiting.popleft()
+        req.pages = [self._free.pop() for _ in range(need)]
+        req.context = req.prompt + req.tokens
+        req.filled = 0
+        req.order = next(self._admissions)
+        self._prefilling = req
+        self._rows.dirty.add(self._prefill_row)
+
+    # -- the device ------------------------------------------------------------------------------
+
+    def _write_rows(self) -> None:
+        """The dirty rows of the host mirror from the requests' state."""
+        h = self._rows.writable()
+        for i in self._rows.dirty:
+            if i == self._prefill_row:
+                req = self._prefilling
+            else:
+                req = self._running[i] if i < len(self._running) else None
+            if req is None:  # padding: the sink page, a greedy row that does not grow
+                h["table"][i] = SINK
+                h["lens"][i] = h["tok"][i, 0] = h["active"][i] = 0
+                values, step = (0.0, 0, 1.0, float("-inf"), 0), 0
+            else:
+                n = len(req.pages)
+                h["table"][i, :n] = req.pages
+                h["table"][i, n:] = SINK
+                values = req.row_values
+                if i == self._prefill_row:
+                    h["lens"][i] = h["tok"][i, 0] = h["active"][i] = 0
+                    step = len(req.tokens)
+                elif req.first_pending:  # its first token comes from the prefill's sample, on the device
+                    h["lens"][i], h["tok"][i, 0], h["active"][i] = len(req.context), 0, 1
+                    step = len(req.tokens) + 1
+                else:
+                    h["lens"][i], h["tok"][i, 0], h["active"][i] = len(req.prompt) + len(req.tokens) - 1, \
+                        req.tokens[-1], 1
+                    step = len(req.tokens)
+            for name, v in zip(("inv_temperature", "top_k", "top_p", "log_min_p", "seed_key"), values):
+                h[name][i] = v
+            h["step"][i] = step
+
+    def _upload(self) -> None:
+        if self._rows.dirty:
+            self._write_rows()
+            self._rows.upload()
+
+    def _h2d(self, values: list, dtype: torch.dtype) -> torch.Tensor:
+        """A small host list on the model's device, copied asynchronously from page-locked
+        memory (the caching host allocator keeps the block until the copy has run)."""
+        dev = self.model.device
+        if dev.type != "cuda":
+            return torch.tensor(values, dtype=dtype, device=dev)
+        return torch.tensor(values, dtype=dtype, pin_memory=True).to(dev, non_blocking=True)
+
+    def _use(self, views) -> None:
+        for layer, kv in zip(self.model.layers, views):
+            layer.attn.cache = kv
+
+    def _prefill_chunk(self) -> Optional[_Request]:
+        """One chunk of the admitted request; after its last, its first token is drawn into
+        ``_reads[-1]`` and (unless that one token is all it may have) it takes row n.
+        Returns the request when its prefill ended in this call."""
+        req = self._prefilling
+        if req is None:
+            return None
+        self._upload()  # its table row
+        lo, hi = req.filled, min(req.filled + self.prefill_chunk, len(req.context))
+        tokens = self._h2d([req.context[lo:hi]], torch.int64)
+        start = self._h2d([lo], torch.int32)
+        last = self._h2d([hi - lo - 1], torch.int64)
+        self._use(self._prefill_views)
+        logits = self.model(tokens, start, logits_index=last)[:, -1]  # (1, vocab)
+        req.filled = hi
+        if hi < len(req.context):
+            return None
+        row = self._prefill_row
+        self._reads[row:].copy_(sample_rows(logits, self._rows.sampling.rows(row, row + 1),
+                                            row_mode([req.params])))
+        self._prefilling = None
+        if len(req.tokens) + 1 < req.params.max_tokens:  # it decodes on, from this step
+            req.row, req.first_pending = len(self._running), True
+            self._running.append(req)
+            self._rows.dirty.add(req.row)
+        return req
+
+    def _decode(self, n: int, joined: Optional[_Request]) -> None:
+        """One decode step of rows 0..n-1 (the graph of their bucket and mode on a GPU)."""
+        bucket = min(bucket_for(n), self.max_batch)
+        mode = row_mode(r.params for r in self._running)
+        run = self._step_fn(bucket, mode)
+        graph = None
+        if self.graphs:
+            graph = self._graphs.get((bucket, mode))
+            if graph is None:
+                graph = self._graphs[(bucket, mode)] = self._capture(run, bucket)
+        self._upload()
+        if joined is not None:
+            self._rows.dev["tok"][joined.row].copy_(self._reads[self._prefill_row:])
+        if graph is not None:
+            graph.replay()
+        else:
+            run()
+
+    def _step_fn(self, bucket: int, mode: str):
+        d = self._rows.dev
+        tok, lens, active, reads = d["tok"][:bucket], d["lens"][:bucket], d["active"][:bucket], self._reads[:bucket]
+        rows, views = self._rows.sampling.rows(0, bucket), self._bucket_views[bucket]
+
+        def run() -> None:
+            self._use(views)
+            logits = self.model(tok, lens)[:, -1]  # (bucket, vocab)
+            nxt = sample_rows(logits, rows, mode)
+            reads.copy_(nxt)
+            tok[:, 0].copy_(nxt)
+            lens.add_(active)
+            rows.step.add_(1)
+
+        return run
+
+    def _capture(self, run, bucket: int) -> torch.cuda.CUDAGraph:
+        """Capture ``run``; the warm-up and capture run real steps, so they run on sink rows
+        that do not grow, and every row of the bucket is rewritten from the host after."""
+        d = self._rows.dev
+        d["table"][:bucket].fill_(SINK)
+        d["lens"][:bucket].zero_()
+        d["active"][:bucket].zero_()
+        graph, _ = capture(run, warmup=2)
+        self._rows.dirty.update(range(bucket))
+        return graph
+
+    # -- the host --------------------------------------------------------------------------------
+
+    def _take(self, req: _Request, token: int, new: dict) -> None:
+        """Record one new token of ``req`` and finish it on a stop id or at max_tokens."""
+        if req.finish_reason is not None:  # its first token ended it: the decode's is void
+            return
+        req.tokens.append(token)
+        new.setdefault(req, []).append(token)
+        if token in req.stop_ids:
+            self._finish(req, "stop")
+        elif len(req.tokens) >= req.params.max_tokens:
+            self._finish(req, "length")
+
+    def _finish(self, req: _Request, reason: str) -> None:
+        self._release(req)
+        del self._requests[req.id]
+        req.finish_reason = reason
