@@ -20,6 +20,8 @@
     onetrip generate --model PATH|PRESET [--prompt TEXT | --prompt-tokens N] [--max-new-tokens N]
                      [--batch N] [--backend eager|fused] [--no-graphs] [--paged [--page-size N]]
                      [--chat] [--json OUT] [--tp N]
+    onetrip serve MODEL [--host 127.0.0.1] [--port 8000] [--dtype bf16|fp16|fp32] [--device DEV] [--max-batch 64]
+                        [--served-model-name NAME]
     onetrip env
 
 ``bench ops`` times each fused op against eager PyTorch, torch.compile and Liger-Kernel
@@ -54,6 +56,9 @@ to record a CUDA trace; its timeline is not drawn (exit 1). An empty trace is an
 weights and reports prefill ms, decode tok/s, kernels per decode step and the achieved
 bandwidth as a % of the device's copy bandwidth; ``--tp N`` splits the model over N GPUs
 (tensor parallel), the command relaunching itself under torchrun.
+``serve`` runs an OpenAI-compatible HTTP server (``/v1/chat/completions``, ``/v1/completions``,
+``/v1/models``) over the continuous-batching scheduler (docs/serving-http.md); it needs the
+``serve`` extra (fastapi, uvicorn).
 ``env`` prints the device, the versions involved, and how kernels will run.
 Also runnable as ``python -m onetrip ...``.
 """
@@ -284,6 +289,26 @@ def _build_parser(op_names: tuple[str, ...], dtype_names: tuple[str, ...],
                      help="tensor parallel over N GPUs (default 1): relaunches itself in N processes under torchrun")
     gen.set_defaults(func=_generate)
 
+    serve = commands.add_parser(
+        "serve", help="an OpenAI-compatible HTTP server over the continuous-batching scheduler",
+        description="Serve a model over HTTP with OpenAI's API: POST /v1/chat/completions and /v1/completions "
+        "(streaming or not), GET /v1/models. Requests run together in the continuous-batching scheduler. The "
+        "fused backend on a GPU, the eager one on the CPU. Needs fastapi and uvicorn: pip install 'onetrip[serve]'.")
+    serve.add_argument("model", metavar="MODEL",
+                       help=f"Hugging Face model directory (with config.json), Hub id (org/name), or a preset "
+                       f"(random weights, no tokenizer: token-id prompts only): {', '.join(presets)}")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=_port, default=8000, help="default 8000")
+    serve.add_argument("--dtype", choices=("bf16", "fp16", "fp32"),
+                       help="default: the checkpoint's, or bf16 on a GPU / fp32 on a CPU for presets")
+    serve.add_argument("--device", help="default: cuda when there is a GPU, else cpu")
+    serve.add_argument("--max-batch", type=_positive, default=64, metavar="N",
+                       help="sequences decoded together at most (default 64)")
+    serve.add_argument("--served-model-name", metavar="NAME",
+                       help="the name clients pass as 'model' (default: the directory's, repository's or "
+                       "preset's name)")
+    serve.set_defaults(func=_serve)
+
     env = commands.add_parser("env", help="the device, versions, and how kernels will run",
                               description="Print the device, the versions involved, and how kernels will run.")
     env.set_defaults(func=_env)
@@ -298,6 +323,30 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
     return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port in [0, 65535] (0: any free one), got {text!r}")
+    return value
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .serve.command import missing_extra, run_serve
+
+    missing = missing_extra()
+    if missing:
+        print(missing, file=sys.stderr)
+        return 2
+    try:
+        return run_serve(args)
+    except (OSError, ValueError) as exc:  # a bad MODEL, --dtype for its weights, a port in use, ...
+        print(f"onetrip serve: {exc}", file=sys.stderr)
+        return 2
 
 
 def _generate(args: argparse.Namespace) -> int:
