@@ -15,6 +15,8 @@
     onetrip profile A.json --diff B.json [--json OUT] [--png OUT.png] [--html OUT.html]
     onetrip bench decode [--preset NAME ...] [--batch N ...] [--provider NAME ...] [--new-tokens N]
                          [--tp N [--check]]
+    onetrip bench serve [--preset NAME ...] [--provider NAME ...] [--requests N] [--concurrency C ...] [--rate R ...]
+                        [--prompt-len LO HI] [--output-len N] [--seed S] [--out DIR] [--quick]
     onetrip demo [--out DIR] [--preset NAME] [--new-tokens N]
     onetrip profile --model PATH|PRESET [--backend eager|fused|transformers] [--no-graphs] [--steps N] [--png OUT.png]
     onetrip generate --model PATH|PRESET [--prompt TEXT | --prompt-tokens N] [--max-new-tokens N]
@@ -42,6 +44,11 @@ cuDNN and memory-efficient backends and the naive reference; ``bench decode-atte
 reports decode attention (contiguous and paged caches) and append_kv in GB/s and % of the
 copy bandwidth against SDPA and naive eager versions. Both write JSON, CSV and a PNG, and
 without a GPU check their kernels through the interpreter like ``bench ops``.
+``bench serve`` loads the continuous-batching Scheduler with a seeded workload (random prompts of
+64-511 tokens, 256 new tokens each, C requests in flight or Poisson arrivals) and reports output
+tok/s, requests/s, TTFT and inter-token latency p50/p99 against transformers' continuous batching
+and onetrip's static-batch decode on the same weights, with JSON, CSV and a PNG over several loads;
+without a GPU it runs the tiny preset for a few steps (a smoke run).
 ``profile`` reads a PyTorch profiler (Kineto) trace and reports the seams between kernels:
 kernels per step, idle gaps, launch overhead, element-wise chains, N x N intermediates,
 and per operator the achieved GB/s as a % of ``--bandwidth GBS`` (default: the nominal
@@ -74,6 +81,8 @@ from pathlib import Path
 DECODE_PROVIDERS = ("transformers", "gpt-fast", "onetrip-eager", "onetrip-fused", "onetrip-graphs", "onetrip-paged")
 # bench.decode_tp.PROVIDERS
 DECODE_TP_PROVIDERS = ("onetrip-tp", "onetrip-tp-nccl", "gptfast-tp")
+# bench.serve.PROVIDERS
+SERVE_PROVIDERS = ("onetrip", "transformers-cb", "onetrip-static")
 
 
 def _build_parser(op_names: tuple[str, ...], dtype_names: tuple[str, ...],
@@ -216,6 +225,33 @@ def _build_parser(op_names: tuple[str, ...], dtype_names: tuple[str, ...],
                        help="with --tp N: on the CPU, N gloo processes run onetrip-tp-nccl and gptfast-tp "
                        "(uncompiled) on the tiny preset; both must draw the full model's greedy tokens")
     model.set_defaults(func=_bench_decode)
+    load = suites.add_parser(
+        "serve", help="continuous batching under load: onetrip's Scheduler, transformers' CB, static batches",
+        description="Serve a seeded workload (random prompts, a fixed number of new tokens each, greedy, EOS "
+        "ignored) with Llama presets (random weights) through onetrip's continuous-batching Scheduler (in-process, "
+        "fused kernels and CUDA graphs), transformers' continuous batching and onetrip's static-batch decode, all on "
+        "the same weights; report output tok/s, requests/s, TTFT and inter-token latency p50/p99, the ITL p50 over "
+        "the static decode step at the same batch, and the ratios. Without a GPU: the tiny preset for a few steps.")
+    load.add_argument("--preset", action="extend", nargs="+", metavar="NAME", choices=presets,
+                      help="presets (default: llama-3.2-1b llama-3.1-8b; llama-3.2-1b with --quick; tiny without a "
+                      f"GPU): {', '.join(presets)}")
+    load.add_argument("--provider", action="extend", nargs="+", metavar="NAME", choices=SERVE_PROVIDERS,
+                      help=f"providers (default: all of {', '.join(SERVE_PROVIDERS)})")
+    load.add_argument("--requests", type=_positive, metavar="N",
+                      help="requests per load point (default 256; 64 with --quick; 8 without a GPU)")
+    load.add_argument("--concurrency", action="extend", nargs="+", type=_positive, metavar="C",
+                      help="requests in flight, and the engines' batch cap; several give a curve (default 64)")
+    load.add_argument("--rate", action="extend", nargs="+", type=float, metavar="R",
+                      help="Poisson arrivals at R requests/s instead of all at once (an open loop); several give a "
+                      "curve")
+    load.add_argument("--prompt-len", nargs=2, type=_positive, metavar=("LO", "HI"),
+                      help="prompt lengths, uniform in [LO, HI] tokens (default 64 511)")
+    load.add_argument("--output-len", type=_positive, metavar="N",
+                      help="new tokens per request (default 256; 128 with --quick)")
+    load.add_argument("--seed", type=int, default=0, help="the workload's seed (default 0)")
+    load.add_argument("--out", type=Path, default=Path("benchmarks/results"), help=out_help)
+    load.add_argument("--quick", action="store_true", help="llama-3.2-1b only, 64 requests of 128 new tokens")
+    load.set_defaults(func=_bench_serve)
 
     prof = commands.add_parser(
         "profile", help="report the seams between kernels in a PyTorch profiler trace",
@@ -503,6 +539,12 @@ def _bench_decode(args: argparse.Namespace) -> int:
                           new_tokens=args.new_tokens or 256, prompt=args.prompt_tokens,
                           ttft_prompts=(512, 2048) if args.ttft is None else tuple(args.ttft))
     return 1 if any("error" in r and r["provider"].startswith("onetrip") for r in result["records"]) else 0
+
+
+def _bench_serve(args: argparse.Namespace) -> int:
+    from .bench.serve import main as bench_serve
+
+    return bench_serve(args)
 
 
 def _gbs(text: str) -> float:
