@@ -5,6 +5,7 @@ synthetic records, and the command's entry point."""
 
 import argparse
 import dataclasses
+import inspect
 import io
 import json
 
@@ -100,18 +101,27 @@ def test_static_and_the_point_records(model):
     assert "vs_transformers_cb" not in ot
 
 
-def test_transformers_cb(model):
+def test_transformers_cb(model, monkeypatch):
     """transformers' ContinuousBatchingManager (transformers 5.x; 5.24 here) under the same
-    client: the same greedy tokens in float32, with its per-token timestamps."""
+    client: the same greedy tokens in float32, with its per-token timestamps. With warm-up,
+    the manager allocates its tensors in the caller's thread and its generation thread
+    updates them in place; transformers 5.17 runs that thread outside inference mode, so
+    here it is pinned outside it too (5.24 would take the caller's mode)."""
     pytest.importorskip("transformers")
+    from transformers.generation.continuous_batching import continuous_api
+
     from onetrip.models.hf import to_transformers
 
     hf = to_transformers(model)
     why = serve.cb_api_missing(hf)
     if why:
         pytest.skip(why)
+    loop = continuous_api.ContinuousBatchingManager._run_generation_loop
+    if "use_inference_mode" in inspect.signature(loop).parameters:
+        monkeypatch.setattr(continuous_api.ContinuousBatchingManager, "_run_generation_loop",
+                            lambda man, use_inference_mode: loop(man, use_inference_mode=False))
     reqs = W.requests(model.config.vocab_size)
-    traces, start, settings = serve.run_transformers_cb(hf, W, reqs, warmup=False)
+    traces, start, settings = serve.run_transformers_cb(hf, W, reqs, warmup=True)
     want, _, _ = run_static(model, W, reqs, graphs=False, warmup=False)
     assert [t.tokens for t in traces] == [t.tokens for t in want]
     assert "attention" in settings

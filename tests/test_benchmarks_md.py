@@ -123,3 +123,55 @@ def test_decode_tp_section_and_bars():
     assert "TP 4 / 8: not measured, no 4- or 8-GPU machine lent" in bars
     bars = md.decode_tp_bars(runs + [_decode_tp_run(4, "llama-3.1-70b", vs_gptfast=1.25)])
     assert "TP 4 batch 1: 81.6% of the floor, 1.25x gptfast-tp" in bars and "not measured, no 4-" not in bars
+
+
+def _serve_run() -> dict:
+    """llama-3.2-1b at C=64 (transformers-cb failed) and at 8 req/s; llama-3.1-8b at C=64, every bar met."""
+    def rec(preset, provider, tok_s, rate=None, **extra):
+        timed = provider != "onetrip-static"
+        return dict(preset=preset, provider=provider, concurrency=64, rate=rate, output_tok_s=tok_s,
+                    requests_s=tok_s / 128, tokens_ok=True, ttft_p50_ms=80.0 if timed else None,
+                    ttft_p99_ms=300.25 if timed else None, itl_p50_ms=9.0 if timed else None,
+                    itl_p99_ms=30.0 if timed else None, **extra)
+
+    results = [rec("llama-3.2-1b", "onetrip", 4126.4, tokens_agree_static=0.374, static_step_ms=1.4,
+                   vs_static=0.1455, itl_p50_over_static_step=1.431),
+               dict(preset="llama-3.2-1b", provider="transformers-cb", concurrency=64, rate=None,
+                    error="RuntimeError: Inplace update to inference tensor outside InferenceMode is not allowed.\n"
+                          "second line"),
+               rec("llama-3.2-1b", "onetrip-static", 28369.5, static_step_ms=1.4, vs_static=1.0),
+               rec("llama-3.2-1b", "onetrip", 1000.0, rate=8.0, static_step_ms=1.4, vs_static=0.035,
+                   vs_transformers_cb=2.0, itl_p50_over_static_step=1.0),
+               rec("llama-3.2-1b", "transformers-cb", 500.0, rate=8.0, settings="attention paged|sdpa"),
+               rec("llama-3.1-8b", "onetrip", 9000.0, static_step_ms=5.0, vs_static=0.9, vs_transformers_cb=12.0,
+                   itl_p50_over_static_step=1.2),
+               rec("llama-3.1-8b", "transformers-cb", 750.0),
+               rec("llama-3.1-8b", "onetrip-static", 10000.0, static_step_ms=5.0)]
+    meta = dict(META, gpu="NVIDIA H200", suite="serve", transformers="5.17.0", num_requests=64, prompt_lo=64,
+                prompt_hi=511, output_len=128, arrivals="closed loop: all at t=0, C in flight")
+    return {"meta": meta, "results": results}
+
+
+def test_serve_section_and_bars(tmp_path, monkeypatch):
+    md = _tool()
+    monkeypatch.setattr(md, "RESULTS", tmp_path / "results")
+    (tmp_path / "serve-nvidia-h200-bfloat16-20261129.json").write_text(json.dumps(_serve_run()))
+    assert md.take(tmp_path / "serve-nvidia-h200-bfloat16-20261129.json", None).name == "serve.json"
+    text = md.serve_section("h200", md.load("h200", "serve"))
+    assert "64 requests, prompts 64-511 tokens, 128 new tokens each; closed loop" in text
+    tables = [line for line in text.splitlines() if line.startswith("llama")]
+    assert tables == ["llama-3.2-1b, C=64; static decode step 1.40 ms:", "llama-3.2-1b, C=64, 8 req/s; static "
+                      "decode step 1.40 ms:", "llama-3.1-8b, C=64; static decode step 5.00 ms:"], text
+    assert "| onetrip | **4126** | 32.2 | 80.0 / 300.2 | 9.0 / 30.0 | 1.43x | — | 0.15x | ok, 37% same as static |" \
+        in text, text
+    assert "| transformers-cb | — | — | — | — | — | — | — | — |" in text
+    assert text.count("| onetrip-static | 28370 | 221.6 | — | — |") == 2  # under both load points of C=64
+    assert "transformers-cb: attention paged|sdpa." in text
+    assert "Failed: transformers-cb: RuntimeError: Inplace update to inference tensor outside InferenceMode is not " \
+           "allowed." in text and "second line" not in text
+    assert ("- llama-3.2-1b: output tok/s / transformers-cb's not measured (transformers-cb: RuntimeError: Inplace "
+            "update to inference tensor outside InferenceMode is not allowed); output tok/s / onetrip-static's 0.15x "
+            "(bar >= 0.8x: not met); ITL p50 / static step 1.43x (bar <= 1.3x: not met).") in text, text
+    assert ("- llama-3.1-8b: output tok/s / transformers-cb's 12.00x (bar >= 10x: met); output tok/s / "
+            "onetrip-static's 0.90x (bar >= 0.8x: met); ITL p50 / static step 1.20x (bar <= 1.3x: met).") in text
+    assert "not measured (no run)" in md.serve_bars([r for r in _serve_run()["results"] if "8b" not in r["preset"]])

@@ -34,6 +34,12 @@ OPS_PEERS = ("eager", "torch.compile", "liger", "onetrip")
 ATTN_PEERS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "onetrip")
 DECODE_PROVIDERS = ("transformers", "gpt-fast", "onetrip-eager", "onetrip-fused", "onetrip-graphs", "onetrip-paged")
 DECODE_TP_PROVIDERS = ("gptfast-tp", "onetrip-tp-nccl", "onetrip-tp")
+SERVE_PROVIDERS = ("onetrip", "transformers-cb", "onetrip-static")
+SERVE_BAR_PRESETS, SERVE_BAR_C = ("llama-3.2-1b", "llama-3.1-8b"), 64  # the bars hold at 64 streams, closed loop
+SERVE_BARS = (  # (onetrip's record key, the peer it needs, label, "at least" (else "at most"), the bar)
+    ("vs_transformers_cb", "transformers-cb", "output tok/s / transformers-cb's", True, 10.0),
+    ("vs_static", "onetrip-static", "output tok/s / onetrip-static's", True, 0.8),
+    ("itl_p50_over_static_step", "onetrip-static", "ITL p50 / static step", False, 1.3))
 
 INTRO = """\
 # Benchmarks
@@ -112,6 +118,28 @@ kernels) and fused with the whole decode step replayed as one CUDA graph (contig
 KV cache). Limit: copy bandwidth / bytes read per token (the weights, plus the KV cache);
 `% limit` is tok/s against it. Time to first token (TTFT) at batch 1 for 512- and 2048-token
 prompts.
+"""
+
+SERVE_TEXT = """\
+## Serving (`onetrip bench serve`)
+
+A seeded load on random bf16 weights (the same for every provider): requests of random token
+ids, prompt lengths uniform over a range, exactly a fixed number of new tokens each (greedy, EOS
+ignored), sent either with C requests in flight (a new one when one finishes: a closed loop) or
+at Poisson arrivals of a given rate (an open loop); C is also each engine's batch cap.
+Providers: **onetrip** (the continuous-batching `Scheduler` driven in-process: fused kernels,
+the decode step replayed as CUDA graphs), **transformers-cb** (transformers' continuous batching
+manager, what `generate_batch` runs, with its defaults) and **onetrip-static** (`Engine.generate`
+on batches of C prompts, all ready at t = 0: the ceiling continuous batching aims at). Metrics:
+output tok/s (generated tokens over the run, first send to last token), req/s, TTFT p50 / p99
+(first token's time minus the request's send time), ITL p50 / p99 (the gaps between a
+request's consecutive tokens), ITL / step (ITL p50 over onetrip-static's median decode step at
+batch C), and tok/s over transformers-cb's and onetrip-static's. Tokens: every request got its
+count, and the share of its greedy tokens equal to onetrip-static's (random weights leave
+near-ties that bf16 rounding flips, and a sequence differs from its first flip on). Bars: at 64
+concurrent streams, onetrip's output tok/s at least 10x transformers-cb's and at least 80% of
+onetrip-static's at the same batch, for Llama-3.2-1B and Llama-3.1-8B; its ITL p50 at most 1.3x
+the static decode step.
 """
 
 BACKWARD_TEXT = """\
@@ -224,6 +252,10 @@ One decode step of Llama-3.2-1B (random weights, batch 1) three ways, each profi
 
 # What changed in the code since a curated run, where it moves a figure of that run (one line each)
 CAVEATS = {
+    ("h200", "serve"): "Not in this run (2026-11-29): transformers-cb, whose attempt in the same job failed at its "
+                       "start on `Inplace update to inference tensor outside InferenceMode` (the bench held the "
+                       "manager in inference mode; fixed since, not re-measured yet); and the Scheduler's batched "
+                       "prefill (under way): in this run the Scheduler prefilled one request a step.",
     ("h200", "attention-backward"): "This run reached the GQA cell and stopped at its time limit before the "
                                     "varlen cell (and the plot); the dense cells are complete.",
     ("h100", "ops"): "Since this run, layer_norm's 256K pick no longer asks the L2 for its weight and bias "
@@ -482,6 +514,87 @@ def decode_section(gpu: str, runs: list[dict]) -> str:
     return "\n".join(out)
 
 
+# -------------------------------------------------------------------------------- serve
+
+def first_line(error: str) -> str:
+    """An error's first line, without its closing full stop (it goes inside a sentence)."""
+    return (error.splitlines() or [""])[0].rstrip(".")
+
+
+def serve_section(gpu: str, data: dict) -> str:
+    """A table per (preset, load point): a row per provider, onetrip-static's row (it ignores
+    arrivals) under every load point of its concurrency; then the bars."""
+    meta, res = data["meta"], data["results"]
+    out = [header(meta), "",
+           f"{meta.get('num_requests')} requests, prompts {meta.get('prompt_lo')}-{meta.get('prompt_hi')} tokens, "
+           f"{meta.get('output_len')} new tokens each; {meta.get('arrivals')}.", ""]
+    order = {p: i for i, p in enumerate(SERVE_PROVIDERS)}
+    static = {(r["preset"], r["concurrency"]): r for r in res if r["provider"] == "onetrip-static"}
+    points = {(r["preset"], r["concurrency"], r.get("rate")) for r in res if r["provider"] != "onetrip-static"}
+    points |= {(preset, c, None) for preset, c in static if not any(k[:2] == (preset, c) for k in points)}
+    presets = list(dict.fromkeys(r["preset"] for r in res))  # in the run's order
+    points = sorted(points, key=lambda k: (presets.index(k[0]), k[1], k[2] or 0.0))
+    for preset, c, rate in points:
+        rows = [r for r in res if (r["preset"], r["concurrency"], r.get("rate")) == (preset, c, rate)
+                and r["provider"] != "onetrip-static"]
+        if (preset, c) in static:
+            rows.append(static[(preset, c)])
+        table_rows, failed = [], []
+        for r in sorted(rows, key=lambda r: order.get(r["provider"], len(order))):
+            if r.get("error"):
+                table_rows.append([r["provider"], *["—"] * 8])
+                failed.append(f"{r['provider']}: {first_line(r['error'])}")
+                continue
+            num = lambda key, fmt, unit="": "—" if r.get(key) is None else format(r[key], fmt) + unit
+            pair = lambda key: "—" if r.get(f"{key}_p50_ms") is None else \
+                f"{r[f'{key}_p50_ms']:.1f} / {r[f'{key}_p99_ms']:.1f}"
+            tok = num("output_tok_s", ".0f")
+            agree = r.get("tokens_agree_static")
+            tokens = ("ok" if r.get("tokens_ok") else "WRONG count") + \
+                ("" if agree is None or r["provider"] == "onetrip-static" else f", {100 * agree:.0f}% same as static")
+            table_rows.append([r["provider"], f"**{tok}**" if r["provider"] == "onetrip" else tok,
+                               num("requests_s", ".1f"), pair("ttft"), pair("itl"),
+                               num("itl_p50_over_static_step", ".2f", "x"), num("vs_transformers_cb", ".2f", "x"),
+                               num("vs_static", ".2f", "x"), tokens])
+        step = static.get((preset, c), {}).get("static_step_ms")
+        load = f"C={c}" + ("" if rate is None else f", {rate:g} req/s")
+        out += [f"{preset}, {load}" + ("" if step is None else f"; static decode step {step:.2f} ms") + ":", "",
+                table(["provider", "output tok/s", "req/s", "TTFT ms p50 / p99", "ITL ms p50 / p99", "ITL / step",
+                       "vs transformers-cb", "vs static", "tokens"], table_rows), ""]
+        settings = next((r["settings"] for r in rows if r.get("settings")), None)
+        if settings:
+            out += [f"transformers-cb: {settings}.", ""]
+        if failed:
+            out += ["Failed: " + "; ".join(failed) + ".", ""]
+    if (RESULTS / gpu / "serve.png").exists():
+        out += [f"![output tok/s, TTFT and ITL against the load](benchmarks/results/{gpu}/serve.png)", ""]
+    return "\n".join(out) + "\n" + serve_bars(res)
+
+
+def serve_bars(res: list[dict]) -> str:
+    """The bars per preset at 64 streams, closed loop: met, not met, or not measured (why)."""
+    lines = []
+    for preset in SERVE_BAR_PRESETS:
+        point = (preset, SERVE_BAR_C, None)
+        at = {r["provider"]: r for r in res if (r["preset"], r["concurrency"], r.get("rate")) == point}
+        mine = at.get("onetrip")
+        if mine is None or mine.get("error"):
+            lines.append(f"- {preset}: not measured ({'no run' if mine is None else first_line(mine['error'])}).")
+            continue
+        cells = []
+        for key, peer, label, at_least, bar in SERVE_BARS:
+            value, other = mine.get(key), at.get(peer)
+            if value is None:
+                why = f"{peer}: {first_line(other['error'])}" if other and other.get("error") else f"no {peer} run"
+                cells.append(f"{label} not measured ({why})")
+                continue
+            met = value >= bar if at_least else value <= bar
+            cells.append(f"{label} {value:.2f}x (bar {'>=' if at_least else '<='} {bar:g}x: "
+                         f"{'met' if met else 'not met'})")
+        lines.append(f"- {preset}: " + "; ".join(cells) + ".")
+    return f"Against the bars (C={SERVE_BAR_C}, closed loop):\n\n" + "\n".join(lines) + "\n"
+
+
 # --------------------------------------------------------------------- tensor parallel
 
 def allreduce_section(gpu: str, data: dict) -> str:
@@ -615,7 +728,7 @@ def demo_section(gpu: str, data: dict) -> str:
 
 
 SUITES = ("allreduce", "attention", "attention-backward", "decode", "decode-attention", "decode-tp", "demo", "gemv",
-          "loss", "ops", "ops-backward", "optim", "train")  # a run's file name starts with one
+          "loss", "ops", "ops-backward", "optim", "serve", "train")  # a run's file name starts with one
 BY_RUN = {"decode": decode_section, "decode-tp": decode_tp_section}  # sections over every file of the suite
 
 
@@ -637,6 +750,7 @@ def render() -> str:
                 (ATTN_TEXT, "attention", attention_section),
                 (ATTN_BWD_TEXT, "attention-backward", attention_backward_section),
                 (DATTN_TEXT, "decode-attention", decode_attention_section), (DECODE_TEXT, "decode", None),
+                (SERVE_TEXT, "serve", serve_section),
                 (ALLREDUCE_TEXT, "allreduce", allreduce_section), (DECODE_TP_TEXT, "decode-tp", None),
                 (GEMV_TEXT, "gemv", gemv_section), (DEMO_TEXT, "demo", demo_section))
     for text, suite, fn in sections:

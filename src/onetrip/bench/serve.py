@@ -296,8 +296,9 @@ def run_transformers_cb(hf, workload: Workload, requests: list[Request], *, warm
     except (ImportError, TypeError):
         pass
     kw = {k: v for k, v in _accepted(hf.continuous_batching_context_manager, kw).items() if v is not None}
-    # Its generation thread takes the caller's inference mode (grad mode would not carry over).
-    with torch.inference_mode(), hf.continuous_batching_context_manager(**kw) as man:
+    # Not inference mode: the manager allocates its tensors here (warm-up) and its thread updates them in
+    # place, outside inference mode in transformers 5.17; its step runs under no_grad itself.
+    with torch.no_grad(), hf.continuous_batching_context_manager(**kw) as man:
         stamped = "record_timestamps" in inspect.signature(man.add_request).parameters
 
         def send(rid, prompt, n):
