@@ -23,17 +23,16 @@ def test_curated_results_stay_small():
     assert sum(p.stat().st_size for p in tracked) <= 8 << 20
 
 
-def _tool():
-    import importlib.util
+@pytest.fixture
+def md(monkeypatch):
+    """The tool as a module, its folder on sys.path as running it as a script puts it there."""
+    monkeypatch.syspath_prepend(str(ROOT / "tools"))
+    import benchmarks_md
 
-    spec = importlib.util.spec_from_file_location("benchmarks_md", ROOT / "tools" / "benchmarks_md.py")
-    md = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(md)
-    return md
+    return benchmarks_md
 
 
-def test_train_section_renders_a_run():
-    md = _tool()
+def test_train_section_renders_a_run(md):
     rec = dict(model="llama-3.2-1b", seq=4096, batch=4, losses=[11.9, 11.2], error=None, skipped=None,
                max_batch=7, max_batch_exact=True, max_tokens_vs_eager=None, tokens_per_s=30000.0,
                speedup_vs_eager=None, peak_bytes=100 * 2**30, peak_vs_eager=None, max_loss_diff=0.0)
@@ -44,7 +43,7 @@ def test_train_section_renders_a_run():
                      "transformers": "5.17.0", "suite": "train", "settings": {"seq": 4096}},
             "results": [dict(rec, provider="eager"), mine,
                         dict(rec, provider="liger", losses=[], skipped="liger-kernel is not installed")]}
-    text = md.train_section("h200", data)
+    text = md.decode.train_section("h200", data)
     assert "| llama-3.2-1b | onetrip | 4 | **45,000** (1.50x) | **40.0** (0.40x) | 23+ x 4096 (3.29x) | 1.2e-02 |" \
         in text, text
     assert "| llama-3.2-1b | eager | 4 | 30,000 | 100.0 | 7 x 4096 | 0.0e+00 |" in text, text
@@ -77,9 +76,8 @@ def _decode_tp_run(tp: int, preset: str, **extra) -> dict:
     return {"meta": meta, "results": [rec]}
 
 
-def test_take_files_multi_gpu_runs_by_gpu_and_rank_count(tmp_path, monkeypatch):
-    md = _tool()
-    monkeypatch.setattr(md, "RESULTS", tmp_path / "results")
+def test_take_files_multi_gpu_runs_by_gpu_and_rank_count(md, tmp_path, monkeypatch):
+    monkeypatch.setattr(md.common, "RESULTS", tmp_path / "results")
     runs = {"allreduce-nvidia-h200-x2-20261129.json": _allreduce_run(),
             "decode-tp2-nvidia-h200-bfloat16-20261129.json": _decode_tp_run(2, "llama-3.1-8b"),
             "decode-tp1-nvidia-h200-bfloat16-20261129.json": _decode_tp_run(1, "llama-3.1-8b")}
@@ -98,9 +96,8 @@ def test_take_files_multi_gpu_runs_by_gpu_and_rank_count(tmp_path, monkeypatch):
     assert len(md.runs_of("h200x2", "decode-tp")) == 2 and md.runs_of("h200x2", "decode") == []
 
 
-def test_allreduce_section_renders_a_run():
-    md = _tool()
-    text = md.allreduce_section("h200x2", _allreduce_run())
+def test_allreduce_section_renders_a_run(md):
+    text = md.serve_tp.allreduce_section("h200x2", _allreduce_run())
     assert "**NVIDIA H200 x 2**, 2026-11-29 17:39 UTC; torch 2.11.0, Triton 3.6.0, CUDA 13.0, NCCL 2.28.9." in text
     assert "| 1 | 16 KiB | 8.6 | **7.0** | 1.23x | ok (1.6e-02 / 6.2e-02) |" in text, text
     assert "| 64 | 16 KiB | 16.5 | **12.0** | 1.38x | ok (1.6e-02 / 6.2e-02) |" in text, text
@@ -108,20 +105,19 @@ def test_allreduce_section_renders_a_run():
     assert "Against the bar (hidden 8192, batch 1-64): onetrip-fused 1.23-1.38x nccl+add_rms_norm, met." in text
 
 
-def test_decode_tp_section_and_bars():
-    md = _tool()
+def test_decode_tp_section_and_bars(md):
     runs = [_decode_tp_run(2, "llama-3.1-70b"), _decode_tp_run(2, "llama-3.1-8b", vs_tp1=1.413),
             _decode_tp_run(1, "llama-3.1-8b")]
-    text = md.decode_tp_section("h200x2", runs)
+    text = md.serve_tp.decode_tp_section("h200x2", runs)
     assert "- TP 1, llama-3.1-8b: **NVIDIA H200 x 1**" in text and "copy 4249 GB/s a GPU (the slowest)" in text
     rows = [line for line in text.splitlines() if line.startswith("| llama")]
     assert rows == ["| llama-3.1-8b | 1 | 1 | onetrip-tp | **111** | 9.01 | 81.6% | — | — | — | — |",
                     "| llama-3.1-8b | 2 | 1 | onetrip-tp | **111** | 9.01 | 81.6% | 16.6 | 6.7% | 1.41x | — |",
                     "| llama-3.1-70b | 2 | 1 | onetrip-tp | **111** | 9.01 | 81.6% | 16.6 | 6.7% | — | — |"], text
-    bars = md.decode_tp_bars(runs)
+    bars = md.serve_tp.decode_tp_bars(runs)
     assert "Llama-3.1-8B, TP 2, batch 1: 1.41x onetrip's TP 1 tok/s (bar 1.7x: not met)" in bars
     assert "TP 4 / 8: not measured, no 4- or 8-GPU machine lent" in bars
-    bars = md.decode_tp_bars(runs + [_decode_tp_run(4, "llama-3.1-70b", vs_gptfast=1.25)])
+    bars = md.serve_tp.decode_tp_bars(runs + [_decode_tp_run(4, "llama-3.1-70b", vs_gptfast=1.25)])
     assert "TP 4 batch 1: 81.6% of the floor, 1.25x gptfast-tp" in bars and "not measured, no 4-" not in bars
 
 
@@ -152,12 +148,11 @@ def _serve_run() -> dict:
     return {"meta": meta, "results": results}
 
 
-def test_serve_section_and_bars(tmp_path, monkeypatch):
-    md = _tool()
-    monkeypatch.setattr(md, "RESULTS", tmp_path / "results")
+def test_serve_section_and_bars(md, tmp_path, monkeypatch):
+    monkeypatch.setattr(md.common, "RESULTS", tmp_path / "results")
     (tmp_path / "serve-nvidia-h200-bfloat16-20261129.json").write_text(json.dumps(_serve_run()))
     assert md.take(tmp_path / "serve-nvidia-h200-bfloat16-20261129.json", None).name == "serve.json"
-    text = md.serve_section("h200", md.load("h200", "serve"))
+    text = md.serve_tp.serve_section("h200", md.common.load("h200", "serve"))
     assert "64 requests, prompts 64-511 tokens, 128 new tokens each; closed loop" in text
     tables = [line for line in text.splitlines() if line.startswith("llama")]
     assert tables == ["llama-3.2-1b, C=64; static decode step 1.40 ms:", "llama-3.2-1b, C=64, 8 req/s; static "
@@ -174,4 +169,5 @@ def test_serve_section_and_bars(tmp_path, monkeypatch):
             "(bar >= 0.8x: not met); ITL p50 / static step 1.43x (bar <= 1.3x: not met).") in text, text
     assert ("- llama-3.1-8b: output tok/s / transformers-cb's 12.00x (bar >= 10x: met); output tok/s / "
             "onetrip-static's 0.90x (bar >= 0.8x: met); ITL p50 / static step 1.20x (bar <= 1.3x: met).") in text
-    assert "not measured (no run)" in md.serve_bars([r for r in _serve_run()["results"] if "8b" not in r["preset"]])
+    one_preset = [r for r in _serve_run()["results"] if "8b" not in r["preset"]]
+    assert "not measured (no run)" in md.serve_tp.serve_bars(one_preset)

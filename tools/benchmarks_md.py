@@ -9,8 +9,9 @@ The curated results are the latest run of each suite on each GPU, as ``onetrip b
 writes it: ``benchmarks/results/<gpu>/<suite>[-<tag>].json``, each ``{"meta": {...}, "results":
 [...]}`` with the GPU, versions and date in ``meta``; ``<gpu>`` is the model (``h200``) or, for a
 run over several GPUs of one host, the model and the rank count (``h200x2``). This script holds
-the prose of each section (method, peers, floor) and builds every table from those files; it
-needs only the standard library.
+the page's order (``SECTIONS``), its introduction and caveats, and taking a run in; each
+section's prose (method, peers, floor) and the writer that builds its tables from those files
+live in ``benchmarks_md_sections/`` beside it. It needs only the standard library.
 """
 
 from __future__ import annotations
@@ -20,26 +21,15 @@ import json
 import re
 import shutil
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
-TARGET = ROOT / "BENCHMARKS.md"
-GPU_MODELS = ("h100", "h200")  # matched in meta's GPU name, lower case
-GPUS = ("h100", "h200", "h200x2", "h200x4", "h200x8")  # folder names under RESULTS, in the order shown
+from benchmarks_md_sections import attention, common, decode, ops, serve_tp
 
-OP_ORDER = ("bias_gelu", "silu_mul", "gelu_mul", "rms_norm", "add_rms_norm", "layer_norm", "add_layer_norm",
-            "rotary")
-OPS_PEERS = ("eager", "torch.compile", "liger", "onetrip")
-ATTN_PEERS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "onetrip")
-DECODE_PROVIDERS = ("transformers", "gpt-fast", "onetrip-eager", "onetrip-fused", "onetrip-graphs", "onetrip-paged")
-DECODE_TP_PROVIDERS = ("gptfast-tp", "onetrip-tp-nccl", "onetrip-tp")
-SERVE_PROVIDERS = ("onetrip", "transformers-cb", "onetrip-static")
-SERVE_BAR_PRESETS, SERVE_BAR_C = ("llama-3.2-1b", "llama-3.1-8b"), 64  # the bars hold at 64 streams, closed loop
-SERVE_BARS = (  # (onetrip's record key, the peer it needs, label, "at least" (else "at most"), the bar)
-    ("vs_transformers_cb", "transformers-cb", "output tok/s / transformers-cb's", True, 10.0),
-    ("vs_static", "onetrip-static", "output tok/s / onetrip-static's", True, 0.8),
-    ("itl_p50_over_static_step", "onetrip-static", "ITL p50 / static step", False, 1.3))
+TARGET = common.ROOT / "BENCHMARKS.md"
+GPU_MODELS = ("h100", "h200")  # matched in meta's GPU name, lower case
+GPUS = ("h100", "h200", "h200x2", "h200x4", "h200x8")  # folder names under benchmarks/results, in the order shown
 
 INTRO = """\
 # Benchmarks
@@ -60,196 +50,6 @@ evaluation in the same run (`onetrip.testing`'s rule: at most twice PyTorch's ow
 input dtype).
 """
 
-OPS_TEXT = """\
-## Memory-bound fused ops (`onetrip bench ops`)
-
-Peers, timed on the same inputs: **eager** (the op's `*_ref`, op by op as a user writes it:
-HF-style RMSNorm, `x + r` then `F.layer_norm`, `F.silu(g) * u`, rotate-half RoPE),
-**torch.compile** of that reference (default mode, static shapes) and **Liger-Kernel** where it
-has the op. Timing "rotate": each replay runs the call 4-6 times back to back over 2-4 copies
-of its inputs (>= 256 MiB together), so every call reads HBM, as a layer does in a model. The
-sweep has rows x width = 2^26 elements (128 MiB a bf16 tensor); 4096 x 4096 and 64 x 262144
-are the anchor shapes (32 MiB a tensor; 64 rows are fewer than the 132 SMs). Floor: bytes /
-copy bandwidth, i.e. 100% of copy; the GLUs read two bytes for each one they write, and HBM
-reads run faster than a copy's mix, hence above 100%. "Same-bytes copy" is a plain
-element-wise kernel moving exactly the shape's bytes, timed alike: at 64 MiB it reaches only
-~87-97% of the big copy, which bounds the anchors.
-"""
-
-ATTN_TEXT = """\
-## Prefill attention (`onetrip bench attention`)
-
-`flash_attention` against SDPA's FlashAttention-2 (`sdpa-flash`), cuDNN (`sdpa-cudnn`) and
-memory-efficient (`sdpa-efficient`) backends, 16K tokens a batch, heads x head_dim = 2048,
-bf16. Floor: FLOPs over the bf16 matmul rate (~750-790 TFLOP/s measured on an H200 at
-8192^3). SDPA runs on (batch, heads, seq, head_dim) copies made before timing; the varlen cell
-times one SDPA call per sequence, all in one CUDA graph.
-"""
-
-ATTN_BWD_TEXT = """\
-## Attention backward (`onetrip bench attention --backward`)
-
-The same cells, with autograd: fwd+bwd (the forward recording autograd and
-`torch.autograd.grad` of its output) and bwd (fwd+bwd minus the forward alone). FLOPs as
-FlashAttention counts them: the backward 2.5x the forward's, fwd+bwd 3.5x. Peers: SDPA's
-FlashAttention-2, cuDNN and memory-efficient backends. onetrip in its default mode (dQ summed with
-float32 atomics) and `onetrip-det` (`deterministic=True`: no atomics, bit-identical runs).
-"""
-
-DATTN_TEXT = """\
-## Decode attention (`onetrip bench decode-attention`)
-
-`decode_attention` (split-KV, one query token, 32 query heads over 8 KV heads of 128, bf16) on
-a contiguous cache and on paged caches of 64- and 256-token pages, against SDPA
-(`enable_gqa=True`, on transposed views of the cache) and a naive eager version. Bytes: K and V
-of the cached tokens read once, plus q and the output. Floor: those bytes / copy bandwidth.
-Small cells (batch 1, 4K context: 16.8 MB) cannot fill the GPU; `read %` is what a kernel that
-only reads the same bytes reaches, timed alike. `append_kv` (RoPE on q and k, k and v written
-into the cache) against rotary + `index_copy_`.
-"""
-
-DECODE_TEXT = """\
-## Decode engine (`onetrip bench decode`)
-
-Whole-model decode with random weights (bf16), a 32-token prompt and 256 new tokens, the same
-weights for every provider: transformers' `generate`, a gpt-fast-style decoder under
-`torch.compile(mode="reduce-overhead")`, and onetrip's engine eager (op by op), fused (onetrip's
-kernels) and fused with the whole decode step replayed as one CUDA graph (contiguous and paged
-KV cache). Limit: copy bandwidth / bytes read per token (the weights, plus the KV cache);
-`% limit` is tok/s against it. Time to first token (TTFT) at batch 1 for 512- and 2048-token
-prompts.
-"""
-
-SERVE_TEXT = """\
-## Serving (`onetrip bench serve`)
-
-A seeded load on random bf16 weights (the same for every provider): requests of random token
-ids, prompt lengths uniform over a range, exactly a fixed number of new tokens each (greedy, EOS
-ignored), sent either with C requests in flight (a new one when one finishes: a closed loop) or
-at Poisson arrivals of a given rate (an open loop); C is also each engine's batch cap.
-Providers: **onetrip** (the continuous-batching `Scheduler` driven in-process: fused kernels,
-the decode step replayed as CUDA graphs), **transformers-cb** (transformers' continuous batching
-manager, what `generate_batch` runs, with its defaults) and **onetrip-static** (`Engine.generate`
-on batches of C prompts, all ready at t = 0: the ceiling continuous batching aims at). Metrics:
-output tok/s (generated tokens over the run, first send to last token), req/s, TTFT p50 / p99
-(first token's time minus the request's send time), ITL p50 / p99 (the gaps between a
-request's consecutive tokens), ITL / step (ITL p50 over onetrip-static's median decode step at
-batch C), and tok/s over transformers-cb's and onetrip-static's. Tokens: every request got its
-count, and the share of its greedy tokens equal to onetrip-static's (random weights leave
-near-ties that bf16 rounding flips, and a sequence differs from its first flip on). Bars: at 64
-concurrent streams, onetrip's output tok/s at least 10x transformers-cb's and at least 80% of
-onetrip-static's at the same batch, for Llama-3.2-1B and Llama-3.1-8B; its ITL p50 at most 1.3x
-the static decode step.
-"""
-
-BACKWARD_TEXT = """\
-## Training passes of the fused ops (`onetrip bench ops --backward`)
-
-The same ops, shapes and peers as above, with autograd: **fwd+bwd** is one replay of the
-forward (recording autograd) and `torch.autograd.grad` against random upstream gradients;
-**bwd** is fwd+bwd minus the forward alone, timed alike. Bytes: the backward reads the
-upstream gradients, the saved inputs and the weight once and writes each gradient once
-(per-program partial sums of a weight gradient not counted); fwd+bwd adds the forward's.
-One call a replay (no rotation over input copies), L2 flushed before each.
-"""
-
-LOSS_TEXT = """\
-## Losses (`onetrip bench loss`)
-
-`cross_entropy` over bf16 logits (tokens x vocab = 2^28, 512 MiB), forward and backward:
-bytes = logits read once + their gradient written once; peers: eager
-`F.cross_entropy(logits.float(), t)` (what a Hugging Face model runs), torch.compile of it,
-Liger-Kernel's `LigerCrossEntropyLoss` (gradient written over the logits). `inplace` is
-onetrip with `inplace_backward=True`, the same trade. `linear_cross_entropy`: the LM head and
-its loss together, time and the peak memory a fwd+bwd call adds (its gradients included),
-against eager (`x @ W.T`, upcast, cross-entropy), torch.compile of it and Liger's
-`LigerFusedLinearCrossEntropyLoss` (weight gradient accumulated in bf16 by default; `fp32-acc`
-with `accum_dtype=float32`). onetrip accumulates the weight gradient in float32 by default;
-`weight-dtype-acc` in the weight's dtype.
-"""
-
-OPTIM_TEXT = """\
-## Optimizer (`onetrip bench optim`)
-
-One AdamW step over Llama-3.1-8B's parameter shapes (embedding, head and the first 8 layers:
-2.8 B parameters), random gradients. fp32: float32 parameters, gradients and state, against
-`torch.optim.AdamW(fused=True)` and `(foreach=True)` (both `capturable=True`, so all three run
-as CUDA-graph replays). bf16+master: bfloat16 parameters and gradients, float32 master weights
-and state (onetrip only: torch's AdamW keeps bf16 state for bf16 parameters). Bytes per
-parameter: 28 (fp32) and 30 (bf16+master), each read and write once.
-"""
-
-TRAIN_TEXT = """\
-## Training step (`onetrip bench train`)
-
-A whole training step (forward, backward, AdamW) of transformers' LlamaForCausalLM with
-Llama-3.2-1B's shapes and Qwen2ForCausalLM with Qwen2.5-0.5B's, random weights (the same for
-every provider), bf16 parameters, activations and gradients with float32 master weights and
-AdamW state: transformers **eager** (SDPA attention; the loss over every logit, upcast to
-float32), **torch.compile** of it, **Liger-Kernel** (`apply_liger_kernel_to_llama` / `_qwen2`
-defaults: RMSNorm, SwiGLU, RoPE, fused linear cross-entropy) and **onetrip** (`onetrip.patch`
-with `onetrip.optim.AdamW(master_weights=True)`; the others step torch's fused AdamW on float32
-master copies). Tokens/s: batch x seq over the median step time (CUDA events, after 3 warm-up
-steps). Peak: everything the step holds (`torch.cuda.max_memory_allocated`: weights, grads,
-optimizer state, activations), at the largest batch eager fits, so that memory compares at the
-same batch. Largest batch: the most sequences a step fits in the GPU's memory (`+`: a lower
-bound). Loss: the largest |loss - eager's loss| over 20 steps on the same data.
-"""
-
-ALLREDUCE_TEXT = """\
-## Tensor-parallel all-reduce + residual add + RMSNorm (`onetrip bench allreduce --world N`)
-
-Each rank holds a bf16 partial (batch x hidden); every provider returns h = the sum over ranks +
-the residual, and RMSNorm(h): **nccl+add_rms_norm** (`dist.all_reduce` in place, then onetrip's
-`add_rms_norm`), **symm-one-shot+add_rms_norm** (PyTorch's symmetric-memory
-`one_shot_all_reduce` of a partial already in symmetric memory, then `add_rms_norm`) and
-**onetrip-fused** (`allreduce_add_rms_norm`: one kernel stores the rows into every peer's buffer
-over NVLink, meets its peers at per-program flags, sums in rank order and normalizes). Timing: a
-CUDA graph of 100 back-to-back calls, us a call = the replays' median / 100, the max over ranks
-(the slowest rank sets a TP step's pace); payload: a rank's partial. Check: one eager call's
-outputs against a float64 evaluation, at most twice PyTorch's own bf16 error. Bar:
-onetrip-fused at least 1.2x nccl+add_rms_norm at hidden 8192, batch 1-64.
-"""
-
-DECODE_TP_TEXT = """\
-## Tensor-parallel decode (`onetrip bench decode --tp N`)
-
-Llama-shaped models with random bf16 weights sharded over N GPUs, one process each
-(column-parallel q/k/v and gate/up, row-parallel o and down, the LM head split over the
-vocabulary), a 32-token prompt and 128 new tokens, greedy: **onetrip-tp** (onetrip's engine,
-the step one CUDA graph, a layer's two all-reduces fused with the residual add and RMSNorm) and
-**onetrip-tp-nccl** (the same with NCCL, then the add + norm kernel). tok/s: rank 0's. % of
-floor: the floor over the step time, the floor being the max over ranks of (its weights + its
-KV cache, bytes) / its copy bandwidth measured in the run (the aggregate bandwidth limit). AR: a
-layer's two all-reduces timed alone in a CUDA graph, us a layer, and layers x that as a share of
-the step. vs TP 1: tok/s over onetrip's TP-1 run (the one-GPU engine) of the same build and day.
-Bars: Llama-3.1-8B at TP 2 at least 1.7x onetrip's own TP 1 tok/s at batch 1; a 70B-shaped model
-at TP 4 and 8 at least 75% of the aggregate bandwidth limit and ahead of the gpt-fast-style
-decoder.
-
-From another run (the previous build, the same day, its fused all-reduce pulling peers' rows
-instead of pushing them): **gptfast-tp** (gpt-fast's TP recipe on the same shard tensors:
-`torch.compile(mode="reduce-overhead")`, NCCL all-reduce) decoded Llama-3.1-8B at TP 2 at 232
-tok/s at batch 1 and 3913 at batch 32, onetrip-tp at 350 and 9385 there: vs gptfast-tp 1.51x /
-2.40x. The curated runs leave gptfast-tp out (its compile takes minutes a rank).
-"""
-
-GEMV_TEXT = """\
-## Batch-1 projections (`onetrip bench gemv`)
-
-Every projection of a decode step as `x (1, K) @ W.T`, bf16: cuBLAS through `F.linear` against
-onetrip's `skinny_matmul`, each call on its own copy of the weight so each reads HBM. Floor:
-weight bytes / copy bandwidth.
-"""
-
-DEMO_TEXT = """\
-## The demo (`onetrip demo`)
-
-One decode step of Llama-3.2-1B (random weights, batch 1) three ways, each profiled by
-`onetrip profile`: kernels per step, the share of the step the GPU sits idle, and the verdict.
-"""
-
-
 # What changed in the code since a curated run, where it moves a figure of that run (one line each)
 CAVEATS = {
     ("h200", "serve"): "Not in this run (2026-11-29): transformers-cb, whose attempt in the same job failed at its "
@@ -267,469 +67,35 @@ CAVEATS = {
 }
 
 
-def load(gpu: str, suite: str) -> dict | None:
-    path = RESULTS / gpu / f"{suite}.json"
-    return json.loads(path.read_text()) if path.exists() else None
+@dataclass(frozen=True)
+class Section:
+    """A section of the page: its prose and the writer of a GPU's part from the suite's curated runs."""
+
+    suite: str  # a run's file name starts with it
+    text: str  # the heading and prose: method, peers, floor
+    write: Callable[[str, dict], str] | Callable[[str, list[dict]], str]  # (gpu, data) or, with every_file, (gpu, runs)
+    every_file: bool = False  # the writer takes every file of the suite (decode.json, decode-8b.json, ...)
+    close: Callable[[list[dict]], str] | None = None  # a closing paragraph over the runs of every GPU (every_file)
 
 
-def header(meta: dict) -> str:
-    """One line: the GPU(s), date, versions and the copy bandwidth of the run."""
-    versions = ", ".join(f"{name} {meta[key]}" for key, name in (("torch", "torch"), ("triton", "Triton"),
-                                                                  ("cuda", "CUDA"), ("nccl", "NCCL"),
-                                                                  ("liger_kernel", "Liger-Kernel"),
-                                                                  ("transformers", "transformers")) if meta.get(key))
-    copy = f", copy {meta['copy_gbs']:.0f} GB/s" if meta.get("copy_gbs") else ""
-    if len(meta.get("copy_gbs_per_rank") or ()) > 1:
-        copy += " a GPU (the slowest)"
-    quick = " (`--quick`)" if meta.get("quick") else ""
-    when = meta["date"][:16].replace("T", " ") + " UTC" if "T" in meta["date"] else meta["date"]
-    gpu = meta["gpu"] if " x " in meta["gpu"] or not meta.get("world") else f"{meta['gpu']} x {meta['world']}"
-    return f"**{gpu}**, {when}{quick}; {versions}{copy}."
-
-
-def table(head: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def pct(value) -> str:
-    return "—" if value is None else f"{value:.1f}%"
-
-
-def span(values: list[float], unit: str = "%") -> str:
-    values = [v for v in values if v is not None]
-    if not values:
-        return "—"
-    lo, hi = min(values), max(values)
-    return f"{lo:.1f}{unit}" if f"{lo:.1f}" == f"{hi:.1f}" else f"{lo:.1f}-{hi:.1f}{unit}"
-
-
-# ---------------------------------------------------------------------------------- ops
-
-def ops_section(gpu: str, data: dict) -> str:
-    res = data["results"]
-    by = {(r["op"], r["shape"], r["provider"]): r for r in res}
-    ops = [op for op in OP_ORDER if any(r["op"] == op for r in res)]
-    summary = []
-    for op in ops:
-        mine = [r for r in res if r["op"] == op and r["provider"] == "onetrip" and r.get("gbs")]
-        if op == "rotary":  # shapes are head layouts, not widths
-            narrow, wide, anchors = [r["pct_of_copy"] for r in mine], [], []
-        else:
-            narrow = [r["pct_of_copy"] for r in mine if r.get("sweep") and r["width"] <= 32768]
-            wide = [f"{r['width'] // 1024}K {r['pct_of_copy']:.1f}" for r in sorted(mine, key=lambda r: r["width"])
-                    if r.get("sweep") and r["width"] > 32768]
-            anchors = [f"{r['shape']} {r['pct_of_copy']:.1f}" for r in mine if not r.get("sweep")]
-        speed = [(r["speedup_vs_best_peer"], r["best_peer"]) for r in mine if r.get("speedup_vs_best_peer")]
-        low = min(speed) if speed else None
-        vs = f"{low[0]:.3f}-{max(speed)[0]:.3f}x (lowest: {low[1]})" if low else "—"
-        summary.append([op, span(narrow), ", ".join(wide) or "—", ", ".join(anchors) or "—", vs])
-    out = [header(data["meta"]), "",
-           table(["op", "% of copy, widths <= 32K", "wider (% of copy)", "anchors (% of copy)",
-                  "onetrip / best peer"], summary), ""]
-    rows = []
-    for op in ops:
-        for shape in sorted({r["shape"] for r in res if r["op"] == op and not r.get("sweep")} or
-                            {r["shape"] for r in res if r["op"] == op}):
-            cells = [by.get((op, shape, p)) for p in OPS_PEERS]
-            if cells[-1] is None:
-                continue
-            gbs = ["—" if c is None or not c.get("gbs") else f"{c['gbs']:.0f}" for c in cells]
-            gbs[-1] = f"**{gbs[-1]}** ({cells[-1]['pct_of_copy']:.1f}%)"
-            same = cells[-1].get("pct_of_size_copy")
-            rows.append([op, shape, *gbs, pct(same)])
-    out += ["GB/s at the anchor shapes (rotary: every shape), every provider of the same run:", "",
-            table(["op", "shape", *OPS_PEERS, "onetrip, % of same-bytes copy"], rows), ""]
-    if (RESULTS / gpu / "ops.png").exists():
-        out += [f"![GB/s against width, every op and provider](benchmarks/results/{gpu}/ops.png)", ""]
-    return "\n".join(out)
-
-
-def backward_section(gpu: str, data: dict) -> str:
-    res = data["results"]
-    ops = [op for op in OP_ORDER if any(r["op"] == op for r in res)]
-    rows = []
-    for op in ops:
-        for p in ("fwd+bwd", "bwd"):
-            mine = [r for r in res if r["op"] == op and r["pass"] == p and r["provider"] == "onetrip" and r.get("gbs")]
-            narrow = [r["pct_of_copy"] for r in mine if r.get("width") is None or r["width"] <= 16384]
-            speed = sorted((r["speedup_vs_best_peer"], r["best_peer"]) for r in mine if r.get("speedup_vs_best_peer"))
-            vs = f"{speed[0][0]:.2f}-{speed[-1][0]:.2f}x (lowest: {speed[0][1]})" if speed else "—"
-            peers = {}
-            for r in res:
-                if r["op"] == op and r["pass"] == p and r["provider"] != "onetrip" and r.get("pct_of_copy"):
-                    peers.setdefault(r["provider"], []).append(r["pct_of_copy"])
-            rows.append([op, p, span(narrow), span([r["pct_of_copy"] for r in mine]), vs,
-                         "; ".join(f"{k} {span(v)}" for k, v in peers.items()) or "—"])
-    out = [header(data["meta"]), "",
-           table(["op", "pass", "onetrip % of copy, widths <= 16K", "all shapes", "onetrip / best peer",
-                  "peers' % of copy"], rows), ""]
-    if (RESULTS / gpu / "ops-backward.png").exists():
-        out += [f"![GB/s against width, fwd+bwd and bwd](benchmarks/results/{gpu}/ops-backward.png)", ""]
-    return "\n".join(out)
-
-
-def loss_section(gpu: str, data: dict) -> str:
-    res = data["results"]
-    ce = [r for r in res if r["part"] == "cross_entropy"]
-    provs = list(dict.fromkeys(r["provider"] for r in ce))
-    rows = []
-    for shape in dict.fromkeys(r["shape"] for r in ce):
-        by = {r["provider"]: r for r in ce if r["shape"] == shape}
-        rows.append([f"V={by[provs[0]]['vocab']} ({shape})"] + [
-            "—" if by.get(p) is None or not by[p].get("gbs") else
-            (f"**{by[p]['pct_of_copy']:.1f}%**" if p.startswith("onetrip") else f"{by[p]['pct_of_copy']:.1f}%")
-            for p in provs])
-    out = [header(data["meta"]), "", "cross_entropy fwd+bwd, % of copy bandwidth:", "",
-           table(["shape", *provs], rows), ""]
-    lce = [r for r in res if r["part"] == "linear_cross_entropy"]
-    provs = list(dict.fromkeys(r["provider"] for r in lce))
-    rows = []
-    for shape in dict.fromkeys(r["shape"] for r in lce):
-        by = {r["provider"]: r for r in lce if r["shape"] == shape}
-        rows.append([shape] + ["—" if by.get(p) is None or not by[p].get("median_ms") else
-                               f"{by[p]['median_ms']:.1f} ms, {by[p]['peak_extra_bytes'] / 2**30:.2f} GiB"
-                               for p in provs])
-    out += ["linear_cross_entropy fwd+bwd (tokens x hidden x vocab): time, peak memory added:", "",
-            table(["shape", *provs], rows), ""]
-    if (RESULTS / gpu / "loss.png").exists():
-        out += [f"![losses: GB/s, time and peak memory](benchmarks/results/{gpu}/loss.png)", ""]
-    return "\n".join(out)
-
-
-def optim_section(gpu: str, data: dict) -> str:
-    rows = [[r["config"], r["provider"], "—" if not r.get("median_ms") else f"{r['median_ms']:.2f}",
-             "—" if not r.get("gbs") else f"{r['gbs']:.0f}", pct(r.get("pct_of_copy")),
-             f"{r['speedup_vs_best_peer']:.2f}x" if r.get("speedup_vs_best_peer") else "—"]
-            for r in data["results"]]
-    return "\n".join([header(data["meta"]), "", table(["config", "provider", "ms", "GB/s", "% of copy",
-                                                      "onetrip / best peer"], rows), ""])
-
-
-# ---------------------------------------------------------------------------- attention
-
-def attention_section(gpu: str, data: dict) -> str:
-    res = data["results"]
-    by = {(r["cell"], r["provider"]): r for r in res}
-    cells = list(dict.fromkeys(r["cell"] for r in res))
-    rows = []
-    for cell in cells:
-        vals = [by.get((cell, p)) for p in ATTN_PEERS]
-        tf = ["—" if v is None or not v.get("tflops") else f"{v['tflops']:.0f}" for v in vals]
-        me = vals[-1]
-        if me is None or not me.get("tflops"):
-            continue
-        tf[-1] = f"**{tf[-1]}**"
-        ratio = [f"{me[k]:.2f}x" if me.get(k) else "—" for k in ("vs_fa2", "vs_cudnn")]
-        rows.append([cell, *tf, *ratio])
-    out = [header(data["meta"]), "",
-           table(["cell (TFLOP/s)", *ATTN_PEERS, "vs FA2", "vs cuDNN"], rows), ""]
-    if (RESULTS / gpu / "attention.png").exists():
-        out += [f"![TFLOP/s per cell and provider](benchmarks/results/{gpu}/attention.png)", ""]
-    return "\n".join(out)
-
-
-def attention_backward_section(gpu: str, data: dict) -> str:
-    res = data["results"]
-    provs = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "onetrip-det", "onetrip")
-    rows = []
-    for cell in dict.fromkeys(r["cell"] for r in res):
-        for p in ("bwd", "fwd+bwd"):
-            by = {r["provider"]: r for r in res if r["cell"] == cell and r["pass"] == p}
-            me = by.get("onetrip")
-            if me is None or not me.get("tflops"):
-                continue
-            tf = ["—" if by.get(x) is None or not by[x].get("tflops") else f"{by[x]['tflops']:.0f}" for x in provs]
-            tf[-1] = f"**{tf[-1]}**"
-            rows.append([cell, p, *tf, *(f"{me[k]:.2f}x" if me.get(k) else "—" for k in ("vs_fa2", "vs_cudnn"))])
-    out = [header(data["meta"]), "", table(["cell (TFLOP/s)", "pass", *provs, "vs FA2", "vs cuDNN"], rows), ""]
-    if (RESULTS / gpu / "attention-backward.png").exists():
-        out += [f"![backward TFLOP/s per cell and provider](benchmarks/results/{gpu}/attention-backward.png)", ""]
-    return "\n".join(out)
-
-
-def decode_attention_section(gpu: str, data: dict) -> str:
-    res = data["results"]
-    by = {(r["kind"], r["layout"], r["batch"], r.get("context"), r.get("q_len"), r["provider"]): r for r in res}
-    layouts = sorted({r["layout"] for r in res if r["kind"] == "decode"}, key=lambda s: (s != "contiguous", s))
-    pairs = sorted({(r["batch"], r["context"]) for r in res if r["kind"] == "decode"})
-    rows = []
-    for b, ctx in pairs:
-        row = [f"{b} x {ctx // 1024}K"]
-        for layout in layouts:
-            me = by.get(("decode", layout, b, ctx, 1, "onetrip"))
-            row.append("—" if me is None or not me.get("gbs") else
-                       f"**{me['pct_of_copy']:.1f}%**" + (f" (read {me['pct_of_read']:.0f}%)"
-                                                          if layout == "contiguous" and me.get("pct_of_read") else ""))
-        for prov in ("sdpa", "eager"):
-            peer = by.get(("decode", "contiguous", b, ctx, 1, prov))
-            row.append("—" if peer is None or not peer.get("gbs") else f"{peer['pct_of_copy']:.1f}%")
-        rows.append(row)
-    out = [header(data["meta"]), "",
-           table(["batch x context", *[f"onetrip {lay}" for lay in layouts], "SDPA (contiguous)", "eager"], rows), ""]
-    appends = [r for r in res if r["kind"] == "append_kv" and r["provider"] == "onetrip" and r.get("gbs")]
-    if appends:
-        arows = []
-        for r in appends:
-            peer = next((p for p in res if p["cell"] == r["cell"] and p["provider"] == "eager" and p.get("gbs")), None)
-            arows.append([r["cell"], f"**{r['gbs']:.0f}** ({r['pct_of_copy']:.1f}%)",
-                          "—" if peer is None else f"{peer['gbs']:.0f} ({peer['pct_of_copy']:.1f}%)"])
-        out += ["`append_kv`, GB/s (% of copy):", "", table(["cell", "onetrip", "eager"], arows), ""]
-    return "\n".join(out)
-
-
-# ------------------------------------------------------------------------------- decode
-
-def decode_section(gpu: str, runs: list[dict]) -> str:
-    out = []
-    for data in runs:
-        res = data["results"]
-        steps = [r for r in res if r.get("kind") != "ttft"]
-        provs = [p for p in DECODE_PROVIDERS if any(r["provider"] == p for r in steps)]
-        by = {(r["preset"], r["batch"], r["provider"]): r for r in steps}
-        rows = []
-        for preset, batch in sorted({(r["preset"], r["batch"]) for r in steps}):
-            row = [f"{preset}, batch {batch}"]
-            for p in provs:
-                r = by.get((preset, batch, p))
-                text = "—" if r is None or not r.get("tok_s") else f"{r['tok_s']:.0f}"
-                if r is not None and p == "onetrip-graphs" and r.get("pct_of_limit"):
-                    text = f"**{text}** ({r['pct_of_limit']:.0f}%)"
-                row.append(text)
-            lim = next((r["limit_tok_s"] for r in steps if r["preset"] == preset and r["batch"] == batch
-                        and r.get("limit_tok_s")), None)
-            row.append("—" if lim is None else f"{lim:.0f}")
-            rows.append(row)
-        out += [header(data["meta"]), "", table(["tok/s", *provs, "limit"], rows), ""]
-        ttft = [r for r in res if r.get("kind") == "ttft"]
-        if ttft:
-            tprovs = [p for p in DECODE_PROVIDERS if any(r["provider"] == p for r in ttft)]
-            tby = {(r["preset"], r["prompt"], r["provider"]): r for r in ttft}
-            trows = [[f"{preset}, {prompt} tokens",
-                      *["—" if (preset, prompt, p) not in tby or not tby[(preset, prompt, p)].get("ttft_ms")
-                        else f"{tby[(preset, prompt, p)]['ttft_ms']:.1f}" for p in tprovs]]
-                     for preset, prompt in sorted({(r["preset"], r["prompt"]) for r in ttft})]
-            out += ["Time to first token, ms:", "", table(["prompt", *tprovs], trows), ""]
-    return "\n".join(out)
-
-
-# -------------------------------------------------------------------------------- serve
-
-def first_line(error: str) -> str:
-    """An error's first line, without its closing full stop (it goes inside a sentence)."""
-    return (error.splitlines() or [""])[0].rstrip(".")
-
-
-def serve_section(gpu: str, data: dict) -> str:
-    """A table per (preset, load point): a row per provider, onetrip-static's row (it ignores
-    arrivals) under every load point of its concurrency; then the bars."""
-    meta, res = data["meta"], data["results"]
-    out = [header(meta), "",
-           f"{meta.get('num_requests')} requests, prompts {meta.get('prompt_lo')}-{meta.get('prompt_hi')} tokens, "
-           f"{meta.get('output_len')} new tokens each; {meta.get('arrivals')}.", ""]
-    order = {p: i for i, p in enumerate(SERVE_PROVIDERS)}
-    static = {(r["preset"], r["concurrency"]): r for r in res if r["provider"] == "onetrip-static"}
-    points = {(r["preset"], r["concurrency"], r.get("rate")) for r in res if r["provider"] != "onetrip-static"}
-    points |= {(preset, c, None) for preset, c in static if not any(k[:2] == (preset, c) for k in points)}
-    presets = list(dict.fromkeys(r["preset"] for r in res))  # in the run's order
-    points = sorted(points, key=lambda k: (presets.index(k[0]), k[1], k[2] or 0.0))
-    for preset, c, rate in points:
-        rows = [r for r in res if (r["preset"], r["concurrency"], r.get("rate")) == (preset, c, rate)
-                and r["provider"] != "onetrip-static"]
-        if (preset, c) in static:
-            rows.append(static[(preset, c)])
-        table_rows, failed = [], []
-        for r in sorted(rows, key=lambda r: order.get(r["provider"], len(order))):
-            if r.get("error"):
-                table_rows.append([r["provider"], *["—"] * 8])
-                failed.append(f"{r['provider']}: {first_line(r['error'])}")
-                continue
-            num = lambda key, fmt, unit="": "—" if r.get(key) is None else format(r[key], fmt) + unit
-            pair = lambda key: "—" if r.get(f"{key}_p50_ms") is None else \
-                f"{r[f'{key}_p50_ms']:.1f} / {r[f'{key}_p99_ms']:.1f}"
-            tok = num("output_tok_s", ".0f")
-            agree = r.get("tokens_agree_static")
-            tokens = ("ok" if r.get("tokens_ok") else "WRONG count") + \
-                ("" if agree is None or r["provider"] == "onetrip-static" else f", {100 * agree:.0f}% same as static")
-            table_rows.append([r["provider"], f"**{tok}**" if r["provider"] == "onetrip" else tok,
-                               num("requests_s", ".1f"), pair("ttft"), pair("itl"),
-                               num("itl_p50_over_static_step", ".2f", "x"), num("vs_transformers_cb", ".2f", "x"),
-                               num("vs_static", ".2f", "x"), tokens])
-        step = static.get((preset, c), {}).get("static_step_ms")
-        load = f"C={c}" + ("" if rate is None else f", {rate:g} req/s")
-        out += [f"{preset}, {load}" + ("" if step is None else f"; static decode step {step:.2f} ms") + ":", "",
-                table(["provider", "output tok/s", "req/s", "TTFT ms p50 / p99", "ITL ms p50 / p99", "ITL / step",
-                       "vs transformers-cb", "vs static", "tokens"], table_rows), ""]
-        settings = next((r["settings"] for r in rows if r.get("settings")), None)
-        if settings:
-            out += [f"transformers-cb: {settings}.", ""]
-        if failed:
-            out += ["Failed: " + "; ".join(failed) + ".", ""]
-    if (RESULTS / gpu / "serve.png").exists():
-        out += [f"![output tok/s, TTFT and ITL against the load](benchmarks/results/{gpu}/serve.png)", ""]
-    return "\n".join(out) + "\n" + serve_bars(res)
-
-
-def serve_bars(res: list[dict]) -> str:
-    """The bars per preset at 64 streams, closed loop: met, not met, or not measured (why)."""
-    lines = []
-    for preset in SERVE_BAR_PRESETS:
-        point = (preset, SERVE_BAR_C, None)
-        at = {r["provider"]: r for r in res if (r["preset"], r["concurrency"], r.get("rate")) == point}
-        mine = at.get("onetrip")
-        if mine is None or mine.get("error"):
-            lines.append(f"- {preset}: not measured ({'no run' if mine is None else first_line(mine['error'])}).")
-            continue
-        cells = []
-        for key, peer, label, at_least, bar in SERVE_BARS:
-            value, other = mine.get(key), at.get(peer)
-            if value is None:
-                why = f"{peer}: {first_line(other['error'])}" if other and other.get("error") else f"no {peer} run"
-                cells.append(f"{label} not measured ({why})")
-                continue
-            met = value >= bar if at_least else value <= bar
-            cells.append(f"{label} {value:.2f}x (bar {'>=' if at_least else '<='} {bar:g}x: "
-                         f"{'met' if met else 'not met'})")
-        lines.append(f"- {preset}: " + "; ".join(cells) + ".")
-    return f"Against the bars (C={SERVE_BAR_C}, closed loop):\n\n" + "\n".join(lines) + "\n"
-
-
-# --------------------------------------------------------------------- tensor parallel
-
-def allreduce_section(gpu: str, data: dict) -> str:
-    res = data["results"]
-    provs = list(dict.fromkeys(r["provider"] for r in res))
-    out = [header(data["meta"]), ""]
-    for hidden in dict.fromkeys(r["hidden"] for r in res):
-        rows = []
-        for batch in dict.fromkeys(r["batch"] for r in res if r["hidden"] == hidden):
-            by = {r["provider"]: r for r in res if (r["hidden"], r["batch"]) == (hidden, batch)}
-            cells = ["—" if by.get(p) is None or by[p].get("us_max") is None else
-                     (f"**{by[p]['us_max']:.1f}**" if p == "onetrip-fused" else f"{by[p]['us_max']:.1f}")
-                     for p in provs]
-            mine = by.get("onetrip-fused") or {}
-            check = "—" if mine.get("ok") is None else \
-                f"{'ok' if mine['ok'] else 'FAIL'} ({mine['max_err']:.1e} / {mine['bound']:.1e})"
-            payload = next(r["payload_bytes"] for r in by.values())
-            rows.append([str(batch), f"{payload // 1024} KiB", *cells,
-                         f"{mine['speedup']:.2f}x" if mine.get("speedup") else "—", check])
-        out += [f"hidden {hidden}, us a call (max over ranks):", "",
-                table(["batch", "payload", *provs, "fused / nccl", "fused check (max err / bound)"], rows), ""]
-    failed = [f"{r['provider']} {r['hidden']} x {r['batch']}: {r['error']}" for r in res if r.get("error")]
-    if failed:
-        out += ["Failed: " + "; ".join(failed) + ".", ""]
-    bar = [r for r in res if r["provider"] == "onetrip-fused" and r["hidden"] == 8192 and 1 <= r["batch"] <= 64]
-    if bar:
-        speed = [r.get("speedup") or 0.0 for r in bar]
-        out += [f"Against the bar (hidden 8192, batch {min(r['batch'] for r in bar)}-{max(r['batch'] for r in bar)}): "
-                f"onetrip-fused {min(speed):.2f}-{max(speed):.2f}x nccl+add_rms_norm, "
-                f"{'met' if min(speed) >= 1.2 else 'not met'}.", ""]
-    return "\n".join(out)
-
-
-def natural(text: str) -> list:
-    """Sort key that puts llama-3.1-8b before llama-3.1-70b."""
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
-
-
-def decode_tp_section(gpu: str, runs: list[dict]) -> str:
-    """One table over every run of the folder: a row per (preset, TP, batch, provider)."""
-    recs = [r for data in runs for r in data["results"]]
-    out = []
-    for data in sorted(runs, key=lambda d: (d["meta"]["tp"], d["meta"]["date"])):
-        presets = ", ".join(dict.fromkeys(r["preset"] for r in data["results"]))
-        out.append(f"- TP {data['meta']['tp']}, {presets}: {header(data['meta'])}")
-    order = {p: i for i, p in enumerate(DECODE_TP_PROVIDERS)}
-    rows = []
-    for r in sorted(recs, key=lambda r: (natural(r["preset"]), r["tp"], r["batch"], order.get(r["provider"], -1))):
-        num = lambda key, fmt: "—" if r.get(key) is None else format(r[key], fmt)
-        tok = num("tok_s", ".0f")
-        rows.append([r["preset"], str(r["tp"]), str(r["batch"]), r["provider"],
-                     f"**{tok}**" if r["provider"] == "onetrip-tp" and r.get("tok_s") else tok,
-                     num("ms_per_step", ".2f"), pct(r.get("pct_of_floor")), num("allreduce_us_per_layer", ".1f"),
-                     pct(r.get("allreduce_pct_of_step")), num("vs_tp1", ".2f") + "x" * (r.get("vs_tp1") is not None),
-                     num("vs_gptfast", ".2f") + "x" * (r.get("vs_gptfast") is not None)])
-    out += ["", table(["preset", "TP", "batch", "provider", "tok/s", "ms / step", "% of floor", "AR us / layer",
-                       "AR % of step", "vs TP 1", "vs gptfast-tp"], rows), ""]
-    failed = [f"{r['preset']} TP {r['tp']} batch {r['batch']} {r['provider']}: {r['error']}" for r in recs
-              if r.get("error")]
-    if failed:
-        out += ["Failed: " + "; ".join(failed) + ".", ""]
-    return "\n".join(out)
-
-
-def decode_tp_bars(runs: list[dict]) -> str:
-    """The issue's bars against the runs of every GPU folder."""
-    mine = [r for data in runs for r in data["results"] if r["provider"] == "onetrip-tp" and r.get("tok_s")]
-    small = next((r for r in mine if r["preset"] == "llama-3.1-8b" and r["tp"] == 2 and r["batch"] == 1
-                  and r.get("vs_tp1")), None)
-    first = "Llama-3.1-8B, TP 2, batch 1: " + ("not measured" if small is None else
-                                               f"{small['vs_tp1']:.2f}x onetrip's TP 1 tok/s "
-                                               f"(bar 1.7x: {'met' if small['vs_tp1'] >= 1.7 else 'not met'})")
-    big = lambda tp: [r for r in mine if "70b" in r["preset"] and r["tp"] == tp]
-    cells = []
-    for tp in (2, 4, 8):
-        for r in big(tp):
-            peer = f", {r['vs_gptfast']:.2f}x gptfast-tp" if r.get("vs_gptfast") else ", gptfast-tp not run"
-            cells.append(f"TP {tp} batch {r['batch']}: {pct(r.get('pct_of_floor'))} of the floor{peer}")
-    if not big(4) and not big(8):
-        cells.append("TP 4 / 8: not measured, no 4- or 8-GPU machine lent")
-    return f"Against the bars: {first}. 70B-shaped (bar: TP 4 and 8, 75% of the floor): {'; '.join(cells)}.\n"
-
-
-def gemv_section(gpu: str, data: dict) -> str:
-    res = [r for r in data["results"] if r["rows"] == 1]
-    by = {(r["preset"], r["proj"], r["provider"]): r for r in res}
-    rows = []
-    for preset, proj in dict.fromkeys((r["preset"], r["proj"]) for r in res):
-        cub, me = by.get((preset, proj, "cublas")), by.get((preset, proj, "onetrip"))
-        if not (cub and me and cub.get("gbs") and me.get("gbs")):
-            continue
-        rows.append([preset, me["shape"], f"{cub['gbs']:.0f} ({cub['pct_of_copy']:.0f}%)",
-                     f"**{me['gbs']:.0f}** ({me['pct_of_copy']:.0f}%)", f"{me['speedup_vs_cublas']:.2f}x"])
-    return "\n".join([header(data["meta"]), "",
-                      table(["model", "projection (N x K)", "cuBLAS GB/s", "onetrip GB/s", "speedup"], rows), ""])
-
-
-def train_section(gpu: str, data: dict) -> str:
-    seq = data["meta"].get("settings", {}).get("seq")
-    rows, missing = [], []
-    for r in data["results"]:
-        if r.get("error") or not r.get("losses"):
-            missing.append(f"{r['model']} {r['provider']}: {r.get('error') or r.get('skipped')}")
-            continue
-        vs = lambda key: f" ({r[key]:.2f}x)" if r.get(key) else ""
-        star = (lambda text: f"**{text}**") if r["provider"] == "onetrip" else (lambda text: text)
-        largest = "—" if r.get("max_batch") is None else \
-            f"{r['max_batch']}{'' if r['max_batch_exact'] else '+'} x {r['seq']}{vs('max_tokens_vs_eager')}"
-        rows.append([r["model"], r["provider"], str(r["batch"]),
-                     "—" if not r.get("tokens_per_s") else star(f"{r['tokens_per_s']:,.0f}") + vs("speedup_vs_eager"),
-                     "—" if not r.get("peak_bytes") else star(f"{r['peak_bytes'] / 2**30:.1f}") + vs("peak_vs_eager"),
-                     largest, "—" if r.get("max_loss_diff") is None else f"{r['max_loss_diff']:.1e}"])
-    out = [header(data["meta"]), "",
-           table(["model", "provider", "batch", f"tokens/s (vs eager), seq {seq}", "peak GiB (vs eager)",
-                  "largest batch (vs eager)", "max loss diff"], rows), ""]
-    if missing:
-        out += ["Not measured: " + "; ".join(missing) + ".", ""]
-    if (RESULTS / gpu / "train.png").exists():
-        out += [f"![loss curves, peak memory and tokens/s per provider](benchmarks/results/{gpu}/train.png)", ""]
-    return "\n".join(out)
-
-
-def demo_section(gpu: str, data: dict) -> str:
-    rows = [[r["mode"], f"{r['tok_s']:.0f}", f"{r['pct_of_limit']:.0f}%", str(r["kernels_per_step"]),
-             f"{100 * r['idle_share']:.0f}%", r["verdict"]] for r in data["results"]]
-    out = [header(data["meta"]), "",
-           table(["mode", "tok/s", "% of limit", "kernels / step", "idle share", "verdict"], rows), ""]
-    if (RESULTS / gpu / "demo-timelines.png").exists():
-        out += [f"![the three timelines](benchmarks/results/{gpu}/demo-timelines.png)", ""]
-    return "\n".join(out)
-
-
-SUITES = ("allreduce", "attention", "attention-backward", "decode", "decode-attention", "decode-tp", "demo", "gemv",
-          "loss", "ops", "ops-backward", "optim", "serve", "train")  # a run's file name starts with one
-BY_RUN = {"decode": decode_section, "decode-tp": decode_tp_section}  # sections over every file of the suite
+SECTIONS = (  # in the page's order
+    Section("ops", ops.OPS_TEXT, ops.ops_section),
+    Section("ops-backward", ops.BACKWARD_TEXT, ops.backward_section),
+    Section("loss", ops.LOSS_TEXT, ops.loss_section),
+    Section("optim", ops.OPTIM_TEXT, ops.optim_section),
+    Section("train", decode.TRAIN_TEXT, decode.train_section),
+    Section("attention", attention.ATTN_TEXT, attention.attention_section),
+    Section("attention-backward", attention.ATTN_BWD_TEXT, attention.attention_backward_section),
+    Section("decode-attention", attention.DATTN_TEXT, attention.decode_attention_section),
+    Section("decode", decode.DECODE_TEXT, decode.decode_section, every_file=True),
+    Section("serve", serve_tp.SERVE_TEXT, serve_tp.serve_section),
+    Section("allreduce", serve_tp.ALLREDUCE_TEXT, serve_tp.allreduce_section),
+    Section("decode-tp", serve_tp.DECODE_TP_TEXT, serve_tp.decode_tp_section, every_file=True,
+            close=serve_tp.decode_tp_bars),
+    Section("gemv", decode.GEMV_TEXT, decode.gemv_section),
+    Section("demo", decode.DEMO_TEXT, decode.demo_section),
+)
+SUITES = tuple(sorted(section.suite for section in SECTIONS))
 
 
 def suite_of(stem: str) -> str | None:
@@ -739,37 +105,29 @@ def suite_of(stem: str) -> str | None:
 
 def runs_of(gpu: str, suite: str) -> list[dict]:
     """Every curated run of ``suite`` on ``gpu``: ``<suite>.json`` and ``<suite>-<tag>.json``."""
-    return [json.loads(p.read_text()) for p in sorted((RESULTS / gpu).glob("*.json")) if suite_of(p.stem) == suite]
+    return [json.loads(p.read_text()) for p in sorted((common.RESULTS / gpu).glob("*.json"))
+            if suite_of(p.stem) == suite]
 
 
 def render() -> str:
     parts = [INTRO]
-    sections = ((OPS_TEXT, "ops", ops_section), (BACKWARD_TEXT, "ops-backward", backward_section),
-                (LOSS_TEXT, "loss", loss_section), (OPTIM_TEXT, "optim", optim_section),
-                (TRAIN_TEXT, "train", train_section),
-                (ATTN_TEXT, "attention", attention_section),
-                (ATTN_BWD_TEXT, "attention-backward", attention_backward_section),
-                (DATTN_TEXT, "decode-attention", decode_attention_section), (DECODE_TEXT, "decode", None),
-                (SERVE_TEXT, "serve", serve_section),
-                (ALLREDUCE_TEXT, "allreduce", allreduce_section), (DECODE_TP_TEXT, "decode-tp", None),
-                (GEMV_TEXT, "gemv", gemv_section), (DEMO_TEXT, "demo", demo_section))
-    for text, suite, fn in sections:
+    for section in SECTIONS:
         body, every = [], []
         for gpu in GPUS:
-            if fn is None:  # one file per run (decode.json, decode-8b.json, ...)
-                runs = runs_of(gpu, suite)
+            if section.every_file:
+                runs = runs_of(gpu, section.suite)
                 every += runs
-                text_gpu = BY_RUN[suite](gpu, runs) if runs else None
+                text_gpu = section.write(gpu, runs) if runs else None
             else:
-                data = load(gpu, suite)
-                text_gpu = None if data is None else fn(gpu, data)
+                data = common.load(gpu, section.suite)
+                text_gpu = None if data is None else section.write(gpu, data)
             if text_gpu is not None:
-                note = CAVEATS.get((gpu, suite))
+                note = CAVEATS.get((gpu, section.suite))
                 body.append(text_gpu + (f"\n{note}\n" if note else ""))
-        if body and suite == "decode-tp":
-            body.append(decode_tp_bars(every))
+        if body and section.close is not None:
+            body.append(section.close(every))
         if body:
-            parts += [text, *body]
+            parts += [section.text, *body]
     return "\n".join(parts).rstrip() + "\n"
 
 
@@ -783,7 +141,7 @@ def gpu_folder(meta: dict) -> str | None:
 
 
 def take(run: Path, tag: str | None, gpu: str | None = None) -> Path:
-    """Copy ``run`` (a bench's JSON; its PNG beside it too) to ``RESULTS/<gpu>/<suite>[-<tag>].json``;
+    """Copy ``run`` (a bench's JSON; its PNG beside it too) to ``benchmarks/results/<gpu>/<suite>[-<tag>].json``;
     ``gpu`` (a folder of the run's GPU model) overrides the run's own folder, e.g. for a TP-1
     baseline run on one GPU of an h200x2 host, kept beside its TP-2 runs."""
     data = json.loads(run.read_text())
@@ -797,7 +155,7 @@ def take(run: Path, tag: str | None, gpu: str | None = None) -> Path:
                          f"(meta's suite, tp, or a file name starting with one of {SUITES})")
     if gpu is not None and (gpu not in GPUS or gpu.split("x")[0] != own.split("x")[0]):
         raise SystemExit(f"--gpu {gpu}: not a folder of the run's GPU model {own.split('x')[0]} (known: {GPUS})")
-    dest = RESULTS / (gpu or own) / (f"{suite}-{tag}" if tag else suite)
+    dest = common.RESULTS / (gpu or own) / (f"{suite}-{tag}" if tag else suite)
     dest.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(run, dest.with_suffix(".json"))
     if run.with_suffix(".png").exists():
@@ -815,7 +173,7 @@ def main() -> int:
                                                     "(e.g. a TP-1 baseline beside the h200x2 runs it is measured for)")
     args = parser.parse_args()
     for run in args.take or ():
-        print(f"took {run} as {take(run, args.tag, args.gpu).relative_to(ROOT)}")
+        print(f"took {run} as {take(run, args.tag, args.gpu).relative_to(common.ROOT)}")
     text = render()
     if args.check:
         if TARGET.read_text() != text:
@@ -823,7 +181,7 @@ def main() -> int:
             return 1
         return 0
     TARGET.write_text(text)
-    print(f"wrote {TARGET.relative_to(ROOT)} ({text.count(chr(10))} lines)")
+    print(f"wrote {TARGET.relative_to(common.ROOT)} ({text.count(chr(10))} lines)")
     return 0
 
 
