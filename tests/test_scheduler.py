@@ -1,8 +1,9 @@
 """The continuous-batching Scheduler on the tiny preset in float32 (eager on the CPU): greedy
-tokens equal Engine.generate's with requests arriving between steps, preemption on a
-pool too small for every request recomputes without a seam, 1,000 random requests with
-aborts leave the pool whole, a seeded request draws the same tokens alone, in a mixed
-batch and through Engine, argument errors name the argument."""
+tokens equal Engine.generate's with requests arriving between steps, several requests
+prefill in one forward within the token budget and a budget below one prompt advances
+chunk by chunk, preemption on a pool too small for every request recomputes without a
+seam, 1,000 random requests with aborts leave the pool whole, a seeded request draws the
+same tokens alone, in a mixed batch and through Engine, argument errors name the argument."""
 
 import random
 
@@ -38,14 +39,18 @@ def _prompts(gen, lens):
     return [torch.randint(1, TINY.vocab_size, (n,), generator=gen, device=DEVICE).tolist() for n in lens]
 
 
-def _drain(sched, arrivals=None):
+def _drain(sched, arrivals=None, steps=None):
     """Step until nothing is left; ``arrivals`` {step: [(id, prompt, params)]} are added
-    before that step. Returns {id: (tokens, finish_reason)}; checks every output's stream."""
+    before that step. Returns {id: (tokens, finish_reason)}; checks every output's stream.
+    ``steps``: a list that gets each step's outputs."""
     arrivals, done, streamed, k = dict(arrivals or {}), {}, {}, 0
     while sched.has_unfinished() or arrivals:
         for args in arrivals.pop(k, []):
             sched.add_request(*args)
-        for out in sched.step():
+        outs = sched.step()
+        if steps is not None:
+            steps.append(outs)
+        for out in outs:
             streamed.setdefault(out.request_id, []).extend(out.new_token_ids)
             assert streamed[out.request_id] == out.token_ids
             if out.finished:
@@ -68,6 +73,67 @@ def test_greedy_matches_engine(gen):
     for i, n in enumerate(news):
         assert got[str(i)] == (want[i][:n], "length"), i
     assert sched.free_pages == sched.total_pages == 4 * 12 and sched.num_running == sched.num_waiting == 0
+
+
+def _forwards(model):
+    """Record (rows, width, prefill) of every Model.forward call (a prefill passes a logits_index)."""
+    calls, forward = [], model.forward
+
+    def recorded(tokens, cache_seqlens=None, logits_index=None):
+        calls.append((*tokens.shape, logits_index is not None))
+        return forward(tokens, cache_seqlens, logits_index)
+
+    model.forward = recorded
+    return calls
+
+
+def test_prefill_batches_requests(gen):
+    """Six requests arriving together are prefilled in one forward (6 rows right-padded to
+    the longest prompt, 33), and five of them decode in the same step (the sixth wants one
+    token): two forwards give eleven tokens. With prefill_tokens=40 and chunks of 16, each
+    prefill forward holds rows x width <= 40, the first the oldest request beside the
+    oldest 16-token chunk. Both give Engine.generate's tokens."""
+    model = _model()
+    lens, news = [5, 1, 19, 33, 7, 12], [10, 6, 12, 3, 1, 9]
+    prompts = _prompts(gen, lens)
+    want = Engine(model, max_seq=64, max_batch=8, graphs=False).generate(prompts, max(news)).tokens
+    reqs = [(str(i), p, SamplingParams(max_tokens=n)) for i, (p, n) in enumerate(zip(prompts, news))]
+    for kwargs, first in [(dict(prefill_chunk=64), (6, 33)), (dict(prefill_chunk=16, prefill_tokens=40), (2, 16))]:
+        sched = Scheduler(model, max_batch=8, max_seq=48, page_size=4, **kwargs)
+        calls, steps = _forwards(model), []
+        got = _drain(sched, {0: reqs}, steps)
+        del model.forward
+        prefills = [(r, w) for r, w, prefill in calls if prefill]
+        assert prefills[0] == first and all(r * w <= sched.prefill_tokens for r, w in prefills)
+        if first == (6, 33):
+            assert calls[:3] == [(6, 33, True), (8, 1, False), (8, 1, False)]
+            assert sum(len(o.new_token_ids) for o in steps[0]) == 11 and len(prefills) == 1
+        for i, n in enumerate(news):
+            assert got[str(i)] == (want[i][:n], "length"), i
+        assert sched.free_pages == sched.total_pages
+
+
+def test_small_budget_prefills_chunk_by_chunk(gen):
+    """prefill_tokens=3, below every prompt: prompts of 20 and 7 tokens advance 3 tokens a
+    forward. A 2-token last chunk beside a 6-token one at position 18 of max_seq 22 (pages
+    of 1 token): its padding runs past max_seq onto the sink. Both give Engine.generate's
+    tokens."""
+    model = _model(seed=10)
+    prompts = _prompts(gen, [20, 7, 6])
+    want = Engine(model, max_seq=32, max_batch=4, graphs=False).generate(prompts, 4).tokens
+    sched = Scheduler(model, max_batch=4, max_seq=32, page_size=4, prefill_chunk=8, prefill_tokens=3)
+    calls = _forwards(model)
+    got = _drain(sched, {0: [(str(i), p, SamplingParams(max_tokens=4)) for i, p in enumerate(prompts[:2])]})
+    assert got == {str(i): (want[i], "length") for i in range(2)}
+    prefills = [r * w for r, w, prefill in calls if prefill]
+    assert max(prefills) <= 3 and len(prefills) >= 9  # 27 prompt tokens
+    sched = Scheduler(model, max_batch=2, max_seq=22, page_size=1, prefill_chunk=6)
+    calls.clear()
+    got = _drain(sched, {0: [("a", prompts[0], SamplingParams(max_tokens=2))],
+                         3: [("b", prompts[2], SamplingParams(max_tokens=3))]})
+    del model.forward
+    assert [(r, w) for r, w, prefill in calls if prefill] == [(1, 6)] * 3 + [(2, 6)]
+    assert got == {"a": (want[0][:2], "length"), "b": (want[2][:3], "length")}
 
 
 def test_stops():
@@ -201,6 +267,7 @@ def test_argument_errors():
         (dict(max_batch=0), "max_batch must be an int >= 1, got 0"),
         (dict(page_size=2.0), "page_size must be an int >= 1, got 2.0"),
         (dict(prefill_chunk=0), "prefill_chunk must be an int >= 1, got 0"),
+        (dict(prefill_tokens=True), "prefill_tokens must be an int >= 1, got True"),
         (dict(num_pages=1), r"num_pages must be an int >= 2 \(one page is the sink\) or None, got 1"),
         (dict(memory_fraction=0.0), r"memory_fraction must be in \(0, 1\], got 0.0"),
         (dict(max_seq=40, page_size=4, num_pages=10), "max_seq 40 needs 10 pages of 4 tokens but num_pages 10 "
@@ -243,13 +310,16 @@ def test_argument_errors():
 
 
 def test_fused_backend_matches_eager(gen):
-    """The fused backend (through Triton's interpreter on the CPU) gives the eager run's tokens."""
-    prompts = _prompts(gen, [3, 6])
+    """The fused backend (through Triton's interpreter on the CPU) gives the eager run's
+    tokens, with a prefill block whose rows start at 8, 0 and 0 (a 12-token prompt's
+    second chunk beside two new prompts)."""
+    prompts = _prompts(gen, [12, 3, 6])
+    reqs = [(str(i), p, SamplingParams(max_tokens=3)) for i, p in enumerate(prompts)]
     got = []
     for backend in ("eager", "fused"):
-        sched = Scheduler(_model(backend, seed=8), max_batch=2, max_seq=16, page_size=4)
-        got.append(_drain(sched, {0: [(str(i), p, SamplingParams(max_tokens=3)) for i, p in enumerate(prompts)]}))
-    assert got[0] == got[1]
+        sched = Scheduler(_model(backend, seed=8), max_batch=3, max_seq=16, page_size=4, prefill_chunk=8)
+        got.append(_drain(sched, {0: reqs[:1], 1: reqs[1:]}))
+    assert got[0] == got[1] and len(got[0]) == 3
 
 
 @pytest.mark.gpu

@@ -84,7 +84,7 @@ class LLM:
     backend: the model's backend; None keeps a given Model's and picks "fused" on a GPU,
         "eager" on the CPU for a loaded one.
     tokenizer: a ``Tokenizer``, for a Model (a loaded directory brings its own).
-    **scheduler_kwargs: the Scheduler's (max_seq, page_size, num_pages, prefill_chunk,
+    **scheduler_kwargs: the Scheduler's (max_seq, page_size, num_pages, prefill_chunk, prefill_tokens,
         graphs, eos_ids (default: the tokenizer's), memory_fraction).
     """
 

@@ -14,11 +14,14 @@ One ``step()``:
                when the pool is dry the youngest admitted request is preempted: its pages
                go back, it returns to the queue's front with its tokens appended to its
                prompt, and is recomputed later (its output goes on where it stopped).
-    2. admit   with no prefill in flight, the queue's head (FIFO) is admitted when a table
-               row and the pages of its prompt + 1 are free.
-    3. prefill one chunk (``prefill_chunk`` tokens) of the admitted request, through
-               ``Model.forward`` on a one-row block table over the same pools; after its
-               last chunk its first token is drawn and it takes the next table row.
+    2. admit   the queue's head (FIFO) joins the prefilling requests while a table row and
+               the pages of its prompt + 1 are free and their next chunks add up to less
+               than ``prefill_tokens``.
+    3. prefill one ``Model.forward`` over a block table of up to ``max_batch`` rows: the
+               oldest prefilling request and the others that fill the budget best
+               (``prefill_tokens`` counts rows x the longest chunk), each its next chunk
+               of at most ``prefill_chunk`` tokens, right-padded. A request whose prompt
+               ends in its chunk draws its first token and takes the next table row.
     4. decode  one step of rows 0..n-1 in bucket ``min(bucket_for(n), max_batch)``; rows past
                n point at the sink page. With ``graphs`` on a GPU this is one CUDA-graph
                replay per (bucket, sampling mode), over static buffers that the host
@@ -30,12 +33,13 @@ One ``step()``:
 Every row samples with its own params (``sampling.sample_rows``): temperature, top_k,
 top_p, min_p and seed are per-row tensors, and a row's noise is keyed by its request's seed
 and its own token count at batch row 0, so a request draws the same tokens alone, in any
-batch and after a preemption. The host keeps a mirror of the row buffers (``_Rows``) and
+batch and after a preemption. The host keeps a mirror of the row buffers (``_rows.Rows``) and
 uploads the rows that changed, asynchronously, before the step that reads them.
 """
 
 from __future__ import annotations
 
+import bisect
 import collections
 import itertools
 import operator
@@ -47,8 +51,9 @@ import torch
 from ..graphs import capture
 from ..models.llama import Model
 from ..models.paged import SINK, PagedKVCache, pages_for
+from ._rows import Rows
 from .generate import bucket_for
-from .sampling import RowParams, SamplingParams, row_mode, row_values, sample_rows
+from .sampling import SamplingParams, row_mode, row_values, sample_rows
 
 
 @dataclass
@@ -80,58 +85,6 @@ class _Request:
     finish_reason: Optional[str] = None
 
 
-class _Rows:
-    """The per-row state a decode step reads, (rows,) each but the table, on the device and
-    as a host mirror (page-locked on a GPU, so uploads are asynchronous).
-
-    table (rows, max_blocks) int32; lens int32 (tokens in the cache); tok (rows, 1) int64
-    (the next input); active int32 (1 for a real row: lens += active); the sampling rows
-    (``RowParams``). The last row is the prefill's (its table and sampling params)."""
-
-    def __init__(self, rows: int, max_blocks: int, device: torch.device):
-        pin = device.type == "cuda"
-
-        def make(dev, pin_memory):
-            return dict(table=torch.full((rows, max_blocks), SINK, dtype=torch.int32, device=dev,
-                                         pin_memory=pin_memory),
-                        lens=torch.zeros(rows, dtype=torch.int32, device=dev, pin_memory=pin_memory),
-                        tok=torch.zeros(rows, 1, dtype=torch.int64, device=dev, pin_memory=pin_memory),
-                        active=torch.zeros(rows, dtype=torch.int32, device=dev, pin_memory=pin_memory))
-
-        self.dev = make(device, False)
-        self.host = make("cpu", pin)
-        self.sampling = RowParams.empty(rows, device)
-        host_sampling = RowParams.empty(rows, "cpu", pin=pin)
-        names = ("inv_temperature", "top_k", "top_p", "log_min_p", "seed_key", "step")
-        self.dev.update(zip(names, self.sampling.tensors()))
-        self.host.update(zip(names, host_sampling.tensors()))
-        self.np = {name: t.numpy() for name, t in self.host.items()}  # fast element writes
-        self.dirty: set[int] = set()
-        self.copied: Optional[torch.cuda.Event] = None  # the last upload's end (GPU)
-
-    def upload(self) -> None:
-        """Copy the dirty rows (runs of consecutive rows) of every buffer to the device."""
-        rows = sorted(self.dirty)
-        self.dirty.clear()
-        for _, run in itertools.groupby(enumerate(rows), lambda p: p[1] - p[0]):
-            run = [r for _, r in run]
-            lo, hi = run[0], run[-1] + 1
-            for name, dst in self.dev.items():
-                dst[lo:hi].copy_(self.host[name][lo:hi], non_blocking=True)
-        if self.dev["lens"].is_cuda:
-            self.copied = torch.cuda.Event()
-            self.copied.record()
-
-    def writable(self) -> dict:
-        """The host mirror's numpy views, once the last upload has read them (an asynchronous
-        copy reads the page-locked mirror when it runs; the copies sit ahead of the step's
-        kernels in the stream, so this wait is short)."""
-        if self.copied is not None:
-            self.copied.synchronize()
-            self.copied = None
-        return self.np
-
-
 class Scheduler:
     """Continuous batching of requests on ``model`` (eager or fused backend; module docstring).
 
@@ -142,7 +95,11 @@ class Scheduler:
     num_pages: pages per layer, one of them the sink. Default: on a GPU, what
         ``memory_fraction`` of the free memory holds (at most ``max_batch`` sequences of
         the default max_seq); on the CPU, ``max_batch`` sequences of max_seq.
-    prefill_chunk: prompt tokens per prefill forward (one chunk per step).
+    prefill_chunk: prompt tokens of one request per prefill forward at most; a longer
+        prompt goes on chunk by chunk, one chunk a step.
+    prefill_tokens: the prefill forward's budget, rows x its longest chunk (padding
+        counted): the most tokens one step prefills, bounding how long it stalls the
+        running decodes. A request's chunk is at most min(prefill_chunk, prefill_tokens).
     graphs: capture each decode bucket's step in a CUDA graph (GPU only; ignored on the CPU).
     eos_ids: the model's end ids; a request stops at them unless ``ignore_eos``.
 
@@ -151,14 +108,14 @@ class Scheduler:
 
     def __init__(self, model: Model, *, max_batch: int = 64, max_seq: Optional[int] = None, page_size: int = 64,
                  num_pages: Optional[int] = None, prefill_chunk: int = 512, graphs: bool = True,
-                 eos_ids: Sequence[int] = (), memory_fraction: float = 0.9):
+                 eos_ids: Sequence[int] = (), memory_fraction: float = 0.9, prefill_tokens: int = 4096):
         if not isinstance(model, Model):
             raise TypeError(f"model must be an onetrip Model, got {type(model).__name__}")
         if model.tp is not None:
             raise ValueError("model is a tensor-parallel shard; the Scheduler samples from full-vocabulary "
                              "logits: give it a model on one device")
         for name, value in (("max_batch", max_batch), ("page_size", page_size), ("prefill_chunk", prefill_chunk),
-                            ("max_seq", 1 if max_seq is None else max_seq)):
+                            ("prefill_tokens", prefill_tokens), ("max_seq", 1 if max_seq is None else max_seq)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         if num_pages is not None and (isinstance(num_pages, bool) or not isinstance(num_pages, int) or num_pages < 2):
@@ -175,6 +132,8 @@ class Scheduler:
         c, dev = model.config, model.device
         self.model = model
         self.max_batch, self.page_size, self.prefill_chunk = max_batch, page_size, prefill_chunk
+        self.prefill_tokens = prefill_tokens
+        self._chunk_cap = min(prefill_chunk, prefill_tokens)
         self.graphs = graphs and dev.type == "cuda"
         if num_pages is None:
             num_pages = self._default_pages(max_seq or c.max_position_embeddings, memory_fraction)
@@ -186,27 +145,31 @@ class Scheduler:
                              f"must fit the pool; raise num_pages or lower max_seq")
         self.max_seq = max_seq
         self._num_pages = num_pages
-        max_blocks = pages_for(max_seq, page_size)
-        self._prefill_row = max_batch  # the rows' last: the prefill's one-row table and sampling params
-        self._rows = _Rows(max_batch + 1, max_blocks, dev)
+        # A prefill row's right padding runs up to a chunk past its last real position: the
+        # table addresses that far (on the sink); the decode views see max_seq's columns only,
+        # so the decode kernels' split heuristic and the eager gather do not grow with the chunk.
+        max_blocks = pages_for(max_seq + self._chunk_cap, page_size)
+        self._rows = Rows(2 * max_batch, max_blocks, dev)
         table = self._rows.dev["table"]
-        pools = [PagedKVCache(num_pages, page_size, c.num_kv_heads, c.head_dim, table, model.dtype, dev)
-                 for _ in model.layers]
-        self._prefill_views = [kv.with_table(table[max_batch:]) for kv in pools]
+        self._pools = [PagedKVCache(num_pages, page_size, c.num_kv_heads, c.head_dim, table, model.dtype, dev)
+                       for _ in model.layers]
+        self._prefill_views: dict[tuple[int, int], list[PagedKVCache]] = {}  # (rows, columns) of the block
         self._bucket_views = {}
-        b = 1
+        b, decode_table = 1, table[:, : pages_for(max_seq, page_size)]
         while True:
             b = min(b, max_batch)
-            self._bucket_views[b] = [kv.with_table(table[:b]) for kv in pools]
+            self._bucket_views[b] = [kv.with_table(decode_table[:b]) for kv in self._pools]
             if b == max_batch:
                 break
             b *= 2
         model._rope_for(max_blocks * page_size)  # the rotary tables cover what the table addresses
-        self._reads = torch.zeros(max_batch + 1, dtype=torch.int64, device=dev)  # the new tokens; [-1]: prefill's
+        # The new tokens: the decode's at [:max_batch], the prefill's first tokens after them.
+        self._reads = torch.zeros(2 * max_batch, dtype=torch.int64, device=dev)
         self._graphs: dict[tuple[int, str], torch.cuda.CUDAGraph] = {}
         self._free = list(range(num_pages - 1, 0, -1))  # page ids 1.. (0 is the sink); pop() gives 1 first
         self._waiting: collections.deque[_Request] = collections.deque()
-        self._prefilling: Optional[_Request] = None
+        self._prefilling: list[_Request] = []  # admitted, prompt not all in the cache; admission order
+        self._block: list[_Request] = []  # the last prefill forward's rows, from table row max_batch
         self._running: list[_Request] = []  # index = table row
         self._requests: dict[str, _Request] = {}  # every unfinished one
         self._admissions = itertools.count()
@@ -239,7 +202,7 @@ class Scheduler:
     @property
     def num_running(self) -> int:
         """Requests admitted: decoding, or prefilling."""
-        return len(self._running) + (self._prefilling is not None)
+        return len(self._running) + len(self._prefilling)
 
     @property
     def num_waiting(self) -> int:
@@ -294,22 +257,22 @@ class Scheduler:
         or finished."""
         self._grow()
         self._admit()
-        first = self._prefill_chunk()  # the request whose first token is at _reads[-1], or None
-        batch = list(self._running)    # rows 0..n-1, the joined request included
+        first = self._prefill()      # their first tokens are at _reads[max_batch:]
+        batch = list(self._running)  # rows 0..n-1, the joined requests last
         if batch:
-            self._decode(len(batch), first if first is not None and first.row >= 0 else None)
-        if not batch and first is None:
+            self._decode(len(batch), sum(r.row >= 0 for r in first))
+        if not batch and not first:
             return []
-        values = self._reads[: len(self._reads) if first is not None else len(batch)].tolist()  # the one host read
+        values = self._reads[: self.max_batch + len(first) if first else len(batch)].tolist()  # the one host read
         if batch:  # the mirror follows what the step did on the device
             h, n = self._rows.np, len(batch)
             h["tok"][:n, 0] = values[:n]
             h["lens"][:n] += 1
             h["step"][:n] += 1
         new: dict[_Request, list[int]] = {}
-        if first is not None:
-            first.first_pending = False
-            self._take(first, values[-1], new)
+        for req, token in zip(first, values[self.max_batch:]):
+            req.first_pending = False
+            self._take(req, token, new)
         for i, req in enumerate(batch):
             self._take(req, values[i], new)
         return [RequestOutput(r.id, len(r.prompt), toks, list(r.tokens), r.finish_reason is not None,
@@ -328,8 +291,7 @@ class Scheduler:
                     req.pages.append(self._free.pop())
                     self._rows.dirty.add(req.row)
                     continue
-                victim = max([*self._running, *([self._prefilling] if self._prefilling else [])],
-                             key=lambda r: r.order)
+                victim = max([*self._running, *self._prefilling], key=lambda r: r.order)
                 self._preempt(victim)
                 if victim is req:
                     break
@@ -341,12 +303,12 @@ class Scheduler:
         self.num_preemptions += 1
 
     def _release(self, req: _Request) -> None:
-        """Its pages back to the pool; out of the prefill slot or its table row."""
+        """Its pages back to the pool; out of the prefilling requests or its table row."""
         self._free.extend(reversed(req.pages))
         req.pages = []
         req.filled = 0
-        if req is self._prefilling:
-            self._prefilling = None
+        if req.row < 0 and req in self._prefilling:
+            self._prefilling.remove(req)
         if req.row >= 0:  # the last row moves into its place
             i, last = req.row, len(self._running) - 1
             moved = self._running.pop()
@@ -356,31 +318,60 @@ class Scheduler:
             req.row = -1
             self._rows.dirty.update((i, last))
 
+    def _chunk(self, req: _Request) -> int:
+        """The tokens of ``req``'s next prefill chunk."""
+        return min(self._chunk_cap, len(req.context) - req.filled)
+
     def _admit(self) -> None:
-        if self._prefilling is not None or not self._waiting or len(self._running) >= self.max_batch:
-            return
-        req = self._waiting[0]
-        need = pages_for(len(req.prompt) + len(req.tokens) + 1, self.page_size)  # the prompt and the first input
-        if need > len(self._free):
-            return
-        self._waiting.popleft()
-        req.pages = [self._free.pop() for _ in range(need)]
-        req.context = req.prompt + req.tokens
-        req.filled = 0
-        req.order = next(self._admissions)
-        self._prefilling = req
-        self._rows.dirty.add(self._prefill_row)
+        """FIFO: the queue's head starts prefilling while a table row and the pages of its
+        prompt + 1 are free and the prefilling requests' next chunks add up to less than
+        ``prefill_tokens`` (pages are not taken for prefills a step cannot run)."""
+        pending = sum(map(self._chunk, self._prefilling))
+        while self._waiting and pending < self.prefill_tokens \
+                and len(self._running) + len(self._prefilling) < self.max_batch:
+            req = self._waiting[0]
+            need = pages_for(len(req.prompt) + len(req.tokens) + 1, self.page_size)  # the prompt and the first input
+            if need > len(self._free):
+                return
+            self._waiting.popleft()
+            req.pages = [self._free.pop() for _ in range(need)]
+            req.context = req.prompt + req.tokens
+            req.filled = 0
+            req.order = next(self._admissions)
+            self._prefilling.append(req)
+            pending += self._chunk(req)
+
+    def _pick(self) -> list[_Request]:
+        """The prefill block: the oldest prefilling request (so each makes progress) and the
+        others that put the most real tokens into rows x width <= ``prefill_tokens``. For a
+        width W (a chunk size >= the oldest's) that is the longest chunks <= W, as many as
+        fit; ties go to the narrower W and, within a chunk size, to the older requests."""
+        if not self._prefilling:
+            return []
+        first, rest = self._prefilling[0], self._prefilling[1:]
+        c0 = self._chunk(first)
+        rest.sort(key=lambda r: (self._chunk(r), -r.order))  # ascending; the oldest of a size last
+        sizes = [self._chunk(r) for r in rest]
+        sums = list(itertools.accumulate(sizes, initial=0))
+        ends = [bisect.bisect_right(sizes, c0)]  # rest[:end] fits the width
+        ends += [m for m in range(ends[0] + 1, len(sizes) + 1) if m == len(sizes) or sizes[m] > sizes[m - 1]]
+        best, pick = -1, (0, 0)
+        for m in ends:
+            width = max(c0, sizes[m - 1]) if m else c0
+            lo = max(0, m - (self.prefill_tokens // width - 1))
+            if sums[m] - sums[lo] > best:
+                best, pick = sums[m] - sums[lo], (lo, m)
+        return [first, *rest[pick[0]:pick[1]]]
 
     # -- the device ------------------------------------------------------------------------------
 
     def _write_rows(self) -> None:
         """The dirty rows of the host mirror from the requests' state."""
-        h = self._rows.writable()
+        h, mb = self._rows.writable(), self.max_batch
         for i in self._rows.dirty:
-            if i == self._prefill_row:
-                req = self._prefilling
-            else:
-                req = self._running[i] if i < len(self._running) else None
+            block = i >= mb
+            rows, j = (self._block, i - mb) if block else (self._running, i)
+            req = rows[j] if j < len(rows) else None
             if req is None:  # padding: the sink page, a greedy row that does not grow
                 h["table"][i] = SINK
                 h["lens"][i] = h["tok"][i, 0] = h["active"][i] = 0
@@ -390,7 +381,7 @@ class Scheduler:
                 h["table"][i, :n] = req.pages
                 h["table"][i, n:] = SINK
                 values = req.row_values
-                if i == self._prefill_row:
+                if block:  # the prefill forward takes its start and tokens as arguments
                     h["lens"][i] = h["tok"][i, 0] = h["active"][i] = 0
                     step = len(req.tokens)
                 elif req.first_pending:  # its first token comes from the prefill's sample, on the device
@@ -421,35 +412,63 @@ class Scheduler:
         for layer, kv in zip(self.model.layers, views):
             layer.attn.cache = kv
 
-    def _prefill_chunk(self) -> Optional[_Request]:
-        """One chunk of the admitted request; after its last, its first token is drawn into
-        ``_reads[-1]`` and (unless that one token is all it may have) it takes row n.
-        Returns the request when its prefill ended in this call."""
-        req = self._prefilling
-        if req is None:
-            return None
-        self._upload()  # its table row
-        lo, hi = req.filled, min(req.filled + self.prefill_chunk, len(req.context))
-        tokens = self._h2d([req.context[lo:hi]], torch.int64)
-        start = self._h2d([lo], torch.int32)
-        last = self._h2d([hi - lo - 1], torch.int64)
-        self._use(self._prefill_views)
-        logits = self.model(tokens, start, logits_index=last)[:, -1]  # (1, vocab)
-        req.filled = hi
-        if hi < len(req.context):
-            return None
-        row = self._prefill_row
-        self._reads[row:].copy_(sample_rows(logits, self._rows.sampling.rows(row, row + 1),
-                                            row_mode([req.params])))
-        self._prefilling = None
-        if len(req.tokens) + 1 < req.params.max_tokens:  # it decodes on, from this step
-            req.row, req.first_pending = len(self._running), True
-            self._running.append(req)
-            self._rows.dirty.add(req.row)
-        return req
+    def _prefill(self) -> list[_Request]:
+        """One forward of the ``_pick`` block, right-padded to its longest chunk, in table
+        rows max_batch.. (the finishing rows first). Returns the requests whose prompt
+        ended in it, in row order, their first tokens drawn into ``_reads[max_batch:]``;
+        those that decode on (the first of them) took the last table rows, in that order."""
+        block = self._pick()
+        if not block:
+            return []
+        # 0: its first token, then it decodes on; 1: its first token ends it; 2: no token yet
+        block.sort(key=lambda r: 2 if self._chunk(r) < len(r.context) - r.filled
+                   else int(len(r.tokens) + 1 >= r.params.max_tokens))
+        sizes = [self._chunk(r) for r in block]
+        k, width, mb = len(block), max(sizes), self.max_batch
+        self._block = block
+        self._rows.dirty.update(range(mb, mb + k))
+        self._upload()  # the block's tables and sampling rows
+        flat = []  # tokens (k, width), then the starts (k,) and each row's last real index (k,)
+        for r, n in zip(block, sizes):
+            flat += r.context[r.filled: r.filled + n]
+            flat += [0] * (width - n)
+        flat += [r.filled for r in block]
+        flat += [n - 1 for n in sizes]
+        data = self._h2d(flat, torch.int64)  # one copy
+        start, last = data[k * width:].view(2, k)
+        # The table's columns up to the block's reach (a power of two, few view sets): the
+        # eager backend gathers and masks every column, not only the prompt's.
+        reach = pages_for(max(r.filled for r in block) + width, self.page_size)
+        self._use(self._views(k, min(1 << (reach - 1).bit_length(), self._rows.dev["table"].shape[1])))
+        logits = self.model(data[: k * width].view(k, width), start, logits_index=last)[:, -1]  # (k, vocab)
+        for r, n in zip(block, sizes):
+            r.filled += n
+        done = [r for r in block if r.filled == len(r.context)]
+        if not done:
+            return []
+        f = len(done)
+        self._reads[mb: mb + f].copy_(sample_rows(logits[:f], self._rows.sampling.rows(mb, mb + f),
+                                                  row_mode(r.params for r in done)))
+        self._prefilling = [r for r in self._prefilling if r.filled < len(r.context)]
+        for r in done:
+            if len(r.tokens) + 1 < r.params.max_tokens:  # it decodes on, from this step
+                r.row, r.first_pending = len(self._running), True
+                self._running.append(r)
+                self._rows.dirty.add(r.row)
+        return done
 
-    def _decode(self, n: int, joined: Optional[_Request]) -> None:
-        """One decode step of rows 0..n-1 (the graph of their bucket and mode on a GPU)."""
+    def _views(self, rows: int, cols: int) -> list[PagedKVCache]:
+        """The pools through the first ``cols`` columns of table rows max_batch..max_batch+rows-1
+        (the prefill block)."""
+        views = self._prefill_views.get((rows, cols))
+        if views is None:
+            table = self._rows.dev["table"][self.max_batch: self.max_batch + rows, :cols]
+            views = self._prefill_views[(rows, cols)] = [kv.with_table(table) for kv in self._pools]
+        return views
+
+    def _decode(self, n: int, joined: int) -> None:
+        """One decode step of rows 0..n-1 (the graph of their bucket and mode on a GPU); the
+        last ``joined`` rows feed the first tokens the prefill drew."""
         bucket = min(bucket_for(n), self.max_batch)
         mode = row_mode(r.params for r in self._running)
         run = self._step_fn(bucket, mode)
@@ -459,8 +478,8 @@ class Scheduler:
             if graph is None:
                 graph = self._graphs[(bucket, mode)] = self._capture(run, bucket)
         self._upload()
-        if joined is not None:
-            self._rows.dev["tok"][joined.row].copy_(self._reads[self._prefill_row:])
+        if joined:
+            self._rows.dev["tok"][n - joined: n, 0].copy_(self._reads[self.max_batch: self.max_batch + joined])
         if graph is not None:
             graph.replay()
         else:

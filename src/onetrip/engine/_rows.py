@@ -1,0 +1,65 @@
+"""The per-row state of the Scheduler's decode step (``scheduler.py``): device buffers and
+their host mirror, uploaded a run of changed rows at a time."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Optional
+
+import torch
+
+from ..models.paged import SINK
+from .sampling import RowParams
+
+
+class Rows:
+    """The per-row state a decode step reads, (rows,) each but the table, on the device and
+    as a host mirror (page-locked on a GPU, so uploads are asynchronous).
+
+    table (rows, max_blocks) int32; lens int32 (tokens in the cache); tok (rows, 1) int64
+    (the next input); active int32 (1 for a real row: lens += active); the sampling rows
+    (``RowParams``). Rows 0..max_batch-1 decode; the rows after them hold a step's prefill
+    block (its tables and sampling params)."""
+
+    def __init__(self, rows: int, max_blocks: int, device: torch.device):
+        pin = device.type == "cuda"
+
+        def make(dev, pin_memory):
+            return dict(table=torch.full((rows, max_blocks), SINK, dtype=torch.int32, device=dev,
+                                         pin_memory=pin_memory),
+                        lens=torch.zeros(rows, dtype=torch.int32, device=dev, pin_memory=pin_memory),
+                        tok=torch.zeros(rows, 1, dtype=torch.int64, device=dev, pin_memory=pin_memory),
+                        active=torch.zeros(rows, dtype=torch.int32, device=dev, pin_memory=pin_memory))
+
+        self.dev = make(device, False)
+        self.host = make("cpu", pin)
+        self.sampling = RowParams.empty(rows, device)
+        host_sampling = RowParams.empty(rows, "cpu", pin=pin)
+        names = ("inv_temperature", "top_k", "top_p", "log_min_p", "seed_key", "step")
+        self.dev.update(zip(names, self.sampling.tensors()))
+        self.host.update(zip(names, host_sampling.tensors()))
+        self.np = {name: t.numpy() for name, t in self.host.items()}  # fast element writes
+        self.dirty: set[int] = set()
+        self.copied: Optional[torch.cuda.Event] = None  # the last upload's end (GPU)
+
+    def upload(self) -> None:
+        """Copy the dirty rows (runs of consecutive rows) of every buffer to the device."""
+        rows = sorted(self.dirty)
+        self.dirty.clear()
+        for _, run in itertools.groupby(enumerate(rows), lambda p: p[1] - p[0]):
+            run = [r for _, r in run]
+            lo, hi = run[0], run[-1] + 1
+            for name, dst in self.dev.items():
+                dst[lo:hi].copy_(self.host[name][lo:hi], non_blocking=True)
+        if self.dev["lens"].is_cuda:
+            self.copied = torch.cuda.Event()
+            self.copied.record()
+
+    def writable(self) -> dict:
+        """The host mirror's numpy views, once the last upload has read them (an asynchronous
+        copy reads the page-locked mirror when it runs; the copies sit ahead of the step's
+        kernels in the stream, so this wait is short)."""
+        if self.copied is not None:
+            self.copied.synchronize()
+            self.copied = None
+        return self.np
