@@ -12,7 +12,7 @@ import torch
 
 from onetrip.engine import Engine, SamplingParams
 from onetrip.engine.sampling import RowParams, row_mode, row_values, sample, sample_ref, sample_rows, hash_uniform
-from onetrip.engine.scheduler import Scheduler
+from onetrip.engine.scheduler import RequestOutput, Scheduler
 from onetrip.models import Model
 
 from conftest import DEVICE, ON_GPU
@@ -149,6 +149,18 @@ def test_stops():
     assert got["eos"] == (free[: free.index(eos) + 1], "stop")
     assert got["ignore"] == (free, "length")
     assert got["ids"] == (free[: free.index(other) + 1], "stop")
+
+
+def test_outputs_keep_their_tokens():
+    """A step's token_ids is the tokens up to that step, read at any time later (it is
+    copied on first read), and the output equals a plain RequestOutput of its fields."""
+    sched = Scheduler(_model(), max_batch=2, max_seq=32, page_size=8)
+    sched.add_request("a", [7, 3, 9], SamplingParams(max_tokens=5))
+    outs = [out for _ in range(5) for out in sched.step()]
+    assert [len(o.token_ids) for o in outs] == [2, 3, 4, 5] and outs[-1].finished  # 2: the prefill's and a decode's
+    assert all(o.token_ids == outs[-1].token_ids[: len(o.token_ids)] for o in outs)
+    plain = RequestOutput("a", 3, outs[1].new_token_ids, outs[1].token_ids, False, None)
+    assert outs[1] == plain and plain == outs[1] and isinstance(outs[1], RequestOutput)
 
 
 def test_preemption_recomputes_seamlessly(gen):

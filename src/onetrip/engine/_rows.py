@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 from typing import Optional
 
+import numpy as np
 import torch
 
 from ..models.paged import SINK
@@ -19,7 +20,10 @@ class Rows:
     table (rows, max_blocks) int32; lens int32 (tokens in the cache); tok (rows, 1) int64
     (the next input); active int32 (1 for a real row: lens += active); the sampling rows
     (``RowParams``). Rows 0..max_batch-1 decode; the rows after them hold a step's prefill
-    block (its tables and sampling params)."""
+    block (its tables and sampling params).
+
+    Host only (numpy, never uploaded; they let the step's checks run as array ops):
+    ``limit`` int64, the row's max_tokens; ``cap`` int64, the positions its pages hold."""
 
     def __init__(self, rows: int, max_blocks: int, device: torch.device):
         pin = device.type == "cuda"
@@ -39,6 +43,8 @@ class Rows:
         self.dev.update(zip(names, self.sampling.tensors()))
         self.host.update(zip(names, host_sampling.tensors()))
         self.np = {name: t.numpy() for name, t in self.host.items()}  # fast element writes
+        self.limit = np.zeros(rows, dtype=np.int64)
+        self.cap = np.zeros(rows, dtype=np.int64)
         self.dirty: set[int] = set()
         self.copied: Optional[torch.cuda.Event] = None  # the last upload's end (GPU)
 

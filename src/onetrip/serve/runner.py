@@ -77,6 +77,7 @@ class _Live:
     text: str = ""     # all text so far (cut at a stop string once one is found)
     sent: int = 0      # characters of ``text`` delivered
     checked: int = 0   # characters of ``text`` searched for stop strings
+    generated: int = 0  # tokens so far (reading RequestOutput.token_ids would copy them every step)
 
 
 _STOP = object()
@@ -219,7 +220,9 @@ class EngineRunner:
             _post_all(loop, items)
 
     def _delta(self, request_id: str, live: _Live, out) -> Delta:
-        new_ids, generated = list(out.new_token_ids), len(out.token_ids)
+        new_ids = list(out.new_token_ids)
+        live.generated += len(new_ids)
+        generated = live.generated
         finished, reason = out.finished, out.finish_reason
         if live.decoder is None:
             return Delta(None, new_ids, live.prompt_tokens, generated, finished, reason)
