@@ -23,7 +23,8 @@
                      [--batch N] [--backend eager|fused] [--no-graphs] [--paged [--page-size N]]
                      [--chat] [--json OUT] [--tp N]
     onetrip serve MODEL [--host 127.0.0.1] [--port 8000] [--dtype bf16|fp16|fp32] [--device DEV] [--max-batch 64]
-                        [--served-model-name NAME]
+                        [--served-model-name NAME] [--max-seq N] [--prefill-tokens N] [--page-size N]
+                        [--memory-fraction F]
     onetrip env
 
 ``bench ops`` times each fused op against eager PyTorch, torch.compile and Liger-Kernel
@@ -343,6 +344,15 @@ def _build_parser(op_names: tuple[str, ...], dtype_names: tuple[str, ...],
     serve.add_argument("--served-model-name", metavar="NAME",
                        help="the name clients pass as 'model' (default: the directory's, repository's or "
                        "preset's name)")
+    serve.add_argument("--max-seq", type=_positive, metavar="N",
+                       help="context length a request may reach, prompt + output (default: the model's)")
+    serve.add_argument("--prefill-tokens", type=_positive, default=4096, metavar="N",
+                       help="padded prompt tokens prefilled in one step, over all requests (default 4096): more "
+                       "fills the batch sooner, less stalls the running streams less")
+    serve.add_argument("--page-size", type=_positive, default=64, metavar="N",
+                       help="tokens a KV-cache page holds (default 64)")
+    serve.add_argument("--memory-fraction", type=_fraction, default=0.9, metavar="F",
+                       help="share of the GPU's free memory the KV-cache pool takes (default 0.9)")
     serve.set_defaults(func=_serve)
 
     env = commands.add_parser("env", help="the device, versions, and how kernels will run",
@@ -358,6 +368,16 @@ def _positive(text: str) -> int:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {text!r}")
     return value
 
 

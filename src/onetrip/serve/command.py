@@ -1,7 +1,7 @@
 """``onetrip serve MODEL``: load the model, start the engine thread, run uvicorn until Ctrl-C.
 
 The arguments are those ``cli.py`` parses: model, host, port, dtype, device, max_batch,
-served_model_name. The backend is the fused one on a GPU and the eager one on the CPU
+served_model_name, and the Scheduler's max_seq, prefill_tokens, page_size, memory_fraction. The backend is the fused one on a GPU and the eager one on the CPU
 (where the fused kernels would run through Triton's interpreter).
 """
 
@@ -41,7 +41,9 @@ def run_serve(args) -> int:
     model, tokenizer, label = load(args.model, dtype, device)
     model.backend = "fused" if model.device.type == "cuda" else "eager"
     name = args.served_model_name or label
-    scheduler = Scheduler(model, max_batch=args.max_batch, eos_ids=tokenizer.eos_ids if tokenizer else ())
+    scheduler = Scheduler(model, max_batch=args.max_batch, max_seq=args.max_seq, page_size=args.page_size,
+                          prefill_tokens=args.prefill_tokens, memory_fraction=args.memory_fraction,
+                          eos_ids=tokenizer.eos_ids if tokenizer else ())
     runner = EngineRunner(scheduler, tokenizer).start()
     what = "chat and completions" if tokenizer else "completions of token-id prompts (no tokenizer)"
     print(f"onetrip serve: {name} ({what}; context {runner.max_model_len} tokens, batch up to {args.max_batch}, "
