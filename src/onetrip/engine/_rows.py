@@ -1,5 +1,6 @@
 """The per-row state of the Scheduler's decode step (``scheduler.py``): device buffers and
-their host mirror, uploaded a run of changed rows at a time."""
+their host mirror, written from the requests' state and uploaded a run of changed rows at a
+time."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 import torch
 
 from ..models.paged import SINK
+from ._requests import Request
 from .sampling import RowParams
 
 
@@ -19,14 +21,15 @@ class Rows:
 
     table (rows, max_blocks) int32; lens int32 (tokens in the cache); tok (rows, 1) int64
     (the next input); active int32 (1 for a real row: lens += active); the sampling rows
-    (``RowParams``). Rows 0..max_batch-1 decode; the rows after them hold a step's prefill
-    block (its tables and sampling params).
+    (``RowParams``). Rows 0..max_batch-1 decode; rows max_batch..2 * max_batch - 1 hold a
+    step's prefill block (its tables and sampling params).
 
     Host only (numpy, never uploaded; they let the step's checks run as array ops):
     ``limit`` int64, the row's max_tokens; ``cap`` int64, the positions its pages hold."""
 
-    def __init__(self, rows: int, max_blocks: int, device: torch.device):
-        pin = device.type == "cuda"
+    def __init__(self, max_batch: int, max_blocks: int, device: torch.device):
+        rows, pin = 2 * max_batch, device.type == "cuda"
+        self.max_batch = max_batch
 
         def make(dev, pin_memory):
             return dict(table=torch.full((rows, max_blocks), SINK, dtype=torch.int32, device=dev,
@@ -47,6 +50,39 @@ class Rows:
         self.cap = np.zeros(rows, dtype=np.int64)
         self.dirty: set[int] = set()
         self.copied: Optional[torch.cuda.Event] = None  # the last upload's end (GPU)
+
+    def write(self, running: list[Request], block: list[Request], page_size: int) -> None:
+        """The dirty rows of the host mirror from the requests' state: row i < max_batch from
+        ``running[i]``, row max_batch + j from ``block[j]`` (the prefill block), padding past them."""
+        h, mb = self.writable(), self.max_batch
+        for i in self.dirty:
+            is_block = i >= mb
+            rows, j = (block, i - mb) if is_block else (running, i)
+            req = rows[j] if j < len(rows) else None
+            if req is None:  # padding: the sink page, a greedy row that does not grow
+                h["table"][i] = SINK
+                h["lens"][i] = h["tok"][i, 0] = h["active"][i] = 0
+                values, step = (0.0, 0, 1.0, float("-inf"), 0), 0
+                self.limit[i] = self.cap[i] = 0
+            else:
+                n = len(req.pages)
+                self.limit[i], self.cap[i] = req.params.max_tokens, n * page_size
+                h["table"][i, :n] = req.pages
+                h["table"][i, n:] = SINK
+                values = req.row_values
+                if is_block:  # the prefill forward takes its start and tokens as arguments
+                    h["lens"][i] = h["tok"][i, 0] = h["active"][i] = 0
+                    step = len(req.tokens)
+                elif req.first_pending:  # its first token comes from the prefill's sample, on the device
+                    h["lens"][i], h["tok"][i, 0], h["active"][i] = len(req.context), 0, 1
+                    step = len(req.tokens) + 1
+                else:
+                    h["lens"][i], h["tok"][i, 0], h["active"][i] = len(req.prompt) + len(req.tokens) - 1, \
+                        req.tokens[-1], 1
+                    step = len(req.tokens)
+            for name, v in zip(("inv_temperature", "top_k", "top_p", "log_min_p", "seed_key"), values):
+                h[name][i] = v
+            h["step"][i] = step
 
     def upload(self) -> None:
         """Copy the dirty rows (runs of consecutive rows) of every buffer to the device."""

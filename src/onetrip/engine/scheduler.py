@@ -39,11 +39,9 @@ uploads the rows that changed, asynchronously, before the step that reads them.
 
 from __future__ import annotations
 
-import bisect
 import collections
 import itertools
 import operator
-from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 import numpy as np
@@ -52,68 +50,10 @@ import torch
 from ..graphs import capture
 from ..models.llama import Model
 from ..models.paged import SINK, PagedKVCache, pages_for
+from ._requests import RequestOutput, Request, StepOutput, pick_prefill
 from ._rows import Rows
 from .generate import bucket_for
 from .sampling import ROW_MODES, SamplingParams, row_mode, row_values, sample_rows
-
-
-@dataclass
-class RequestOutput:
-    """What a step did to one request. ``token_ids`` is a copy of every token so far."""
-
-    request_id: str
-    prompt_len: int
-    new_token_ids: list[int]        # the tokens this step added (may be empty on finish)
-    token_ids: list[int]            # every generated token so far
-    finished: bool
-    finish_reason: Optional[str]    # "stop" (EOS, stop_token_ids, a stop string), "length", "abort"
-
-
-class _StepOutput(RequestOutput):
-    """A ``step()`` output whose ``token_ids`` is copied on first read: the first ``n`` of
-    the given list, ``n`` its length at construction (a request's tokens only grow).
-    Copying every request's tokens every step costs O(tokens so far): 43 us a step for 64
-    requests of 256 tokens."""
-
-    def __init__(self, request_id: str, prompt_len: int, new_token_ids: list[int], token_ids: list[int],
-                 finished: bool, finish_reason: Optional[str]):
-        self.request_id, self.prompt_len, self.new_token_ids = request_id, prompt_len, new_token_ids
-        self.finished, self.finish_reason = finished, finish_reason
-        self._src, self._n = token_ids, len(token_ids)
-
-    @property
-    def token_ids(self) -> list[int]:
-        if self._src is not None:
-            self._ids, self._src = self._src[: self._n], None
-        return self._ids
-
-    @token_ids.setter
-    def token_ids(self, value: list[int]) -> None:
-        self._ids, self._src = value, None
-
-    def __eq__(self, other):  # equal to a RequestOutput of the same fields
-        if not isinstance(other, RequestOutput):
-            return NotImplemented
-        names = ("request_id", "prompt_len", "new_token_ids", "token_ids", "finished", "finish_reason")
-        return all(getattr(self, k) == getattr(other, k) for k in names)
-
-
-@dataclass(eq=False)
-class _Request:
-    id: str
-    prompt: list[int]
-    params: SamplingParams
-    stop_ids: frozenset
-    row_values: tuple                 # sampling.row_values(params)
-    mode: int                         # its index in ROW_MODES
-    tokens: list[int] = field(default_factory=list)
-    pages: list[int] = field(default_factory=list)
-    context: list[int] = field(default_factory=list)  # what the prefill computes: prompt + tokens
-    filled: int = 0                   # tokens of ``context`` in the cache
-    row: int = -1                     # its table row while it decodes
-    order: int = 0                    # admission count: the largest is the youngest
-    first_pending: bool = False       # its first token is on the device, not read yet
-    finish_reason: Optional[str] = None
 
 
 class Scheduler:
@@ -180,7 +120,7 @@ class Scheduler:
         # table addresses that far (on the sink); the decode views see max_seq's columns only,
         # so the decode kernels' split heuristic and the eager gather do not grow with the chunk.
         max_blocks = pages_for(max_seq + self._chunk_cap, page_size)
-        self._rows = Rows(2 * max_batch, max_blocks, dev)
+        self._rows = Rows(max_batch, max_blocks, dev)
         table = self._rows.dev["table"]
         self._pools = [PagedKVCache(num_pages, page_size, c.num_kv_heads, c.head_dim, table, model.dtype, dev)
                        for _ in model.layers]
@@ -198,11 +138,11 @@ class Scheduler:
         self._reads = torch.zeros(2 * max_batch, dtype=torch.int64, device=dev)
         self._graphs: dict[tuple[int, str], torch.cuda.CUDAGraph] = {}
         self._free = list(range(num_pages - 1, 0, -1))  # page ids 1.. (0 is the sink); pop() gives 1 first
-        self._waiting: collections.deque[_Request] = collections.deque()
-        self._prefilling: list[_Request] = []  # admitted, prompt not all in the cache; admission order
-        self._block: list[_Request] = []  # the last prefill forward's rows, from table row max_batch
-        self._running: list[_Request] = []  # index = table row
-        self._requests: dict[str, _Request] = {}  # every unfinished one
+        self._waiting: collections.deque[Request] = collections.deque()
+        self._prefilling: list[Request] = []  # admitted, prompt not all in the cache; admission order
+        self._block: list[Request] = []  # the last prefill forward's rows, from table row max_batch
+        self._running: list[Request] = []  # index = table row
+        self._requests: dict[str, Request] = {}  # every unfinished one
         self._admissions = itertools.count()
         self._modes = [0] * len(ROW_MODES)  # running requests per sampling mode
         self._runs: dict[tuple[int, str], object] = {}  # the eager step of each (bucket, mode)
@@ -268,7 +208,7 @@ class Scheduler:
             raise ValueError(f"prompt_ids ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) exceeds max_seq "
                              f"{self.max_seq}; shorten the prompt or lower max_tokens")
         stop = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_ids))
-        req = _Request(request_id, prompt, params, frozenset(stop), row_values(params),
+        req = Request(request_id, prompt, params, frozenset(stop), row_values(params),
                        ROW_MODES.index(row_mode((params,))))
         self._maybe_stop[[i for i in stop if i < vocab]] = True
         self._requests[request_id] = req
@@ -301,7 +241,7 @@ class Scheduler:
         if not batch and not first:
             return []
         values = self._reads[: self.max_batch + len(first) if first else len(batch)].tolist()  # the one host read
-        new: dict[_Request, list[int]] = {}
+        new: dict[Request, list[int]] = {}
         for req, token in zip(first, values[self.max_batch:]):
             req.first_pending = False
             self._take(req, token, new)
@@ -313,7 +253,7 @@ class Scheduler:
             h["step"][:n] += 1
             for i in range(m, n):
                 self._take(batch[i], values[i], new)
-        outs = [_StepOutput(r.id, len(r.prompt), toks, r.tokens, r.finish_reason is not None, r.finish_reason)
+        outs = [StepOutput(r.id, len(r.prompt), toks, r.tokens, r.finish_reason is not None, r.finish_reason)
                 for r, toks in new.items()]
         if not m:
             return outs
@@ -327,7 +267,7 @@ class Scheduler:
                 self._finish(req, "stop")
             elif len(req.tokens) >= req.params.max_tokens:
                 self._finish(req, "length")
-        outs += [_StepOutput(r.id, len(r.prompt), [t], r.tokens, r.finish_reason is not None, r.finish_reason)
+        outs += [StepOutput(r.id, len(r.prompt), [t], r.tokens, r.finish_reason is not None, r.finish_reason)
                  for r, t in zip(batch, values[:m])]
         return outs
 
@@ -354,13 +294,13 @@ class Scheduler:
                 if victim is req:
                     break
 
-    def _preempt(self, req: _Request) -> None:
+    def _preempt(self, req: Request) -> None:
         """Free its pages; back to the queue's front, to be prefilled again over prompt + tokens."""
         self._release(req)
         self._waiting.appendleft(req)
         self.num_preemptions += 1
 
-    def _release(self, req: _Request) -> None:
+    def _release(self, req: Request) -> None:
         """Its pages back to the pool; out of the prefilling requests or its table row."""
         self._free.extend(reversed(req.pages))
         req.pages = []
@@ -377,7 +317,7 @@ class Scheduler:
             req.row = -1
             self._rows.dirty.update((i, last))
 
-    def _chunk(self, req: _Request) -> int:
+    def _chunk(self, req: Request) -> int:
         """The tokens of ``req``'s next prefill chunk."""
         return min(self._chunk_cap, len(req.context) - req.filled)
 
@@ -400,65 +340,11 @@ class Scheduler:
             self._prefilling.append(req)
             pending += self._chunk(req)
 
-    def _pick(self) -> list[_Request]:
-        """The prefill block: the oldest prefilling request (so each makes progress) and the
-        others that put the most real tokens into rows x width <= ``prefill_tokens``. For a
-        width W (a chunk size >= the oldest's) that is the longest chunks <= W, as many as
-        fit; ties go to the narrower W and, within a chunk size, to the older requests."""
-        if not self._prefilling:
-            return []
-        first, rest = self._prefilling[0], self._prefilling[1:]
-        c0 = self._chunk(first)
-        rest.sort(key=lambda r: (self._chunk(r), -r.order))  # ascending; the oldest of a size last
-        sizes = [self._chunk(r) for r in rest]
-        sums = list(itertools.accumulate(sizes, initial=0))
-        ends = [bisect.bisect_right(sizes, c0)]  # rest[:end] fits the width
-        ends += [m for m in range(ends[0] + 1, len(sizes) + 1) if m == len(sizes) or sizes[m] > sizes[m - 1]]
-        best, pick = -1, (0, 0)
-        for m in ends:
-            width = max(c0, sizes[m - 1]) if m else c0
-            lo = max(0, m - (self.prefill_tokens // width - 1))
-            if sums[m] - sums[lo] > best:
-                best, pick = sums[m] - sums[lo], (lo, m)
-        return [first, *rest[pick[0]:pick[1]]]
-
     # -- the device ------------------------------------------------------------------------------
-
-    def _write_rows(self) -> None:
-        """The dirty rows of the host mirror from the requests' state."""
-        h, mb = self._rows.writable(), self.max_batch
-        for i in self._rows.dirty:
-            block = i >= mb
-            rows, j = (self._block, i - mb) if block else (self._running, i)
-            req = rows[j] if j < len(rows) else None
-            if req is None:  # padding: the sink page, a greedy row that does not grow
-                h["table"][i] = SINK
-                h["lens"][i] = h["tok"][i, 0] = h["active"][i] = 0
-                values, step = (0.0, 0, 1.0, float("-inf"), 0), 0
-                self._rows.limit[i] = self._rows.cap[i] = 0
-            else:
-                n = len(req.pages)
-                self._rows.limit[i], self._rows.cap[i] = req.params.max_tokens, n * self.page_size
-                h["table"][i, :n] = req.pages
-                h["table"][i, n:] = SINK
-                values = req.row_values
-                if block:  # the prefill forward takes its start and tokens as arguments
-                    h["lens"][i] = h["tok"][i, 0] = h["active"][i] = 0
-                    step = len(req.tokens)
-                elif req.first_pending:  # its first token comes from the prefill's sample, on the device
-                    h["lens"][i], h["tok"][i, 0], h["active"][i] = len(req.context), 0, 1
-                    step = len(req.tokens) + 1
-                else:
-                    h["lens"][i], h["tok"][i, 0], h["active"][i] = len(req.prompt) + len(req.tokens) - 1, \
-                        req.tokens[-1], 1
-                    step = len(req.tokens)
-            for name, v in zip(("inv_temperature", "top_k", "top_p", "log_min_p", "seed_key"), values):
-                h[name][i] = v
-            h["step"][i] = step
 
     def _upload(self) -> None:
         if self._rows.dirty:
-            self._write_rows()
+            self._rows.write(self._running, self._block, self.page_size)
             self._rows.upload()
 
     def _h2d(self, values: list, dtype: torch.dtype) -> torch.Tensor:
@@ -473,12 +359,12 @@ class Scheduler:
         for layer, kv in zip(self.model.layers, views):
             layer.attn.cache = kv
 
-    def _prefill(self) -> list[_Request]:
-        """One forward of the ``_pick`` block, right-padded to its longest chunk, in table
+    def _prefill(self) -> list[Request]:
+        """One forward of the ``pick_prefill`` block, right-padded to its longest chunk, in table
         rows max_batch.. (the finishing rows first). Returns the requests whose prompt
         ended in it, in row order, their first tokens drawn into ``_reads[max_batch:]``;
         those that decode on (the first of them) took the last table rows, in that order."""
-        block = self._pick()
+        block = pick_prefill(self._prefilling, self._chunk, self.prefill_tokens)
         if not block:
             return []
         # 0: its first token, then it decodes on; 1: its first token ends it; 2: no token yet
@@ -578,7 +464,7 @@ class Scheduler:
 
     # -- the host --------------------------------------------------------------------------------
 
-    def _take(self, req: _Request, token: int, new: dict) -> None:
+    def _take(self, req: Request, token: int, new: dict) -> None:
         """Record one new token of ``req`` and finish it on a stop id or at max_tokens."""
         if req.finish_reason is not None:  # its first token ended it: the decode's is void
             return
@@ -589,7 +475,7 @@ class Scheduler:
         elif len(req.tokens) >= req.params.max_tokens:
             self._finish(req, "length")
 
-    def _finish(self, req: _Request, reason: str) -> None:
+    def _finish(self, req: Request, reason: str) -> None:
         self._release(req)
         del self._requests[req.id]
         req.finish_reason = reason
