@@ -171,3 +171,39 @@ def test_serve_section_and_bars(md, tmp_path, monkeypatch):
             "onetrip-static's 0.90x (bar >= 0.8x: met); ITL p50 / static step 1.20x (bar <= 1.3x: met).") in text
     one_preset = [r for r in _serve_run()["results"] if "8b" not in r["preset"]]
     assert "not measured (no run)" in md.serve_tp.serve_bars(one_preset)
+
+
+def _host_run(scale: float, **errors) -> dict:
+    cases = (("x + r", "torch", 7.0), ("F.rms_norm fwd+bwd", "torch", 120.0), ("bias_gelu", "forward", 19.5),
+             ("rms_norm", "forward", 24.0), ("cross_entropy", "forward", 70.0), ("rms_norm fwd+bwd", "fwd+bwd", 340.0))
+    results = [dict(case=case, kind=kind, host_us=None if case in errors else us * (1.0 if kind == "torch" else scale),
+                    error=errors.get(case)) for case, kind, us in cases]
+    return {"meta": dict(META, gpu="NVIDIA H200", suite="host", calls=1000, repeats=5), "results": results}
+
+
+def test_host_section_takes_both_launch_paths_and_states_the_bar(md, tmp_path, monkeypatch):
+    monkeypatch.setattr(md.common, "RESULTS", tmp_path / "results")
+    (tmp_path / "host-nvidia-h200-20261129.json").write_text(json.dumps(
+        _host_run(1.0, cross_entropy="RuntimeError: out of memory\nsecond line")))
+    triton = _host_run(3.0)
+    triton["results"][0]["host_us"] = 7.7  # the host's noise between processes: 10%
+    (tmp_path / "host-triton.json").write_text(json.dumps(triton))
+    assert md.take(tmp_path / "host-nvidia-h200-20261129.json", None).name == "host.json"
+    assert md.take(tmp_path / "host-triton.json", "triton").name == "host-triton.json"
+    assert md.runs_of("h200", "host") and md.suite_of("host-triton") == "host"
+    (tmp_path / "other.json").write_text(json.dumps({"meta": dict(META, gpu="NVIDIA H200", suite="hots"),
+                                                     "results": []}))
+    with pytest.raises(SystemExit, match="'hots'"):  # a suite no section shows is refused, not stored unseen
+        md.take(tmp_path / "other.json", None)
+    text = md.host.host_section("h200", md.common.load("h200", "host"))
+    assert "| x + r | torch | 7.0 | 7.7 |" in text and "| rms_norm | forward | 24.0 | 72.0 |" in text, text
+    assert "| cross_entropy | forward | — | 210.0 |" in text, text
+    assert "torch's own rows move 0-10% between the two processes" in text, text
+    assert "Failed: default cross_entropy: RuntimeError: out of memory." in text and "second line" not in text
+    assert ("Against the bar (a forward call at most 20 us): met by 1 of 3 ops (bias_gelu 19.5); not met by "
+            "rms_norm 24.0; not measured: cross_entropy. Through Triton's launch path: met by 0 (none). "
+            "torch's own, us: x + r 7.0, F.rms_norm fwd+bwd 120.0.") in text, text
+    # without the Triton run: one column, no A/B line
+    (tmp_path / "results" / "h200" / "host-triton.json").unlink()
+    text = md.host.host_section("h200", md.common.load("h200", "host"))
+    assert "| rms_norm | forward | 24.0 |\n" in text and "Triton's launch path" not in text, text

@@ -4,6 +4,7 @@
     python tools/benchmarks_md.py --check    # exit 1 if BENCHMARKS.md is not what the results give
     python tools/benchmarks_md.py --take RUN.json [...]  # a new run becomes its suite's curated result
     python tools/benchmarks_md.py --take decode-tp1-....json --tag tp1-8b --gpu h200x2  # a TP-1 baseline
+    python tools/benchmarks_md.py --take host-....json --tag triton  # the host run under ONETRIP_LAUNCH=triton
 
 The curated results are the latest run of each suite on each GPU, as ``onetrip bench SUITE``
 writes it: ``benchmarks/results/<gpu>/<suite>[-<tag>].json``, each ``{"meta": {...}, "results":
@@ -25,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks_md_sections import attention, common, decode, ops, serve_tp
+from benchmarks_md_sections import attention, common, decode, host, ops, serve_tp
 
 TARGET = common.ROOT / "BENCHMARKS.md"
 GPU_MODELS = ("h100", "h200")  # matched in meta's GPU name, lower case
@@ -87,6 +88,7 @@ SECTIONS = (  # in the page's order
     Section("attention", attention.ATTN_TEXT, attention.attention_section),
     Section("attention-backward", attention.ATTN_BWD_TEXT, attention.attention_backward_section),
     Section("decode-attention", attention.DATTN_TEXT, attention.decode_attention_section),
+    Section("host", host.HOST_TEXT, host.host_section),  # host-triton.json: its A/B column, read by the writer
     Section("decode", decode.DECODE_TEXT, decode.decode_section, every_file=True),
     Section("serve", serve_tp.SERVE_TEXT, serve_tp.serve_section),
     Section("allreduce", serve_tp.ALLREDUCE_TEXT, serve_tp.allreduce_section),
@@ -150,9 +152,9 @@ def take(run: Path, tag: str | None, gpu: str | None = None) -> Path:
     meta = data["meta"]
     own = gpu_folder(meta)
     suite = meta.get("suite") or ("decode-tp" if "tp" in meta else suite_of(run.stem))
-    if own is None or own not in GPUS or suite is None:
+    if own is None or own not in GPUS or suite not in SUITES:
         raise SystemExit(f"{run}: cannot tell its GPU folder ({meta.get('gpu')!r} -> {own}; known: {GPUS}) or suite "
-                         f"(meta's suite, tp, or a file name starting with one of {SUITES})")
+                         f"({suite!r}: meta's suite, tp, or a file name starting with one of {SUITES})")
     if gpu is not None and (gpu not in GPUS or gpu.split("x")[0] != own.split("x")[0]):
         raise SystemExit(f"--gpu {gpu}: not a folder of the run's GPU model {own.split('x')[0]} (known: {GPUS})")
     dest = common.RESULTS / (gpu or own) / (f"{suite}-{tag}" if tag else suite)

@@ -11,6 +11,7 @@ op, as an eager training loop runs it). torch's own ops of the same shapes are t
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -87,7 +88,8 @@ def run_host_bench(out_dir: Path, console=None) -> list[dict]:
     console = console or report.console()
     meta = {**harness.device_info("cuda"), "suite": "host", "calls": CALLS, "repeats": REPEATS,
             "timing": f"wall time of {CALLS} back-to-back eager calls on tiny tensors and one synchronisation, "
-                      f"per call, median of {REPEATS}"}
+                      f"per call, median of {REPEATS}",
+            "launch": os.environ.get("ONETRIP_LAUNCH") or "fast", "cpu": _cpu_name()}  # ops/_launch.py's modes
     records = []
     for name, (kind, fn) in cases().items():
         rec = {"case": name, "kind": kind, "host_us": None, "error": None}
@@ -108,3 +110,12 @@ def run_host_bench(out_dir: Path, console=None) -> list[dict]:
     print(json.dumps({"bench": "host", "gpu": meta["gpu"], "results": str(json_path),
                       "us": {r["case"]: r["host_us"] and round(r["host_us"], 1) for r in records}}), flush=True)
     return records
+
+
+def _cpu_name() -> str | None:
+    """The host CPU's model name (its speed sets these figures), from /proc/cpuinfo where there is one."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+    except OSError:
+        return None
