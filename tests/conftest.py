@@ -107,3 +107,18 @@ def pytest_runtest_logreport(report):
     if path and report.failed:
         with open(path, "a") as f:
             f.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext[-6000:]}\n")
+
+
+def byte_bpe(corpus, vocab_size: int, special_tokens, min_frequency: int = 0):
+    """A byte-level BPE (``tokenizers.Tokenizer``) trained on ``corpus`` with ``special_tokens``,
+    as the tokenizer, engine and server tests build their tiny vocabularies."""
+    from tokenizers import Tokenizer as BackendTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    backend = BackendTokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=list(special_tokens),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    return backend

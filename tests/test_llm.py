@@ -6,13 +6,13 @@ import dataclasses
 
 import pytest
 import torch
-from tokenizers import Tokenizer as BackendTokenizer
-from tokenizers import decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import processors
 
 import onetrip
 from onetrip.engine import Engine, LLM, SamplingParams, Tokenizer, stop_string_cut
 from onetrip.models import Model
 
+from conftest import byte_bpe
 from test_models import TINY
 
 CORPUS = ["The quick brown fox jumps over the lazy dog.", "Hello world, hello tokenizer!",
@@ -32,13 +32,7 @@ def _one_thread():
 @pytest.fixture(scope="module")
 def tok():
     """A byte-level BPE of ~300 ids with a BOS post-processor, an EOS and a chat template."""
-    backend = BackendTokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    special = ["<s>", "<|end|>"]
-    backend.train_from_iterator(CORPUS, trainers.BpeTrainer(
-        vocab_size=300, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False))
+    backend = byte_bpe(CORPUS, 300, ["<s>", "<|end|>"])
     bos = backend.token_to_id("<s>")
     backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
     return Tokenizer(backend, TEMPLATE, {"bos_token": "<s>", "eos_token": "<|end|>"},

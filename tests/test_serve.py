@@ -23,8 +23,7 @@ fastapi = pytest.importorskip("fastapi")
 uvicorn = pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 
-from tokenizers import Tokenizer as BackendTokenizer  # noqa: E402
-from tokenizers import decoders, models, pre_tokenizers, trainers  # noqa: E402
+from conftest import byte_bpe  # noqa: E402
 
 from onetrip.engine import Engine, SamplingParams  # noqa: E402
 from onetrip.engine.commands import load  # noqa: E402
@@ -56,12 +55,7 @@ class RecordingScheduler(Scheduler):
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    backend = BackendTokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    backend.train_from_iterator(CORPUS, trainers.BpeTrainer(
-        vocab_size=300, min_frequency=2, special_tokens=SPECIAL,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    backend = byte_bpe(CORPUS, 300, SPECIAL, min_frequency=2)
     path = tmp_path_factory.mktemp("serve") / NAME
     config = dataclasses.replace(get_config("tiny"), vocab_size=backend.get_vocab_size())
     save_model(Model.random(config, torch.float32, "cpu"), path)

@@ -9,9 +9,11 @@ import string
 import jinja2
 import pytest
 from tokenizers import Tokenizer as BackendTokenizer
-from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import decoders, models, normalizers, processors
 
 from onetrip.engine import IncrementalDecoder, Tokenizer
+
+from conftest import byte_bpe
 
 CORPUS = [
     "The café serves coffee and crêpes.", "日本 is Japan; 日本語 is Japanese.", "We visited 日本 and a café.",
@@ -104,12 +106,7 @@ def _write_json(path, data):
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
     """{"llama": dir, "qwen": dir} sharing one trained byte-level BPE."""
-    backend = BackendTokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    backend.train_from_iterator(CORPUS, trainers.BpeTrainer(
-        vocab_size=400, min_frequency=2, special_tokens=LLAMA_SPECIAL + QWEN_SPECIAL,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    backend = byte_bpe(CORPUS, 400, LLAMA_SPECIAL + QWEN_SPECIAL, min_frequency=2)
     ids = {t: backend.token_to_id(t) for t in LLAMA_SPECIAL + QWEN_SPECIAL}
     root = tmp_path_factory.mktemp("tokenizers")
 

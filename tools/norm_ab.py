@@ -33,6 +33,7 @@ from onetrip.bench import harness  # noqa: E402
 from onetrip.bench.cases import CASES  # noqa: E402
 from onetrip.bench.ops import timing_plan  # noqa: E402
 from onetrip.ops import _norm_picks as picks  # noqa: E402
+from onetrip.ops import norm  # noqa: E402
 
 
 def replace_field(cfg, name: str, value):
@@ -104,6 +105,7 @@ def main() -> None:
                 for r in range(args.rounds):
                     for name in list(variants)[::1 if r % 2 == 0 else -1]:
                         table[key] = wrap(variants[name])
+                        norm.clear_plans()  # the calls' kept plans hold the last variant's config
 
                         def replay():
                             for i in range(n_calls):
@@ -112,6 +114,7 @@ def main() -> None:
                         pct[name].append(100 * harness.gbs(case.bytes_moved(shape, torch.bfloat16), t.median_ms) / copy)
         finally:
             table[key] = stored
+            norm.clear_plans()
         for name, cfg in variants.items():
             med = statistics.median(pct[name])
             print(f"{op} {rows}x{width} {name:10s} median {med:5.1f}  " + " ".join(f"{p:.1f}" for p in pct[name]),

@@ -361,34 +361,23 @@ def _build_parser(op_names: tuple[str, ...], dtype_names: tuple[str, ...],
     return parser
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return value
+def _checked(parse, ok, expected: str):
+    """An argparse ``type``: ``parse(text)``, kept when ``ok`` holds, else an error saying what is ``expected``."""
+    def check(text: str):
+        try:
+            value = parse(text)
+        except ValueError:
+            value = None
+        if value is None or not ok(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    return check
 
 
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {text!r}")
-    return value
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port in [0, 65535] (0: any free one), got {text!r}")
-    return value
+_positive = _checked(int, lambda v: v >= 1, "an integer >= 1")
+_fraction = _checked(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
+_port = _checked(int, lambda v: 0 <= v <= 65535, "a port in [0, 65535] (0: any free one)")
 
 
 def _serve(args: argparse.Namespace) -> int:

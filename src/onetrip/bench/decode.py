@@ -38,6 +38,7 @@ from ..engine.generate import Engine, common_prefix
 from ..models import Model, get_config
 from ..models.hf import decode_stepper
 from ..profile.run import kernels_per_step
+from .harness import sync
 
 PROVIDERS = ("transformers", "gpt-fast", "onetrip-eager", "onetrip-fused", "onetrip-graphs", "onetrip-paged")
 
@@ -55,11 +56,6 @@ def cases(presets=("llama-3.2-1b", "llama-3.1-8b"), batches=(1, 8, 32), prompt: 
     return [DecodeCase(p, b, prompt, new_tokens) for p in presets for b in batches]
 
 
-def _sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
 def _prompts(batch: int, n: int, vocab: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, vocab, (batch, n), generator=torch.Generator().manual_seed(seed))
 
@@ -72,10 +68,10 @@ def run_transformers(hf, prompts: torch.Tensor, new_tokens: int):
     kw = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
 
     def gen(n):
-        _sync(dev)
+        sync(dev)
         t = time.perf_counter()
         out = hf.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
-        _sync(dev)
+        sync(dev)
         return out, time.perf_counter() - t
 
     gen(2)  # warm-up
@@ -97,19 +93,19 @@ def _static_loop(model: Model, prompts: torch.Tensor, new_tokens: int, decode_on
     if cache is None or tuple(cache.k.shape[:2]) != want:
         model.setup_cache(*want)
     ids = prompts.to(dev)
-    _sync(dev)
+    sync(dev)
     t0 = time.perf_counter()
     lens = torch.zeros(b, dtype=torch.int32, device=dev)
     tok = model(ids, lens, logits_index=torch.full((b,), p - 1, device=dev))[:, -1].argmax(-1, keepdim=True)
     lens += p
-    _sync(dev)
+    sync(dev)
     t1 = time.perf_counter()
     out = [tok]
     for _ in range(new_tokens - 1):
         tok = decode_one(tok, lens)
         lens += 1
         out.append(tok)
-    _sync(dev)
+    sync(dev)
     t2 = time.perf_counter()
     return torch.cat(out, 1).tolist(), t1 - t0, t2 - t1
 
@@ -234,10 +230,10 @@ def ttft(model: Model, hf, preset: str, prompt_lens=(512, 2048)) -> list[dict]:
 
 def _first_token_hf(hf, prompts: torch.Tensor) -> float:
     dev = hf.device
-    _sync(dev)
+    sync(dev)
     t = time.perf_counter()
     hf.generate(prompts.to(dev), max_new_tokens=1, do_sample=False, eos_token_id=None, pad_token_id=0)
-    _sync(dev)
+    sync(dev)
     return time.perf_counter() - t
 
 

@@ -53,6 +53,7 @@ from ..engine.launch import CHILD_ENV, needs_relaunch, relaunch_under_torchrun
 from ..models import Model
 from ..models.config import ModelConfig, get_config
 from .gptfast_tp import GptFastTP
+from .harness import sync
 
 PROVIDERS = ("onetrip-tp", "onetrip-tp-nccl", "gptfast-tp")
 ALLREDUCE = {"onetrip-tp": "fused", "onetrip-tp-nccl": "nccl", "gptfast-tp": "nccl"}
@@ -98,11 +99,6 @@ def build_model(config: ModelConfig, tp, dtype: torch.dtype, device) -> Model:
 
 
 # ---------------------------------------------------------------------------- providers
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _set_allreduce(model: Model, mode: str) -> None:
@@ -152,19 +148,19 @@ def run_gptfast(model: Model, prompts: torch.Tensor, new_tokens: int, compiled: 
 
     def loop(n: int):
         ranks.barrier()
-        _sync(dev)
+        sync(dev)
         t0 = time.perf_counter()
         lens = torch.zeros(b, dtype=torch.int32, device=dev)
         tok = gpt(prompts.to(dev), lens)
         lens += p
-        _sync(dev)
+        sync(dev)
         t1 = time.perf_counter()
         out = [tok]
         for _ in range(n - 1):
             tok = step(tok, lens)
             lens += 1
             out.append(tok)
-        _sync(dev)
+        sync(dev)
         t2 = time.perf_counter()
         return torch.cat(out, 1).tolist(), t1 - t0, t2 - t1
 

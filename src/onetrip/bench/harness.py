@@ -84,6 +84,12 @@ def device_info(device: torch.device | str) -> dict:
     return info
 
 
+def sync(device: torch.device | str) -> None:
+    """Wait for ``device``'s work (nothing to wait for off CUDA)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def slug(text: str) -> str:
     """'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3' (safe in a file name)."""
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown"

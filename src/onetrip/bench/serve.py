@@ -57,6 +57,7 @@ from ..engine.generate import Engine
 from ..engine.sampling import SamplingParams
 from ..engine.scheduler import Scheduler
 from ..models import Model
+from .harness import sync
 
 PROVIDERS = ("onetrip", "transformers-cb", "onetrip-static")
 
@@ -163,11 +164,6 @@ class _Client:
         return max(0.0, self.start + self.pending[0].arrival - now)
 
 
-def _sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _nothing(n: int) -> None:
     pass
 
@@ -193,7 +189,7 @@ def run_onetrip(model: Model, workload: Workload, requests: list[Request], *, gr
         while sched.has_unfinished():
             sched.step()
     traces: dict[str, Trace] = {}
-    _sync(model.device)
+    sync(model.device)
     start = time.perf_counter()
     client = _Client(workload, requests, start)
     while client.pending or sched.has_unfinished():
@@ -230,7 +226,7 @@ def run_static(model: Model, workload: Workload, requests: list[Request], *, gra
         for batch in {len(b): b for b in batches}.values():
             engine.generate([r.prompt for r in batch], min(4, workload.output_len))
     traces, steps = [], []
-    _sync(model.device)
+    sync(model.device)
     start = time.perf_counter()
     for batch in batches:
         res = engine.generate([r.prompt for r in batch], workload.output_len)  # synchronised at its end
@@ -336,7 +332,7 @@ def run_transformers_cb(hf, workload: Workload, requests: list[Request], *, warm
             warm = [dataclasses.replace(r, id="warm-" + r.id) for r in w.requests(hf.config.vocab_size)]
             drain({}, _Client(w, warm, time.perf_counter()), _nothing)
         traces: dict[str, Trace] = {}
-        _sync(hf.device)
+        sync(hf.device)
         start = time.perf_counter()
         drain(traces, _Client(workload, requests, start), done)
         cfg = getattr(man, "continuous_batching_config", None)

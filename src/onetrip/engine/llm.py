@@ -51,8 +51,10 @@ def _find_stop(text: str, stops: Sequence[str], start: int) -> int:
     return min(hits, default=-1)
 
 
-class _Text:
-    """The text of one request as its tokens come, and the stop strings searched in it."""
+class StopText:
+    """The text of one request as its tokens come, and the stop strings searched in it
+    (``LLM`` and the server's engine thread). ``holdback``: characters of the end that a
+    stop string may still begin in, which a stream holds back while the request runs."""
 
     def __init__(self, tokenizer: Tokenizer, stops: Sequence[str]):
         self.decoder = IncrementalDecoder(tokenizer)
@@ -175,12 +177,12 @@ class LLM:
                              f"got {params!r:.80}")
         sched = self.scheduler
         names = [f"llm-{next(self._ids)}" for _ in ids]
-        streams: dict[str, Optional[_Text]] = {}
+        streams: dict[str, Optional[StopText]] = {}
         results: dict[str, tuple[list[int], str]] = {}
         try:
             for name, prompt, p in zip(names, ids, params):
                 sched.add_request(name, prompt, p)
-                streams[name] = _Text(self.tokenizer, p.stop) if self.tokenizer is not None and p.stop else None
+                streams[name] = StopText(self.tokenizer, p.stop) if self.tokenizer is not None and p.stop else None
             with _progress(len(ids), use_tqdm) as advance:
                 while len(results) < len(ids):
                     for out in sched.step():

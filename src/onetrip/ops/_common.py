@@ -121,6 +121,12 @@ def empty_as(t: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(t) if t.is_contiguous() else torch.empty_like(t, memory_format=torch.contiguous_format)
 
 
+def output_like(name: str, out: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """``output`` for a result of ``like``'s shape, dtype and device: ``out`` checked, or
+    ``empty_as(like)``."""
+    return empty_as(like) if out is None else output(name, out, like.shape, like.dtype, like.device)
+
+
 def rows_out(out: torch.Tensor, width: int) -> tuple[torch.Tensor, bool]:
     """A (rows, width) view of ``out`` the kernel can write, and whether it is a scratch copy.
 

@@ -5,7 +5,6 @@ chooses from them. Figures are % of a plain copy's bandwidth, bf16, moving the s
 from __future__ import annotations
 
 import dataclasses
-import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -343,17 +342,9 @@ def norm_config(rows: int, width: int, device: torch.device, *, is_rms: bool = T
     "loop" needs a row for every SM: 64 rows of 256K (64 programs on 132 SMs) ran at 27% of
     copy against coop's 41% (H200). ``dense``: every row stride equals the width; the 8K
     pick gains only with the width a constant, so strided rows of 8K stay whole (88 vs 95%).
-    Memoized on its arguments and the device's facts (GPU model, SM count, whether programs
-    may wait on each other): a config is built and checked once. After changing a table at
-    run time (``tools/norm_ab.py``), ``norm_config.cache_clear()``.
+    ``norm._launch`` keeps the plan made of a pick (``norm.PLANS``), so this runs once a shape.
     """
-    return _norm_config(rows, width, gpu_name(device), sm_count(device), can_wait(device), is_rms, has_residual,
-                        chunk, chunk_warps, dense)
-
-
-@functools.lru_cache(maxsize=4096)
-def _norm_config(rows: int, width: int, gpu: str, sms: int, wait: bool, is_rms: bool, has_residual: bool,
-                 chunk: int, chunk_warps: int, dense: bool) -> NormConfig:
+    gpu, sms = gpu_name(device), sm_count(device)
     block_n = next_pow2(max(width, 1))
     picks = LOOP_PICKS[(is_rms, has_residual)]
     key = block_n if has_residual else min(block_n, max(picks))
@@ -375,18 +366,6 @@ def _norm_config(rows: int, width: int, gpu: str, sms: int, wait: bool, is_rms: 
         warps = max(4, min(16 if block_n <= 16384 else 32, block_m * block_n // 1024))
         return NormConfig("rows", block_m, block_n, warps)
     n_chunks = cdiv(width, chunk)
-    coop = wait and n_chunks <= sms
+    coop = can_wait(device) and n_chunks <= sms
     return NormConfig("coop" if coop else "two_pass", 1, chunk, chunk_warps)
 
-
-# norm._launch's plans, made of the configs norm_config picks: cleared with its memo.
-PLANS: dict = {}
-
-
-def _clear() -> None:
-    """Forget the memoized configs and the launch plans made of them."""
-    _norm_config.cache_clear()
-    PLANS.clear()
-
-
-norm_config.cache_clear = _clear

@@ -91,7 +91,7 @@ def _allreduce_norm_kernel(
     x_ptr, r_ptr, w_ptr,              # x, r: (M, N) this rank's rows; w: (N,)
     y_ptr, h_ptr,                     # normed, h: (M, N)
     state_ptr,                        # int64 [epoch, programs finished]: this rank's call counter
-    data_table,                       # int64 (WORLD,): every rank's symmetric data (2, WORLD, max_tokens, N), mapped here
+    data_table,                       # int64 (WORLD,): every rank's symmetric data (2, WORLD, max_tokens, N)
     flag_table,                       # int64 (WORLD,): every rank's symmetric flags (WORLD, P) int64
     M, N, max_tokens, P,              # P: flag slots a rank (>= the grid)
     stride_xm, stride_rm, stride_ym, stride_hm,

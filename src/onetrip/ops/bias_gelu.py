@@ -35,7 +35,7 @@ from ._common import (
     empty_as,
     needs_grad,
     next_pow2,
-    output,
+    output_like,
     pdl_args,
     pdl_kwargs,
     pdl_on,
@@ -144,7 +144,7 @@ def bias_gelu(
     if needs_grad(x, bias):
         check_no_out("out", out)
         return _BiasGeluFunction.apply(x, bias, approximate)
-    out = empty_as(x) if out is None else output("out", out, x.shape, x.dtype, x.device)
+    out = output_like("out", out, x)
     y2, scratch = rows_out(out, N)
     call_op(_bias_gelu_op, as_rows(x, N), bias, y2, approximate)
     if scratch:

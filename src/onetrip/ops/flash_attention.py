@@ -46,7 +46,7 @@ from ._attention_backward import launch_backward
 from ._attention_jit import LOG2E, _attn_fwd_kernel
 from ._attention_tma import TMA_DTYPES, TMA_MIN_SEQ, TMA_TILES, descriptors, tma_supported
 from ._common import (call_op, cdiv, check_dtype_match, check_no_out, check_same_device, check_tensor, empty_as,
-                      needs_grad, next_pow2, output, use_triton)
+                      needs_grad, next_pow2, output_like, use_triton)
 from ._launch import launch, meta_key
 
 MAX_HEAD_DIM = 256
@@ -172,7 +172,7 @@ def attention_bucket(head_dim: int, causal: bool, max_seqlen_q: int, group: int,
     of two and capped at MAX_TUNED_SEQ, GQA group size, dtype name). The key length is
     left out: the best tile depends on how many query blocks fill the GPU (seq_q) far
     more than on how long each block's key loop runs."""
-    seq = min(triton.next_power_of_2(max(int(max_seqlen_q), 1)), MAX_TUNED_SEQ)
+    seq = min(next_pow2(max(int(max_seqlen_q), 1)), MAX_TUNED_SEQ)
     return (int(head_dim), bool(causal), seq, int(group), str(dtype).removeprefix("torch."))
 
 
@@ -195,12 +195,12 @@ def _tuned_config(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, s
     cache = _tune_cache()
     # a pick the cache holds stays the bucket's for this process: found again without building
     # the key (a JSON string) a call; the cache object itself in the key (a new one, a new pick)
-    memo = (cache, head_dim, causal, min(next_pow2(max(max_seqlen_q, 1)), MAX_TUNED_SEQ), group, q.dtype, q.device)
+    bucket = attention_bucket(head_dim, causal, max_seqlen_q, group, q.dtype)
+    memo = (cache, bucket, q.device)
     picked = _PICKED.get(memo)
     if picked is not None:
         return picked
-    key = autotune.tune_key("flash_attention", attention_bucket(head_dim, causal, max_seqlen_q, group, q.dtype),
-                            q.device)
+    key = autotune.tune_key("flash_attention", bucket, q.device)
 
     def bench(cfg: dict):
         return _launch(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window,
@@ -488,7 +488,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
         return _FlashAttentionFunction.apply(*tensors, max_q, max_k, float(softmax_scale), left, right,
                                              float(softcap), return_lse, bool(deterministic))
 
-    out = empty_as(q) if out is None else output("out", out, q.shape, q.dtype, q.device)
+    out = output_like("out", out, q)
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     o = out if out.stride(-1) == 1 else torch.empty_like(out, memory_format=torch.contiguous_format)
     lse = None

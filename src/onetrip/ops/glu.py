@@ -116,12 +116,7 @@ def glu_tile_config(M: int, N: int, tile_warps: tuple[int, int]) -> TileConfig:
 def _default_tile(M: int, N: int, device: torch.device) -> TileConfig:
     """The forward's tile for (M, N) on ``device`` (GLU_TILE_GPU for this GPU model, else
     GLU_TILE); the backward takes the same."""
-    return _model_tile(M, N, gpu_name(device))
-
-
-@functools.lru_cache(maxsize=4096)
-def _model_tile(M: int, N: int, gpu: str) -> TileConfig:
-    return glu_tile_config(M, N, gpu_table_entry(GLU_TILE_GPU, gpu, "tile") or GLU_TILE)
+    return glu_tile_config(M, N, gpu_table_entry(GLU_TILE_GPU, gpu_name(device), "tile") or GLU_TILE)
 
 
 def _launch(gate: torch.Tensor, up: Optional[torch.Tensor], y: torch.Tensor, activation: str,

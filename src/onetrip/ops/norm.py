@@ -56,7 +56,7 @@ from ._common import (
     is_interpreting,
     needs_grad,
     next_pow2,
-    output,
+    output_like,
     pdl_args,
     pdl_mode,
     rows_out,
@@ -69,7 +69,7 @@ from ._norm_chunk import _chunk_stats, _load_h, _load_wb, _mean_rstd, _store_y
 from ._norm_jit import _loop_row, _wait_row
 from ._norm_l2 import l2_first
 from ._norm_l2 import requests as l2_requests
-from ._norm_picks import (FEW_ROWS_GPU, LOOP_PICKS, PICKS_GPU, PLANS, ROWS_PICKS, CacheHints, L2Requests, LoadOrder,
+from ._norm_picks import (FEW_ROWS_GPU, LOOP_PICKS, PICKS_GPU, ROWS_PICKS, CacheHints, L2Requests, LoadOrder,
                           NormConfig, Reuse, Split, can_wait, launch_segments, norm_config)
 from ._norm_smem import smem_fits
 
@@ -245,6 +245,13 @@ class _Plan:
 
 
 MAX_PLANS = 4096  # past it the plans start over (a plan a row count, config and layout)
+PLANS: dict = {}  # _launch's plans by call key
+
+
+def clear_plans() -> None:
+    """Forget the launch plans, so the next calls ask ``norm_config`` again (after a pick table
+    is changed at run time, as ``tools/norm_ab.py`` does)."""
+    PLANS.clear()
 
 
 def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bool,
@@ -253,7 +260,7 @@ def _launch(x, residual, weight, bias, y, h, eps: float, is_rms: bool, gemma: bo
     Returns the compiled kernel of the last launch (its ``n_regs``, ``n_spills``) or None.
 
     The launches of a (config, rows, width, layout, device) are laid out once (``_plan``) and
-    kept in ``PLANS`` (which ``norm_config.cache_clear()`` empties): a call then costs the key
+    kept in ``PLANS`` (``clear_plans()`` empties it): a call then costs the key
     below, a dict lookup and the launches."""
     M, N = x.shape
     if M == 0 or N == 0:
@@ -454,12 +461,11 @@ def _norm(x, residual, weight, bias, eps, is_rms, gemma, out, residual_out):
 def _norm_forward(x, residual, weight, bias, eps, is_rms, gemma, out, residual_out):
     """The forward on checked inputs: (normed, h), h being x without a residual."""
     N = x.shape[-1]
-    out = empty_as(x) if out is None else output("out", out, x.shape, x.dtype, x.device)
+    out = output_like("out", out, x)
     y2, y_scratch = rows_out(out, N)
     h2 = h_scratch = None
     if residual is not None:
-        residual_out = empty_as(x) if residual_out is None else output("residual_out", residual_out, x.shape,
-                                                                         x.dtype, x.device)
+        residual_out = output_like("residual_out", residual_out, x)
         h2, h_scratch = rows_out(residual_out, N)
     call_op(_norm_op, as_rows(x, N), as_rows(residual, N) if residual is not None else None,
             weight.contiguous() if weight is not None else None, bias.contiguous() if bias is not None else None,

@@ -30,7 +30,8 @@ import triton
 import triton.language as tl
 
 from ._common import (call_op, cdiv, check_dtype_match, check_no_out, check_same_device, check_shape, check_tensor,
-                      empty_as, heads_view, needs_grad, next_pow2, output, pdl_kwargs, pdl_on, sm_count, use_triton)
+                      empty_as, heads_view, needs_grad, next_pow2, output_like, pdl_kwargs, pdl_on, sm_count,
+                      use_triton)
 from ._jit import pdl_start
 from ._launch import launch, meta_key
 from ._rotary_jit import cos_sin_rows, head_rows, load_pair, load_tail, rotate_heads, store_pair, store_tail
@@ -406,11 +407,8 @@ def _rotate(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     else:
         if out is not None and (not isinstance(out, (tuple, list)) or len(out) != 2):
             raise TypeError(f"out must be a pair (q_out, k_out) or None, got {type(out).__name__}")
-        if out is None:
-            q_out, k_out = empty_as(q), empty_as(k)
-        else:
-            q_out = output("out[0]", out[0], q.shape, q.dtype, q.device)
-            k_out = output("out[1]", out[1], k.shape, k.dtype, k.device)
+        q_out = output_like("out[0]", None if out is None else out[0], q)
+        k_out = output_like("out[1]", None if out is None else out[1], k)
     batch = math.prod(q.shape[:-3])
     if batch * seq == 0:
         return q_out, k_out

@@ -236,18 +236,20 @@ async def _stream(runner: EngineRunner, events: asyncio.Queue, answer: _Answer, 
             runner.abort(answer.id)
 
 
+_GONE = object()  # in a request's queue: its client disconnected
+
+
 async def _collect(request: Request, runner: EngineRunner, events: asyncio.Queue, answer: _Answer) -> JSONResponse:
     """Wait for the whole answer; abort the request if the client disconnects first."""
     gone = asyncio.ensure_future(_disconnect(request))
+    # the disconnect arrives through the same queue as the deltas: no task a delta
+    gone.add_done_callback(lambda t: None if t.cancelled() else events.put_nowait(_GONE))
     text, ids, finished = [], [], False
     try:
         while not finished:
-            get = asyncio.ensure_future(events.get())
-            await asyncio.wait((get, gone), return_when=asyncio.FIRST_COMPLETED)
-            if not get.done():  # nobody to answer; ``finally`` aborts
-                get.cancel()
+            delta = await events.get()
+            if delta is _GONE:  # nobody to answer; ``finally`` aborts
                 raise APIError(499, "the client disconnected")
-            delta = get.result()
             if isinstance(delta, BaseException):
                 finished = True
                 raise _engine_error(delta)

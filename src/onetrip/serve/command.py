@@ -1,8 +1,9 @@
 """``onetrip serve MODEL``: load the model, start the engine thread, run uvicorn until Ctrl-C.
 
 The arguments are those ``cli.py`` parses: model, host, port, dtype, device, max_batch,
-served_model_name, and the Scheduler's max_seq, prefill_tokens, page_size, memory_fraction. The backend is the fused one on a GPU and the eager one on the CPU
-(where the fused kernels would run through Triton's interpreter).
+served_model_name, and the Scheduler's max_seq, prefill_tokens, page_size, memory_fraction.
+The backend is the fused one on a GPU and the eager one on the CPU (where the fused kernels
+would run through Triton's interpreter).
 """
 
 from __future__ import annotations

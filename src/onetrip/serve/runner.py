@@ -14,8 +14,8 @@ unfinished the thread blocks on the command queue (no spinning); otherwise it dr
 queue, then runs one ``step()``, so an add or an abort takes effect within one step.
 Each ``RequestOutput`` becomes a ``Delta`` delivered with ``loop.call_soon_threadsafe``.
 
-Text, when there is a tokenizer: an ``IncrementalDecoder`` per request turns the new ids
-into new text (never half a character). Stop strings (``SamplingParams.stop``) are found
+Text, when there is a tokenizer: a ``StopText`` per request (``engine/llm.py``, as ``LLM``
+has it) turns the new ids into new text (never half a character). Stop strings (``SamplingParams.stop``) are found
 here, not in the scheduler: the text is cut before the first one and the request is
 aborted with ``reason="stop"`` at once. While a request runs, the last
 ``max(len(stop)) - 1`` characters are held back, since they may be the start of a stop
@@ -33,10 +33,10 @@ from typing import Optional
 
 import torch
 
-from ..engine.llm import stop_string_cut
+from ..engine.llm import StopText
 from ..engine.sampling import SamplingParams
 from ..engine.scheduler import Scheduler
-from ..engine.tokenizer import IncrementalDecoder, Tokenizer
+from ..engine.tokenizer import Tokenizer
 
 logger = logging.getLogger("onetrip.serve")
 
@@ -71,12 +71,8 @@ class _Live:
     events: asyncio.Queue
     loop: asyncio.AbstractEventLoop
     prompt_tokens: int
-    decoder: Optional[IncrementalDecoder]
-    stops: tuple[str, ...]
-    holdback: int      # characters held back while running: max(len(stop)) - 1
-    text: str = ""     # all text so far (cut at a stop string once one is found)
-    sent: int = 0      # characters of ``text`` delivered
-    checked: int = 0   # characters of ``text`` searched for stop strings
+    text: Optional[StopText]  # None without a tokenizer
+    sent: int = 0      # characters of ``text.text`` delivered
     generated: int = 0  # tokens so far (reading RequestOutput.token_ids would copy them every step)
 
 
@@ -194,10 +190,8 @@ class EngineRunner:
         except Exception as exc:  # ValueError/TypeError: the scheduler's checks (a 400); else a 500
             _post(loop, events, exc)
             return
-        stops = tuple(params.stop) if self.tokenizer is not None else ()
-        self._live[request_id] = _Live(
-            events, loop, len(prompt_ids), IncrementalDecoder(self.tokenizer) if self.tokenizer else None,
-            stops, max(map(len, stops), default=1) - 1)
+        self._live[request_id] = _Live(events, loop, len(prompt_ids),
+                                       StopText(self.tokenizer, params.stop) if self.tokenizer else None)
         _post(loop, events, None)
 
     def _step(self) -> None:
@@ -220,27 +214,19 @@ class EngineRunner:
             _post_all(loop, items)
 
     def _delta(self, request_id: str, live: _Live, out) -> Delta:
-        new_ids = list(out.new_token_ids)
+        new_ids = out.new_token_ids
         live.generated += len(new_ids)
         generated = live.generated
         finished, reason = out.finished, out.finish_reason
-        if live.decoder is None:
+        if live.text is None:
             return Delta(None, new_ids, live.prompt_tokens, generated, finished, reason)
-        live.text += live.decoder.push(new_ids)
-        if finished:
-            live.text += live.decoder.flush()
-        if live.stops:
-            # A stop string not found before ``checked`` can only end after it.
-            start = max(0, live.checked - live.holdback)
-            cut, hit = stop_string_cut(live.text[start:], live.stops)
-            if hit:
-                live.text = live.text[:start] + cut
-                if not finished:
-                    self.scheduler.abort(request_id, reason="stop")
-                finished, reason = True, "stop"
-            live.checked = len(live.text)
-        end = len(live.text) if finished else max(live.sent, len(live.text) - live.holdback)
-        text, live.sent = live.text[live.sent:end], end
+        if live.text.push(new_ids, finished):  # a stop string: the text is cut before it
+            if not finished:
+                self.scheduler.abort(request_id, reason="stop")
+            finished, reason = True, "stop"
+        full = live.text.text
+        end = len(full) if finished else max(live.sent, len(full) - live.text.holdback)
+        text, live.sent = full[live.sent:end], end
         return Delta(text, new_ids, live.prompt_tokens, generated, finished, reason)
 
     def _fail_all(self, exc: BaseException) -> None:
