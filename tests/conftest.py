@@ -5,6 +5,7 @@ sets it before anything imports onetrip's ops.
 """
 
 import os
+import zlib
 
 import pytest
 import torch
@@ -39,11 +40,33 @@ def device():
     return DEVICE
 
 
+def _seed(request) -> int:
+    """The test's seed: from its id (stable run to run), or ONETRIP_TEST_SEED; one per test."""
+    node = request.node
+    if not hasattr(node, "onetrip_seed"):
+        choice = os.environ.get("ONETRIP_TEST_SEED", "")
+        if choice == "random":
+            node.onetrip_seed = int.from_bytes(os.urandom(4), "little") % (2**31)
+        else:
+            node.onetrip_seed = int(choice) if choice else zlib.crc32(node.nodeid.encode()) % (2**31)
+    return node.onetrip_seed
+
+
+@pytest.fixture(autouse=True)
+def _global_seed(request):
+    """torch's global generator seeded per test as ``gen`` is (tests that draw without a
+    generator), so a test's data does not depend on which tests ran before it in its worker."""
+    torch.manual_seed(_seed(request))
+
+
 @pytest.fixture
-def gen():
-    """A generator with a fresh random seed per test; the seed is printed, so a failure
-    (whose captured output pytest shows) can be replayed."""
-    seed = int.from_bytes(os.urandom(4), "little") % (2**31)
+def gen(request):
+    """A generator seeded from the test's id, so every run of a test draws the same data and
+    CI is reproducible: the 2 x rule compares two maxima of rounding errors, and on bfloat16
+    outputs a lucky draw for PyTorch fails it about once in a hundred seeds while onetrip's
+    mean error is 0.6-0.7x PyTorch's (linear_cross_entropy's gradients, 300 seeds).
+    ONETRIP_TEST_SEED=<int> sets another seed, =random a fresh one; the seed is printed."""
+    seed = _seed(request)
     print(f"seed={seed}")
     g = torch.Generator(device=DEVICE)
     g.manual_seed(seed)
