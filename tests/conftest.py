@@ -111,8 +111,13 @@ from onetrip.graphs import capture  # noqa: E402,F401  (re-exported for the test
 def assert_replay_matches(fn, flatten=lambda outs: outs):
     """Capture ``fn`` (returning a sequence of tensors, or what ``flatten`` makes one) in a
     CUDA graph, poison its captured outputs with NaN, replay, and require bit for bit what
-    an eager call gave: the graph must rewrite every output."""
-    eager = flatten(fn())
+    an eager call gave: the graph must rewrite every output.
+
+    The eager outputs are kept detached: an output that kept its autograd graph would keep
+    the leaves' gradient accumulators, which remember the stream of the call that made them
+    (the legacy default stream here), and a captured backward's closing sync with that stream
+    fails ("operation would make the legacy stream depend on a capturing blocking stream")."""
+    eager = [t.detach() for t in flatten(fn())]
     graph, captured = capture(fn)
     captured = flatten(captured)
     for c in captured:

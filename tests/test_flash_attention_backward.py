@@ -11,14 +11,14 @@ import importlib
 import pytest
 import torch
 
-from onetrip.ops._attention_backward import AttentionBackwardConfig, BackwardTile, backward_config
+from onetrip.ops._attention_backward_picks import AttentionBackwardConfig, BackwardTile, backward_config
 from onetrip.ops.flash_attention import attention_ref, flash_attention
 from onetrip.testing import assert_grads_close
 
 from conftest import DEVICE, ON_GPU, assert_replay_matches, capture
 
 fa = importlib.import_module("onetrip.ops.flash_attention")  # onetrip.ops re-exports a function of that name
-ab = importlib.import_module("onetrip.ops._attention_backward")
+ab = importlib.import_module("onetrip.ops._attention_backward_picks")
 MODES = [pytest.param(True, id="deterministic"), pytest.param(False, id="atomic")]
 TINY = AttentionBackwardConfig(BackwardTile(16, 16, 4, 1), BackwardTile(16, 16, 4, 1))  # the atomic mode ignores dq
 

@@ -27,7 +27,7 @@ failure (compile error, out of shared memory) is recorded and the sweep goes on.
 
 Output: a table per cell, then per (mode, head dim) the candidate with the best geomean
 over the four cells as a ``BACKWARD_PICKS`` line to paste into
-``onetrip/ops/_attention_backward.py``, and the JSON of every record at ``--out``.
+``onetrip/ops/_attention_backward_picks.py``, and the JSON of every record at ``--out``.
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from onetrip.ops._attention_backward import (AttentionBackwardConfig, BackwardTile, _bwd_dkdv_kernel,  # noqa: E402
-                                             _bwd_dq_kernel, backward_config, launch_backward)
+from onetrip.ops._attention_backward import _bwd_dkdv_kernel, _bwd_dq_kernel, launch_backward  # noqa: E402
+from onetrip.ops._attention_backward_picks import AttentionBackwardConfig, BackwardTile, backward_config  # noqa: E402
 
 T = BackwardTile
 # (block_m query rows, block_n keys, warps, stages) by padded head dim, for the dK/dV kernel

@@ -25,6 +25,12 @@ _ENGINE = ("LLM", "SamplingParams")
 
 
 def __getattr__(name: str):
+    value = _resolve(name)
+    globals()[name] = value  # later reads are plain attribute reads: this lookup costs ~3 us a call
+    return value
+
+
+def _resolve(name: str):
     if name == "optim":
         return importlib.import_module("onetrip.optim")
     if name in _ENGINE:

@@ -42,7 +42,8 @@ def per_call_us(fn: Callable[[], object], calls: int = CALLS, repeats: int = REP
 
 
 def cases(device: str = "cuda") -> dict[str, tuple[str, Callable[[], object]]]:
-    """name -> (kind, zero-argument call): kind "torch" (an anchor), "forward" or "fwd+bwd"."""
+    """name -> (kind, zero-argument call): kind "torch" (an anchor), "forward", "step" (an
+    optimizer's) or "fwd+bwd"."""
     import onetrip
 
     dt = torch.bfloat16
@@ -52,6 +53,14 @@ def cases(device: str = "cuda") -> dict[str, tuple[str, Callable[[], object]]]:
     q, k = (torch.randn(1, 4, h, 64, device=device, dtype=dt) for h in (8, 2))
     cos, sin = torch.randn(16, 32, device=device), torch.randn(16, 32, device=device)
     logits, target = torch.randn(4, 1000, device=device, dtype=dt), torch.randint(0, 1000, (4,), device=device)
+    kc, vc = (torch.zeros(4, 64, 2, 64, device=device, dtype=dt) for _ in range(2))
+    lens = torch.full((4,), 8, device=device, dtype=torch.int32)
+    q1, k1 = torch.randn(4, 1, 8, 64, device=device, dtype=dt), torch.randn(4, 1, 2, 64, device=device, dtype=dt)
+    head = torch.randn(1000, 256, device=device, dtype=dt)
+    params = [torch.randn(256, device=device, requires_grad=True) for _ in range(4)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = onetrip.optim.AdamW(params, lr=1e-3)
     xg, wg, gug, qg = (t.clone().requires_grad_(True) for t in (x, w, gu, q))
     dy = torch.randn_like(x)
     logits_g = logits.clone().requires_grad_(True)
@@ -68,6 +77,11 @@ def cases(device: str = "cuda") -> dict[str, tuple[str, Callable[[], object]]]:
         "apply_rotary": ("forward", lambda: onetrip.apply_rotary(q, k, cos, sin)),
         "flash_attention": ("forward", lambda: onetrip.flash_attention(q, k, k, causal=True)),
         "cross_entropy": ("forward", lambda: onetrip.cross_entropy(logits, target)),
+        "linear_cross_entropy": ("forward", lambda: onetrip.linear_cross_entropy(x, head, target)),
+        "append_kv": ("forward", lambda: onetrip.append_kv(q1, k1, k1, kc, vc, lens, cos, sin)),
+        "decode_attention": ("forward", lambda: onetrip.decode_attention(q1, kc, vc, lens)),
+        "argmax": ("forward", lambda: onetrip.argmax(logits)),
+        "AdamW.step (4 tensors)": ("step", opt.step),
         "bias_gelu fwd+bwd": ("fwd+bwd", lambda: torch.autograd.grad(onetrip.bias_gelu(xg, wg), (xg, wg), dy)),
         "rms_norm fwd+bwd": ("fwd+bwd", lambda: torch.autograd.grad(onetrip.rms_norm(xg, wg, 1e-6), (xg, wg), dy)),
         "silu_mul fwd+bwd": ("fwd+bwd", lambda: torch.autograd.grad(onetrip.silu_mul(gug), gug, dy)),

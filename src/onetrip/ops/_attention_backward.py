@@ -34,86 +34,20 @@ P = 0, so zero gradients, never NaN.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import functools
 
 import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from ._attention_backward_picks import AttentionBackwardConfig, backward_config
 from ._attention_jit import LOG2E, _key_ranges, _load_rows
-from ._common import hopper_or_newer
+from ._common import cdiv, hopper_or_newer, next_pow2
 from ._jit import cast_out, dot_f32, tanh
+from ._launch import launch, meta_key
 
 _LOG2E = tl.constexpr(LOG2E)
-
-
-@dataclass(frozen=True)
-class BackwardTile:
-    """A gradient kernel's tile, ``block_m`` query rows x ``block_n`` keys: dK/dV keeps the
-    keys resident and streams query blocks, dQ keeps the rows and streams key tiles."""
-
-    block_m: int
-    block_n: int
-    num_warps: int
-    num_stages: int
-
-
-@dataclass(frozen=True)
-class AttentionBackwardConfig:
-    """``dkdv``: the dK/dV kernel (in the atomic mode it adds dQ too); ``dq``: the deterministic
-    mode's dQ kernel (None: atomic); ``dq_tma``: atomic dQ adds by TMA bulk reductions where
-    ``dq_tma_allowed``, else by pointer atomics."""
-
-    dkdv: BackwardTile
-    dq: BackwardTile | None = None
-    dq_tma: bool = False
-
-
-# float16 / bfloat16 picks by (deterministic, head_dim padded to a power of two >= 64).
-# K and V stay in shared memory as wgmma operands; the dK and dV accumulators hold 128
-# registers a thread at 128 keys x 128 dims, 8 warps, so 64 query rows a step spill there.
-BACKWARD_PICKS = {
-    # tools/tune_attention_backward.py, H200 bf16 16K tokens: best geomean over S 2048/8192,
-    # causal and not. Registers (Triton 3.6, none spilled): head dim 64 dK/dV 224-240, dQ
-    # 123-128, atomic 247-255; 128: 214-227, 178-194, atomic 245-251; 256 (causal): 166, 124, 171
-    (True, 64): AttentionBackwardConfig(BackwardTile(64, 64, 4, 2), BackwardTile(128, 64, 8, 3)),
-    (True, 128): AttentionBackwardConfig(BackwardTile(32, 128, 8, 3), BackwardTile(128, 64, 8, 3)),
-    (True, 256): AttentionBackwardConfig(BackwardTile(16, 32, 8, 2), BackwardTile(32, 32, 8, 2)),
-    (False, 64): AttentionBackwardConfig(BackwardTile(64, 64, 4, 2), dq_tma=True),
-    (False, 128): AttentionBackwardConfig(BackwardTile(32, 128, 8, 3), dq_tma=True),
-    (False, 256): AttentionBackwardConfig(BackwardTile(16, 32, 8, 2), dq_tma=True),
-}
-# float32 by padded head_dim, both modes: its products run on FMA units with the operands in
-# registers, so the 16-bit tiles spill (2.9 KB at 32 x 128, head dim 64). These do not:
-# 124 / 108 registers (dK/dV / dQ), atomic 137 at head dim 64 (causal, as above).
-FLOAT32_PICKS = {
-    64: AttentionBackwardConfig(BackwardTile(16, 64, 8, 2), BackwardTile(64, 32, 8, 2)),
-    128: AttentionBackwardConfig(BackwardTile(16, 32, 8, 2), BackwardTile(32, 32, 8, 2)),
-    256: AttentionBackwardConfig(BackwardTile(16, 16, 8, 2), BackwardTile(16, 32, 8, 2)),
-}
-
-
-def backward_config(head_dim: int, max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
-                    dtype: torch.dtype = torch.bfloat16, deterministic: bool = True) -> AttentionBackwardConfig:
-    """The pick for ``head_dim`` (padded to a power of two >= 64) of ``dtype`` in that mode
-    (``BACKWARD_PICKS``, ``FLOAT32_PICKS``), with query blocks shrunk to the next power of
-    two >= ``max_seqlen_q`` and key blocks to that of ``max_seqlen_k`` (at least 16, tl.dot's
-    minimum)."""
-    bucket = max(64, triton.next_power_of_2(head_dim))
-    if dtype == torch.float32:
-        cfg = FLOAT32_PICKS[bucket]
-        cfg = cfg if deterministic else replace(cfg, dq=None)
-    else:
-        cfg = BACKWARD_PICKS[(bool(deterministic), bucket)]
-
-    def cap(block, seq):
-        return block if seq is None else min(block, max(16, triton.next_power_of_2(max(seq, 1))))
-
-    def shrink(t):
-        return t and replace(t, block_m=cap(t.block_m, max_seqlen_q), block_n=cap(t.block_n, max_seqlen_k))
-
-    return replace(cfg, dkdv=shrink(cfg.dkdv), dq=shrink(cfg.dq))
 
 
 @triton.jit
@@ -461,24 +395,22 @@ def launch_backward(dout, q, k, v, out, lse, dlse, dq, dk, dv, cu_seqlens_q, cu_
     delta = torch.empty_like(lse)
     dlse = dlse.contiguous() if dlse is not None else None
     cfg = config or backward_config(head_dim, seqlen_q, seqlen_k, q.dtype, deterministic)
-    block_d = max(16, triton.next_power_of_2(head_dim))
     left, right = window
     cap = float(softcap)
-    s = lambda t: (0 if varlen else t.stride(0), t.stride(-3), t.stride(-2))  # (batch, token, head)
+    def s(t):  # (batch, token, head) strides, batch 0 for varlen; one stride() call a tensor
+        st = t.stride()
+        return (0 if varlen else st[0]), st[-3], st[-2]
     lse_strides = (0, lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1))
     cu_q = cu_seqlens_q if varlen else q
     cu_k = cu_seqlens_k if varlen else q
-    pre_block = min(64, max(16, triton.next_power_of_2(seqlen_q)))
-    _bwd_preprocess_kernel[(triton.cdiv(seqlen_q, pre_block), heads, batch)](
-        out, dout, dlse if dlse is not None else delta, delta, cu_q, seqlen_q, *s(out), *s(dout), *lse_strides,
-        HEAD_DIM=head_dim, BLOCK_M=pre_block, BLOCK_D=block_d, IS_VARLEN=varlen, HAS_DLSE=dlse is not None,
-    )
+    pre_block = min(64, max(16, next_pow2(seqlen_q)))
+    meta, key = _preprocess_meta(head_dim, pre_block, varlen, dlse is not None)
+    launch(_bwd_preprocess_kernel, (cdiv(seqlen_q, pre_block), heads, batch),
+           (out, dout, dlse if dlse is not None else delta, delta, cu_q, seqlen_q, *s(out), *s(dout), *lse_strides),
+           meta, key)
     scalars = (softmax_scale * LOG2E, softmax_scale / cap if cap > 0 else 0.0, cap * LOG2E, softmax_scale, left,
                right)
-    flags = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, IS_VARLEN=varlen, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0,
-                 HAS_SOFTCAP=cap > 0,
-                 # float32 inputs: full-precision products (the GPU default would round them to tf32).
-                 DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+    flags = (head_dim, varlen, left >= 0, right >= 0, cap > 0, q.dtype == torch.float32)
     if deterministic:
         dq_acc, dq_desc, use_tma = dq, None, False  # dq_acc: an unused argument
     else:
@@ -487,22 +419,47 @@ def launch_backward(dout, q, k, v, out, lse, dlse, dq, dk, dv, cu_seqlens_q, cu_
         dq_acc.zero_()
         use_tma = cfg.dq_tma and dq_tma_allowed(q, varlen)
         dq_desc = TensorDescriptor(dq_acc, list(dq_acc.shape), list(dq_acc.stride()),
-                                   [1, cfg.dkdv.block_m, 1, block_d]) if use_tma else None
+                                   [1, cfg.dkdv.block_m, 1, max(16, next_pow2(head_dim))]) if use_tma else None
     t = cfg.dkdv
-    dkdv_kernel = _bwd_dkdv_kernel[(triton.cdiv(seqlen_k, t.block_n), kv_heads, batch)](
-        q, k, v, dout, lse, delta, dk, dv, dq_acc, dq_desc, cu_q, cu_k, seqlen_q, seqlen_k, heads // kv_heads,
-        *s(q), *s(k), *s(v), *s(dout), *s(dk), *s(dv), *s(dq_acc), *lse_strides, *scalars,
-        BLOCK_M=t.block_m, BLOCK_N=t.block_n, ATOMIC_DQ=not deterministic, DQ_TMA=use_tma,
-        num_warps=t.num_warps, num_stages=t.num_stages, **flags,
-    )
+    meta, key = _gradient_meta(t.block_m, t.block_n, t.num_warps, t.num_stages, *flags, not deterministic, use_tma)
+    dkdv_kernel = launch(
+        _bwd_dkdv_kernel, (cdiv(seqlen_k, t.block_n), kv_heads, batch),
+        (q, k, v, dout, lse, delta, dk, dv, dq_acc, dq_desc, cu_q, cu_k, seqlen_q, seqlen_k, heads // kv_heads,
+         *s(q), *s(k), *s(v), *s(dout), *s(dk), *s(dv), *s(dq_acc), *lse_strides, *scalars),
+        meta, key)
     if not deterministic:
         if dq_acc is not dq:
             dq.copy_(dq_acc)
         return (dkdv_kernel,)
     t = cfg.dq
-    dq_kernel = _bwd_dq_kernel[(triton.cdiv(seqlen_q, t.block_m), heads, batch)](
-        q, k, v, dout, lse, delta, dq, cu_q, cu_k, seqlen_q, seqlen_k, heads // kv_heads,
-        *s(q), *s(k), *s(v), *s(dout), *s(dq), *lse_strides, *scalars,
-        BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages, **flags,
-    )
+    meta, key = _gradient_meta(t.block_m, t.block_n, t.num_warps, t.num_stages, *flags)
+    dq_kernel = launch(
+        _bwd_dq_kernel, (cdiv(seqlen_q, t.block_m), heads, batch),
+        (q, k, v, dout, lse, delta, dq, cu_q, cu_k, seqlen_q, seqlen_k, heads // kv_heads,
+         *s(q), *s(k), *s(v), *s(dout), *s(dq), *lse_strides, *scalars),
+        meta, key)
     return dkdv_kernel, dq_kernel
+
+
+@functools.lru_cache(maxsize=4096)
+def _preprocess_meta(head_dim: int, block_m: int, varlen: bool, has_dlse: bool) -> tuple[dict, int]:
+    """The preprocess kernel's constexprs and options, and their ``meta_key``: kept, as a launch needs them at
+    every call."""
+    meta = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_D=max(16, next_pow2(head_dim)), IS_VARLEN=varlen,
+                HAS_DLSE=has_dlse)
+    return meta, meta_key(meta)
+
+
+@functools.lru_cache(maxsize=4096)
+def _gradient_meta(block_m: int, block_n: int, num_warps: int, num_stages: int, head_dim: int, varlen: bool,
+                   has_left: bool, has_right: bool, has_softcap: bool, fp32: bool, atomic_dq: bool | None = None,
+                   dq_tma: bool = False) -> tuple[dict, int]:
+    """A gradient kernel's constexprs and options (the dK/dV kernel's with ``atomic_dq`` not
+    None, else the dQ kernel's), and their ``meta_key``."""
+    meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, BLOCK_D=max(16, next_pow2(head_dim)),
+                IS_VARLEN=varlen, HAS_LEFT=has_left, HAS_RIGHT=has_right, HAS_SOFTCAP=has_softcap,
+                # float32 inputs: full-precision products (the GPU default would round them to tf32).
+                DOT_PRECISION="ieee" if fp32 else "tf32", num_warps=num_warps, num_stages=num_stages)
+    if atomic_dq is not None:
+        meta.update(ATOMIC_DQ=atomic_dq, DQ_TMA=dq_tma)
+    return meta, meta_key(meta)

@@ -7,14 +7,16 @@ the merge ``_split_merge._merge_kernel``."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
-import triton
 
-from ._common import hopper_or_newer, output, pdl_mode, sm_count
+from ._common import cdiv, hopper_or_newer, next_pow2, output, pdl_mode, sm_count
 from ._decode_jit import _decode_kernel
+from ._launch import launch as launch_kernel
+from ._launch import meta_key
 from ._split_merge import _merge_kernel
 
 LOG2E = 1.4426950408889634
@@ -58,16 +60,22 @@ def decode_config(batch: int, kv_heads: int, max_seq: int, head_dim: int, device
     - Paged: 64-key tiles with ``table_ahead`` (batch 64 x 1K paged-64 86% -> 89%), at 4
       warps under two programs an SM (batch 1 x 128K paged-64 80% -> 91%), else 8 (batch
       64: 4 warps lose 15-18 points)."""
+    return _decode_config(batch, kv_heads, max_seq, head_dim, sm_count(device), rows, paged, waves)
+
+
+@functools.lru_cache(maxsize=4096)  # a launch asks at every call
+def _decode_config(batch: int, kv_heads: int, max_seq: int, head_dim: int, sms: int, rows: int, paged: bool,
+                   waves: Optional[int]) -> DecodeConfig:
     if waves is None:
         waves = 2 if paged else 1
     if head_dim <= 128:
         block_n, warps = 128, 8
     else:
         block_n = 32
-        warps = 4 if max(16, triton.next_power_of_2(rows)) * triton.next_power_of_2(head_dim) <= 64 * 128 else 8
-    programs, sms = max(1, batch * kv_heads), sm_count(device)
+        warps = 4 if max(16, next_pow2(rows)) * next_pow2(head_dim) <= 64 * 128 else 8
+    programs = max(1, batch * kv_heads)
     min_tiles = 2 if max_seq >= 4096 else MIN_TILES
-    splits = max(1, min(waves * sms // programs, triton.cdiv(max(max_seq, 1), block_n * min_tiles)))
+    splits = max(1, min(waves * sms // programs, cdiv(max(max_seq, 1), block_n * min_tiles)))
     if block_n == 128 and rows <= 16 and programs >= 2 * sms and max_seq <= 2048:
         return DecodeConfig(32, 4, splits, table_ahead=paged, min_tiles=min_tiles)
     if paged and block_n == 128:  # the split count stays the 128-key one: it won at each cell
@@ -81,12 +89,17 @@ def default_config(q, k_cache, block_table, num_splits: int = 0) -> DecodeConfig
     paged = block_table is not None
     max_seq = k_cache.shape[1] * (block_table.shape[1] if paged else 1)
     cfg = decode_config(B, k_cache.shape[2], max_seq, D, q.device, rows=Q * H // k_cache.shape[2], paged=paged)
-    return cfg if num_splits <= 0 else dataclasses.replace(cfg, num_splits=num_splits)
+    return cfg if num_splits <= 0 else _with_splits(cfg, num_splits)
+
+
+@functools.lru_cache(maxsize=4096)
+def _with_splits(cfg: DecodeConfig, num_splits: int) -> DecodeConfig:
+    return dataclasses.replace(cfg, num_splits=num_splits)
 
 
 def _merge_chunk(splits: int, rows: int, block_d: int, num_warps: int) -> int:
     """Splits merged per tile: (CHUNK_S, rows, D) float32 tiles of at most 32 values a thread."""
-    return max(1, min(triton.next_power_of_2(splits), 32 * 32 * num_warps // (rows * block_d)))
+    return max(1, min(next_pow2(splits), 32 * 32 * num_warps // (rows * block_d)))
 
 
 def launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale: float, window_left: int,
@@ -116,37 +129,55 @@ def launch(q, k_cache, v_cache, cache_seqlens, block_table, out, softmax_scale: 
         qk_scale, softcap_log2 = softmax_scale / softcap, softcap * LOG2E
     else:
         qk_scale, softcap_log2 = softmax_scale * LOG2E, 0.0
-    block_m = max(16, triton.next_power_of_2(group * Q))  # tl.dot needs 16 rows at least
-    block_d = max(16, triton.next_power_of_2(D))
     kn, vn, cos, sin, interleaved = append if append is not None else (q, q, q, q, False)
-    extra = {}  # num_stages: Triton's default, 3 (on an H200, 2-4 time alike)
-    if trigger_next and pdl_mode() and hopper_or_newer(q):
-        extra["TRIGGER"] = True  # launched without PDL itself: it starts after the previous kernel ends
-    kernel = _decode_kernel[(B * KVH, S)](
-        q, k_cache, v_cache, out, cache_seqlens, block_table if paged else cache_seqlens, ws_o, ws_lse,
-        kn, vn, cos, sin,
-        KVH, S, D, cos.shape[1] if append is not None else 0,
-        *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *out.stride()[:3],
-        block_table.stride(0) if paged else 0,
-        *kn.stride()[:3], *vn.stride()[:3], cos.stride(0), sin.stride(0),
-        qk_scale, softcap_log2, max(window_left, 0),
-        GROUP=group, Q_LEN=Q, PAGED=paged, PAGE_SIZE=page if paged else 1,
-        SOFTCAP=softcap > 0, HAS_WINDOW=window_left >= 0, SPLIT=S > 1,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, MIN_TILES=cfg.min_tiles,
-        APPEND=append is not None, INTERLEAVED=interleaved, BLOCK_Q=max(16, triton.next_power_of_2(Q)),
-        TABLE_AHEAD=paged and cfg.table_ahead,
-        num_warps=cfg.num_warps, **extra,
-    )
+    args = (q, k_cache, v_cache, out, cache_seqlens, block_table if paged else cache_seqlens, ws_o, ws_lse,
+            kn, vn, cos, sin,
+            KVH, S, D, cos.shape[1] if append is not None else 0,
+            *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *out.stride()[:3],
+            block_table.stride()[0] if paged else 0,
+            *kn.stride()[:3], *vn.stride()[:3], cos.stride()[0], sin.stride()[0],
+            qk_scale, softcap_log2, max(window_left, 0))
+    trigger = trigger_next and bool(pdl_mode()) and hopper_or_newer(q)
+    # the config by its fields: a dataclass hashes in Python, ~0.5 us
+    meta, key = _meta(group, Q, D, paged, page if paged else 1, softcap > 0, window_left >= 0, S > 1,
+                      q.dtype == torch.float32, cfg.block_n, cfg.min_tiles, append is not None, bool(interleaved),
+                      bool(paged and cfg.table_ahead), cfg.num_warps, trigger)
+    kernel = launch_kernel(_decode_kernel, (B * KVH, S), args, meta, key)
     if S > 1:
-        block_r = min(triton.next_power_of_2(group * Q), 16)
-        block_ds = block_d if S <= MERGE_WHOLE else min(block_d, 32)  # more splits: head_dim in slices
-        _merge_kernel[(B * KVH * triton.cdiv(group * Q, block_r) * (block_d // block_ds),)](
-            ws_o, ws_lse, out, KVH, S, D, *out.stride()[:3],
-            GROUP=group, Q_LEN=Q, BLOCK_R=block_r, BLOCK_D=block_d,
-            CHUNK_S=_merge_chunk(S, block_r, block_ds, 4), BLOCK_DS=block_ds, num_warps=4,
-        )
+        chunks, merge_meta, merge_key = _merge_meta(group, Q, D, S)
+        launch_kernel(_merge_kernel, (B * KVH * chunks,), (ws_o, ws_lse, out, KVH, S, D, *out.stride()[:3]),
+                      merge_meta, merge_key)
     return kernel
+
+
+@functools.lru_cache(maxsize=4096)
+def _meta(group: int, q_len: int, head_dim: int, paged: bool, page_size: int, softcap: bool, window: bool,
+          split: bool, fp32: bool, block_n: int, min_tiles: int, append: bool, interleaved: bool, table_ahead: bool,
+          num_warps: int, trigger: bool) -> tuple[dict, int]:
+    """The attention kernel's constexprs and options, and their ``meta_key``: kept, as a
+    launch needs them at every call. num_stages: Triton's default, 3 (on an H200, 2-4 time
+    alike). ``trigger``: TRIGGER (the kernel itself launches without PDL: it starts after
+    the previous kernel ends)."""
+    meta = dict(GROUP=group, Q_LEN=q_len, PAGED=paged, PAGE_SIZE=page_size, SOFTCAP=softcap, HAS_WINDOW=window,
+                SPLIT=split, PRECISION="ieee" if fp32 else "tf32",
+                BLOCK_M=max(16, next_pow2(group * q_len)),  # tl.dot needs 16 rows at least
+                BLOCK_N=block_n, BLOCK_D=max(16, next_pow2(head_dim)), MIN_TILES=min_tiles,
+                APPEND=append, INTERLEAVED=interleaved, BLOCK_Q=max(16, next_pow2(q_len)), TABLE_AHEAD=table_ahead,
+                num_warps=num_warps)
+    if trigger:
+        meta["TRIGGER"] = True
+    return meta, meta_key(meta)
+
+
+@functools.lru_cache(maxsize=4096)
+def _merge_meta(group: int, q_len: int, head_dim: int, splits: int) -> tuple[int, dict, int]:
+    """The merge's programs per (sequence, kv head), its constexprs and options, and their ``meta_key``."""
+    block_d = max(16, next_pow2(head_dim))
+    block_r = min(next_pow2(group * q_len), 16)
+    block_ds = block_d if splits <= MERGE_WHOLE else min(block_d, 32)  # more splits: head_dim in slices
+    meta = dict(GROUP=group, Q_LEN=q_len, BLOCK_R=block_r, BLOCK_D=block_d,
+                CHUNK_S=_merge_chunk(splits, block_r, block_ds, 4), BLOCK_DS=block_ds, num_warps=4)
+    return cdiv(group * q_len, block_r) * (block_d // block_ds), meta, meta_key(meta)
 
 
 def into_out(out: Optional[torch.Tensor], q: torch.Tensor, run) -> torch.Tensor:

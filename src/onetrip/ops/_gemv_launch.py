@@ -5,16 +5,17 @@ kernels are in ``_gemv_jit.py``."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
-import triton
 import triton.language as tl
 
-from ._common import gpu_table_entry, is_interpreting, pdl_args
+from ._common import cdiv, gpu_table_entry, is_interpreting, next_pow2, pdl_kwargs, pdl_on
 from ._gemv_jit import _skinny_matmul_kernel, _split_reduce_kernel
 from ._gemv_picks import GEMV_PICKS, GemvPicks
+from ._launch import launch, meta_key
 
 @dataclass(frozen=True)
 class SkinnyConfig:
@@ -42,7 +43,12 @@ class SkinnyConfig:
 
     @classmethod
     def from_list(cls, v: list[int]) -> "SkinnyConfig":
-        return cls(*v[:5], bool(v[5]), *v[6:8])
+        return _from_tuple(tuple(v))
+
+
+@functools.lru_cache(maxsize=4096)  # the custom ops rebuild their config from its list at every call
+def _from_tuple(v: tuple) -> SkinnyConfig:
+    return SkinnyConfig(*v[:5], bool(v[5]), *v[6:8])
 
 
 def skinny_config(M: int, N: int, K: int, sms: int, dtype: torch.dtype = torch.bfloat16, *,
@@ -61,21 +67,27 @@ def skinny_config(M: int, N: int, K: int, sms: int, dtype: torch.dtype = torch.b
     """
     if M == 1 and dtype != torch.float32:
         return gemv_config(N, K, fusion, gpu, picks)
-    block_m = triton.next_power_of_2(max(M, 1))
     use_dot = M > 8 and dtype != torch.float32 and not (is_interpreting() and dtype == torch.bfloat16)
+    return _rule_config(M, N, K, sms, use_dot)
+
+
+@functools.lru_cache(maxsize=4096)  # a launch asks at every call
+def _rule_config(M: int, N: int, K: int, sms: int, use_dot: bool) -> SkinnyConfig:
+    """``skinny_config`` past one 16-bit row."""
+    block_m = next_pow2(max(M, 1))
     if use_dot:
         block_m, block_n, block_k = max(16, block_m), 64, 64
     else:
         budget = 4096 if M == 1 else 8192
-        block_k = min(256, triton.next_power_of_2(max(K, 16)))
-        block_n = max(1, min(32, triton.next_power_of_2(max(N, 1)), budget // (block_m * block_k)))
+        block_k = min(256, next_pow2(max(K, 16)))
+        block_n = max(1, min(32, next_pow2(max(N, 1)), budget // (block_m * block_k)))
         if block_n < 8:  # keep a few columns per program; give up K length instead
-            block_n = min(8, triton.next_power_of_2(max(N, 1)))
-            block_k = max(16, min(triton.next_power_of_2(max(K, 16)), budget // (block_m * block_n)))
-    programs = triton.cdiv(N, block_n)
+            block_n = min(8, next_pow2(max(N, 1)))
+            block_k = max(16, min(next_pow2(max(K, 16)), budget // (block_m * block_n)))
+    programs = cdiv(N, block_n)
     split_k = 1
     if programs < 2 * sms:
-        split_k = max(1, min(triton.cdiv(2 * sms, programs), K // (2 * block_k)))
+        split_k = max(1, min(cdiv(2 * sms, programs), K // (2 * block_k)))
     return SkinnyConfig(block_m, block_n, block_k, split_k, 4, use_dot)
 
 
@@ -99,6 +111,25 @@ def gemv_config(N: int, K: int, fusion: str = "plain", gpu: str = "", picks: Gem
     16 x 1024, 8 warps). ``early``: ``picks.early_chunks`` of the GEMV's role."""
     if fusion not in GEMV_FUSIONS:
         raise ValueError(f"fusion must be one of {GEMV_FUSIONS}, got {fusion!r}")
+    # Memoized per picks object: hashing a GemvPicks walks its tables (~4 us), its id does not.
+    held = _GEMV_CONFIGS.get(id(picks))
+    if held is None:  # the memo holds picks, so no other object takes its id meanwhile
+        if len(_GEMV_CONFIGS) >= 64:
+            _GEMV_CONFIGS.clear()
+        held = _GEMV_CONFIGS[id(picks)] = (picks, {})
+    configs = held[1]
+    cfg = configs.get((N, K, fusion, gpu))
+    if cfg is None:
+        if len(configs) >= 4096:
+            configs.clear()
+        cfg = configs[(N, K, fusion, gpu)] = _gemv_config(N, K, fusion, gpu, picks)
+    return cfg
+
+
+_GEMV_CONFIGS: dict[int, tuple[GemvPicks, dict]] = {}
+
+
+def _gemv_config(N: int, K: int, fusion: str, gpu: str, picks: GemvPicks) -> SkinnyConfig:
     early = picks.early_chunks[gemv_role(N, K, fusion)]
     launch = gpu_table_entry(picks.tuned_gpu, gpu, (N, K, fusion))
     if launch is None:
@@ -111,10 +142,9 @@ def gemv_config(N: int, K: int, fusion: str = "plain", gpu: str = "", picks: Gem
         c = limit
         while c > 16 and K % c:
             c //= 2
-        return c if K % c == 0 else min(limit, triton.next_power_of_2(max(K, 16)))
+        return c if K % c == 0 else min(limit, next_pow2(max(K, 16)))
     if N <= 8192:
-        return SkinnyConfig(1, min(16, max(4, triton.next_power_of_2(max(1, N // 512)))), chunk(1024), 1, 8, False, 1,
-                            early)
+        return SkinnyConfig(1, min(16, max(4, next_pow2(max(1, N // 512)))), chunk(1024), 1, 8, False, 1, early)
     return SkinnyConfig(1, 16, chunk(256), 1, 4, False, 1, early)
 
 
@@ -134,15 +164,6 @@ def gemv_role(N: int, K: int, fusion: str) -> str:
     return {"residual": "o", "silu_residual": "down"}.get(fusion, "plain")
 
 
-def _pdl_args(x: torch.Tensor, cfg: SkinnyConfig) -> dict:
-    """``pdl_args``, with EARLY = ``cfg.early`` (weight chunks before the wait) for one-row
-    launches."""
-    args = pdl_args(x)
-    if args and cfg.early and cfg.block_m == 1 and not cfg.use_dot:
-        args["EARLY"] = cfg.early
-    return args
-
-
 def launch_skinny(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], y: torch.Tensor,
                   cfg: SkinnyConfig, silu_mul: bool = False, residual: Optional[torch.Tensor] = None,
                   ss_out: Optional[torch.Tensor] = None, ss_in: Optional[torch.Tensor] = None,
@@ -156,32 +177,55 @@ def launch_skinny(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
     if K == 0:  # an empty sum: y = bias, or 0
         y.copy_(bias.expand(M, N) if bias is not None else torch.zeros((), dtype=y.dtype, device=y.device))
         return
-    k_per_split = triton.cdiv(triton.cdiv(K, cfg.split_k), cfg.block_k) * cfg.block_k
-    split_k = triton.cdiv(K, k_per_split)  # no empty splits
+    has_bias, pdl = bias is not None, pdl_on(x)
+    # the config by its fields: a dataclass hashes in Python, ~0.5 us
+    plan = _plan(M, N, K, cfg.block_m, cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps, cfg.use_dot,
+                 cfg.num_stages, cfg.early, has_bias, residual is not None, ss_in.numel() if ss_in is not None else -1,
+                 silu_mul, x.dtype == torch.float32, pdl)
+    k_per_split, split_k, meta, key = plan[:4]
     split = split_k > 1
     # Sized from the shape alone, so a CUDA graph captures it from its private pool.
     target = torch.empty((split_k, M, N), dtype=torch.float32, device=x.device) if split else y
     b = bias if bias is not None else x  # never read without HAS_BIAS
-    _skinny_matmul_kernel[(triton.cdiv(N, cfg.block_n), split_k)](
-        x, weight, b, target,
-        M, N, K, k_per_split,
-        x.stride(0), weight.stride(0), weight.stride(1), y.stride(0),
-        residual if residual is not None else x, ss_out if ss_out is not None else x,
-        ss_in if ss_in is not None else x, ss_in.numel() if ss_in is not None else 0,
-        norm_weight if norm_weight is not None else x, eps,
-        HAS_BIAS=bias is not None and not split, RES_OUT=residual is not None, NORM_IN=ss_in is not None,
-        BLOCK_SS=max(16, triton.next_power_of_2(ss_in.numel())) if ss_in is not None else 16,
-        SPLIT=split, USE_DOT=cfg.use_dot,
-        EVEN_K=k_per_split % cfg.block_k == 0 and K % k_per_split == 0, SILU_MUL=silu_mul,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        ACC=tl.float64 if x.dtype == torch.float32 and cfg.block_m == 1 and not cfg.use_dot else tl.float32,
-        W_EVICT=WEIGHT_EVICT if M == 1 and not cfg.use_dot else "",
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_pdl_args(x, cfg),
-    )
+    launch(_skinny_matmul_kernel, (cdiv(N, cfg.block_n), split_k),
+           (x, weight, b, target,
+            M, N, K, k_per_split,
+            x.stride()[0], *weight.stride(), y.stride()[0],
+            residual if residual is not None else x, ss_out if ss_out is not None else x,
+            ss_in if ss_in is not None else x, ss_in.numel() if ss_in is not None else 0,
+            norm_weight if norm_weight is not None else x, eps),
+           meta, key)
     if split:
-        block = 1024
-        _split_reduce_kernel[(triton.cdiv(M * N, block),)](
-            target, b, y, M, N, split_k, y.stride(0),
-            HAS_BIAS=bias is not None, BLOCK=block, num_warps=4, **pdl_args(x),
-        )
+        reduce_meta, reduce_key = plan[4:]
+        launch(_split_reduce_kernel, (cdiv(M * N, SPLIT_REDUCE_BLOCK),), (target, b, y, M, N, split_k, y.stride()[0]),
+               reduce_meta, reduce_key)
 
+
+SPLIT_REDUCE_BLOCK = 1024  # outputs a program of the split-K reduce
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(M: int, N: int, K: int, block_m: int, block_n: int, block_k: int, split_k: int, num_warps: int,
+          use_dot: bool, num_stages: int, early: int, has_bias: bool, res_out: bool, n_ss: int, silu_mul: bool,
+          fp32: bool, pdl: bool) -> tuple:
+    """(K per split, splits, the matmul's meta and its ``meta_key``, and with splits the
+    reduce's meta and key): kept, as a launch needs them at every call. ``n_ss``: the
+    producer's sums of squares (NORM_IN), -1 for none."""
+    k_per_split = cdiv(cdiv(K, split_k), block_k) * block_k
+    splits = cdiv(K, k_per_split)  # no empty splits
+    split = splits > 1
+    one_row = block_m == 1 and not use_dot
+    meta = dict(HAS_BIAS=has_bias and not split, RES_OUT=res_out, NORM_IN=n_ss >= 0,
+                BLOCK_SS=max(16, next_pow2(n_ss)) if n_ss >= 0 else 16,
+                SPLIT=split, USE_DOT=use_dot, EVEN_K=k_per_split % block_k == 0 and K % k_per_split == 0,
+                SILU_MUL=silu_mul, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                ACC=tl.float64 if fp32 and one_row else tl.float32,
+                W_EVICT=WEIGHT_EVICT if M == 1 and not use_dot else "",
+                num_warps=num_warps, num_stages=num_stages, **pdl_kwargs(pdl))
+    if pdl and early and one_row:  # EARLY: weight chunks put in flight before the PDL wait
+        meta["EARLY"] = early
+    plan = (k_per_split, splits, meta, meta_key(meta))
+    if split:
+        reduce_meta = dict(HAS_BIAS=has_bias, BLOCK=SPLIT_REDUCE_BLOCK, num_warps=4, **pdl_kwargs(pdl))
+        plan += (reduce_meta, meta_key(reduce_meta))
+    return plan

@@ -23,6 +23,7 @@ How rows are covered (``NormBackwardConfig``):
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -31,8 +32,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import is_interpreting, pdl_args, sm_count
+from ._common import cdiv, is_interpreting, next_pow2, pdl_kwargs, pdl_on, sm_count
 from ._jit import cast_out, pdl_start
+from ._launch import launch, meta_key
 from ._reduce import column_sum
 
 # Whole rows held up to this padded width of 2-byte elements (4-byte ones: half of it). At 16384 a
@@ -104,7 +106,7 @@ def whole_rows(width: int, per_thread: int = 16, warps_per_sm: int = 16, prefetc
     max(padded width, 64 x per_thread) elements (narrow rows share a step), at most 32 warps.
     Registers a thread (sm_90a): ~8 an element plus ~42 for add_layer_norm (168 at 16 a thread,
     105 at 8), fewer for the others (rms_norm 111 at 16); 16 warps an SM leave each 128."""
-    block_n = triton.next_power_of_2(max(width, 1))
+    block_n = next_pow2(max(width, 1))
     step = max(block_n, 64 * per_thread)
     num_warps = min(32, step // (32 * per_thread))
     return NormBackwardConfig(rows=step // block_n, num_warps=num_warps,
@@ -129,8 +131,15 @@ WIDE_PICK = NormBackwardConfig(rows=1, num_warps=8, programs_per_sm=2, prefetch=
 def backward_config(M: int, N: int, device: torch.device, itemsize: int = 2) -> NormBackwardConfig:
     """The launch shape for M rows of N elements of ``itemsize`` bytes: the pick of the padded
     width in 2-byte elements (4-byte rows take the pick of twice their width, the same bytes a
-    step), ``whole_rows`` under the table, ``WIDE_PICK`` past ``ROW_MAX``."""
-    key = triton.next_power_of_2(max(N, 1)) * max(1, itemsize // 2)
+    step), ``whole_rows`` under the table, ``WIDE_PICK`` past ``ROW_MAX``. Memoized on (N,
+    itemsize), as a launch asks at every call: after editing the table at run time,
+    ``_backward_config.cache_clear()``."""
+    return _backward_config(N, itemsize)
+
+
+@functools.lru_cache(maxsize=4096)
+def _backward_config(N: int, itemsize: int) -> NormBackwardConfig:
+    key = next_pow2(max(N, 1)) * max(1, itemsize // 2)
     if key > ROW_MAX:
         return WIDE_PICK
     return BACKWARD_PICKS.get(key) or whole_rows(N, per_thread=max(1, 32 // max(itemsize, 2)))
@@ -155,17 +164,36 @@ def backward_plan(M: int, N: int, config: NormBackwardConfig, sms: int, grads: b
     ``grads`` (a dw or db partial) and more than ``_ONE_PASS`` bands, a multiple of ``split``
     bands. At the picks on 132 SMs, bf16: 65536 x 1024 in 1041 bands of 63 rows (1056
     partial rows, split 32); 8192 x 8192 in 131 bands of 63 (136, split 8)."""
-    block_n = config.segment if config.wide else triton.next_power_of_2(max(N, 1))
-    segs = triton.cdiv(N, block_n)
-    steps = triton.cdiv(M, config.rows)
-    bands = max(1, min(steps, triton.cdiv(sms * config.programs_per_sm, segs)))
-    band_rows = triton.cdiv(steps, bands) * config.rows  # whole steps a band
-    bands = triton.cdiv(M, band_rows)
+    block_n = config.segment if config.wide else next_pow2(max(N, 1))
+    segs = cdiv(N, block_n)
+    steps = cdiv(M, config.rows)
+    bands = max(1, min(steps, cdiv(sms * config.programs_per_sm, segs)))
+    band_rows = cdiv(steps, bands) * config.rows  # whole steps a band
+    bands = cdiv(M, band_rows)
     split = 1
     if grads and bands > _ONE_PASS:
         split = min(_SPLIT, 1 << (math.isqrt(bands).bit_length() - 1))
-        bands = triton.cdiv(bands, split) * split
+        bands = cdiv(bands, split) * split
     return BackwardPlan(block_n, segs, band_rows, bands, split)
+
+
+@functools.lru_cache(maxsize=4096)  # a launch asks at every call
+def _launch_plan(M: int, N: int, config: NormBackwardConfig, sms: int, one_pass: int, is_rms: bool, gemma: bool,
+                 has_weight: bool, has_dh_out: bool, store_dx: bool, has_dw: bool, has_db: bool,
+                 pdl: bool) -> tuple:
+    """(``backward_plan``, the statistics launch's (meta, meta_key) or None, the row launch's
+    (meta, meta_key)) of one call; ``one_pass`` is ``_ONE_PASS`` (read by ``backward_plan``),
+    in the key so that a changed value is not served an old plan."""
+    plan = backward_plan(M, N, config, sms, has_dw or has_db)
+    flags = dict(IS_RMS=is_rms, GEMMA=gemma, HAS_WEIGHT=has_weight)
+    stats = None
+    if config.wide:
+        meta = dict(flags, BLOCK_N=plan.block_n, num_warps=config.num_warps, **pdl_kwargs(pdl))
+        stats = meta, meta_key(meta)
+    meta = dict(flags, HAS_DH_OUT=has_dh_out, STORE_DX=store_dx, HAS_DW=has_dw, HAS_DB=has_db, WIDE=config.wide,
+                EVEN=N % plan.block_n == 0, BLOCK_M=config.rows, BLOCK_N=plan.block_n, PREFETCH=config.prefetch,
+                STAGES=config.stages, num_warps=config.num_warps, maxnreg=config.maxnreg, **pdl_kwargs(pdl))
+    return plan, stats, (meta, meta_key(meta))
 
 
 @triton.jit
@@ -396,27 +424,23 @@ def launch_backward(dy: torch.Tensor, h: torch.Tensor, dh_out: Optional[torch.Te
                 t.zero_()
         return None
     cfg = config or backward_config(M, N, h.device, h.element_size())
-    plan = backward_plan(M, N, cfg, sm_count(h.device), dweight is not None or dbias is not None)
-    block_n, segs, bands = plan.block_n, plan.segs, plan.bands
+    plan, stats_meta, (meta, key) = _launch_plan(
+        M, N, cfg, sm_count(h.device), _ONE_PASS, is_rms, gemma, weight is not None, dh_out is not None,
+        dx is not None, dweight is not None, dbias is not None, pdl_on(h))
+    bands = plan.bands
     w = weight if weight is not None else h
-    pdl = pdl_args(h)
     stats = h
-    if cfg.wide:
+    if stats_meta is not None:
         stats = torch.empty((M, 4), dtype=torch.float32, device=h.device)
-        _stats_kernel[(M,)](dy, h, w, stats, N, dy.stride(0), h.stride(0), eps, IS_RMS=is_rms, GEMMA=gemma,
-                            HAS_WEIGHT=weight is not None, BLOCK_N=block_n, num_warps=cfg.num_warps, **pdl)
+        launch(_stats_kernel, (M,), (dy, h, w, stats, N, dy.stride(0), h.stride(0), eps), *stats_meta)
     pw = torch.empty((bands, N), dtype=torch.float32, device=h.device) if dweight is not None else h
     pb = torch.empty((bands, N), dtype=torch.float32, device=h.device) if dbias is not None else h
-    kernel = _backward_kernel[(bands * segs,)](
-        dy, h, dh_out if dh_out is not None else h, w, dx if dx is not None else h, pw, pb, stats,
-        M, N, plan.band_rows, segs,
-        dy.stride(0), h.stride(0), dh_out.stride(0) if dh_out is not None else 0,
-        dx.stride(0) if dx is not None else 0,
-        eps,
-        IS_RMS=is_rms, GEMMA=gemma, HAS_WEIGHT=weight is not None, HAS_DH_OUT=dh_out is not None,
-        STORE_DX=dx is not None, HAS_DW=dweight is not None, HAS_DB=dbias is not None, WIDE=cfg.wide,
-        EVEN=N % block_n == 0, BLOCK_M=cfg.rows, BLOCK_N=block_n, PREFETCH=cfg.prefetch, STAGES=cfg.stages,
-        num_warps=cfg.num_warps, maxnreg=cfg.maxnreg, **pdl)
+    args = (dy, h, dh_out if dh_out is not None else h, w, dx if dx is not None else h, pw, pb, stats,
+            M, N, plan.band_rows, plan.segs,
+            dy.stride(0), h.stride(0), dh_out.stride(0) if dh_out is not None else 0,
+            dx.stride(0) if dx is not None else 0,
+            eps)
+    kernel = launch(_backward_kernel, (bands * plan.segs,), args, meta, key)
     if dweight is not None:
         _sum_partials(pw, plan.split, dweight)
     if dbias is not None:

@@ -11,12 +11,15 @@ programs that is a few MB against the GB the row pass itself moves.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
-from ._common import use_triton
+from ._common import cdiv, next_pow2, use_triton
 from ._jit import cast_out
+from ._launch import launch, meta_key
 
 
 @triton.jit
@@ -59,8 +62,14 @@ def column_sum(partials: torch.Tensor, dtype: torch.dtype, *, out: torch.Tensor 
         return out.zero_()
     if not use_triton(partials):
         return out.copy_(partials.sum(0))
-    block_n = min(triton.next_power_of_2(N), 256)
-    block_p = min(triton.next_power_of_2(P), 32)
-    _column_sum_kernel[(triton.cdiv(N, block_n),)](
-        partials, out, P, N, partials.stride(0), BLOCK_P=block_p, BLOCK_N=block_n, num_warps=4)
+    block_n = min(next_pow2(N), 256)
+    meta, key = _meta(min(next_pow2(P), 32), block_n)
+    launch(_column_sum_kernel, (cdiv(N, block_n),), (partials, out, P, N, partials.stride(0)), meta, key)
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def _meta(block_p: int, block_n: int) -> tuple[dict, int]:
+    """The kernel's constexprs and options, and their ``meta_key``: kept, as a launch needs them at every call."""
+    meta = dict(BLOCK_P=block_p, BLOCK_N=block_n, num_warps=4)
+    return meta, meta_key(meta)

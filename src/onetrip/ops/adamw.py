@@ -28,6 +28,7 @@ Bytes an element, read + write (the floor; the kernel moves exactly these):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -35,8 +36,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import dtype_names
+from ._common import cdiv, dtype_names
 from ._jit import cast_out
+from ._launch import launch, meta_key
 
 BLOCK = 2048  # elements a program; the elementwise ops' measured tile (_common.tile_config), not retuned here
 NUM_WARPS = 4
@@ -265,7 +267,7 @@ def adamw_table(
                      steps[i].data_ptr(), p.numel()])
         keep += state + [steps[i]]
     aligned = all(a % 16 == 0 for row in rows for a in row[:6])
-    counts = torch.tensor([triton.cdiv(row[7], block) for row in rows], dtype=torch.int64)
+    counts = torch.tensor([cdiv(row[7], block) for row in rows], dtype=torch.int64)
     first = torch.cumsum(counts, 0) - counts
     n_work = int(counts.sum())
     work = torch.stack([torch.repeat_interleave(torch.arange(n), counts),
@@ -313,19 +315,18 @@ def bump_steps(steps: torch.Tensor, found_inf: Optional[torch.Tensor] = None) ->
     nonzero (a skipped step). One launch; no host synchronisation."""
     n = steps.numel()
     if n:
-        _bump_steps_kernel[(triton.cdiv(n, 1024),)](
-            steps, n, found_inf if found_inf is not None else steps,
-            HAS_FOUND=found_inf is not None, BLOCK=1024, num_warps=4)
+        launch(_bump_steps_kernel, (cdiv(n, 1024),), (steps, n, found_inf if found_inf is not None else steps),
+               *_meta(HAS_FOUND=found_inf is not None, BLOCK=1024, num_warps=4))
 
 
 def find_nonfinite(t: AdamWTable, found_inf: torch.Tensor, grad_scale: Optional[torch.Tensor] = None) -> None:
     """Set ``found_inf`` (1-element float32) to 1 if a gradient of the table, divided by
     ``grad_scale``, holds a NaN or an Inf; leave it otherwise. Reads the grads once."""
     if t.n_work:
-        _nonfinite_kernel[(t.n_work,)](
-            t.table, t.work, grad_scale if grad_scale is not None else found_inf, found_inf,
-            PARAM_DTYPE=_TL_DTYPES[t.dtype], HAS_SCALE=grad_scale is not None, ALIGNED=t.aligned,
-            BLOCK=t.block, num_warps=NUM_WARPS)
+        launch(_nonfinite_kernel, (t.n_work,),
+               (t.table, t.work, grad_scale if grad_scale is not None else found_inf, found_inf),
+               *_meta(PARAM_DTYPE=_TL_DTYPES[t.dtype], HAS_SCALE=grad_scale is not None, ALIGNED=t.aligned,
+                      BLOCK=t.block, num_warps=NUM_WARPS))
 
 
 def adamw_launch(
@@ -350,17 +351,23 @@ def adamw_launch(
     lr_tensor = isinstance(lr, torch.Tensor)
     lr_f = 0.0 if lr_tensor else float(lr)
     dummy = t.table
-    _adamw_kernel[(t.n_work,)](
-        t.table, t.work,
-        lr if lr_tensor else dummy,
-        grad_scale if grad_scale is not None else dummy,
-        found_inf if found_inf is not None else dummy,
-        lr_f, 1.0 - lr_f * float(weight_decay),  # decay in float64 on the host, as torch computes it
-        float(beta1), 1.0 - float(beta1), float(beta2), 1.0 - float(beta2), float(eps), float(weight_decay),
-        PARAM_DTYPE=_TL_DTYPES[t.dtype], MASTER=t.master, AMSGRAD=t.amsgrad, MAXIMIZE=bool(maximize),
-        LR_TENSOR=lr_tensor, HAS_SCALE=grad_scale is not None, HAS_FOUND=found_inf is not None,
-        ALIGNED=t.aligned, BLOCK=t.block, num_warps=NUM_WARPS,
-    )
+    args = (t.table, t.work,
+            lr if lr_tensor else dummy,
+            grad_scale if grad_scale is not None else dummy,
+            found_inf if found_inf is not None else dummy,
+            lr_f, 1.0 - lr_f * float(weight_decay),  # decay in float64 on the host, as torch computes it
+            float(beta1), 1.0 - float(beta1), float(beta2), 1.0 - float(beta2), float(eps), float(weight_decay))
+    launch(_adamw_kernel, (t.n_work,), args,
+           *_meta(PARAM_DTYPE=_TL_DTYPES[t.dtype], MASTER=t.master, AMSGRAD=t.amsgrad, MAXIMIZE=bool(maximize),
+                  LR_TENSOR=lr_tensor, HAS_SCALE=grad_scale is not None, HAS_FOUND=found_inf is not None,
+                  ALIGNED=t.aligned, BLOCK=t.block, num_warps=NUM_WARPS))
+
+
+@functools.lru_cache(maxsize=256)
+def _meta(**meta) -> tuple[dict, int]:
+    """``meta`` and its ``meta_key``, kept: a launch needs both at every step. A call site
+    passes its names in one order (the key keeps it)."""
+    return meta, meta_key(meta)
 
 
 def adamw_ref(

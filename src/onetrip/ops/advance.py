@@ -24,14 +24,16 @@ grid-wide order.
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
-from ._common import call_op, check_same_device, pdl_args, use_triton
+from ._common import call_op, check_same_device, next_pow2, pdl_kwargs, pdl_on, use_triton
 from ._jit import pdl_start
+from ._launch import launch, meta_key
 from .argmax import pick_from_keys, tile_keys
 
 
@@ -79,18 +81,24 @@ def _launch(src: torch.Tensor, from_keys: bool, done: torch.Tensor, eos: torch.T
             tok: torch.Tensor, step: torch.Tensor, lens: Optional[torch.Tensor]) -> None:
     B = done.shape[0]
     n_tiles = src.shape[1] if from_keys else 1
-    block_t = max(16, triton.next_power_of_2(n_tiles))
+    meta, key = _meta(B, n_tiles, eos.shape[0], from_keys, lens is not None, pdl_on(done))
+    launch(_advance_kernel, (1,),
+           (src, n_tiles, done, eos, eos.shape[0], out, out.stride()[0], out.shape[1], tok, tok.stride()[0],
+            lens if lens is not None else done, step, B),
+           meta, key)
+
+
+@functools.lru_cache(maxsize=4096)
+def _meta(B: int, n_tiles: int, n_eos: int, from_keys: bool, has_lens: bool, pdl: bool) -> tuple[dict, int]:
+    """The kernel's constexprs and options, and their ``meta_key``: kept, as a launch needs them at every call."""
+    block_t = max(16, next_pow2(n_tiles))
     # At most 2048 keys a block (16 a thread at 4 warps); a 128K vocabulary has 63 tiles.
-    block_b = min(max(16, triton.next_power_of_2(B)), 256)
+    block_b = min(max(16, next_pow2(B)), 256)
     if from_keys:
         block_b = min(block_b, max(1, 2048 // block_t))
-    _advance_kernel[(1,)](
-        src, n_tiles, done, eos, eos.shape[0], out, out.stride(0), out.shape[1], tok, tok.stride(0),
-        lens if lens is not None else done, step, B,
-        FROM_KEYS=from_keys, HAS_LENS=lens is not None, BLOCK_B=block_b, BLOCK_T=block_t,
-        BLOCK_E=max(16, triton.next_power_of_2(eos.shape[0])),
-        num_warps=4, **pdl_args(done),
-    )
+    meta = dict(FROM_KEYS=from_keys, HAS_LENS=has_lens, BLOCK_B=block_b, BLOCK_T=block_t,
+                BLOCK_E=max(16, next_pow2(n_eos)), num_warps=4, **pdl_kwargs(pdl))
+    return meta, meta_key(meta)
 
 
 @torch.library.custom_op("onetrip::advance_tokens", mutates_args=("done", "out", "tok", "step", "lens"))

@@ -26,14 +26,16 @@ read once and written once, directly into the cache.
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
-from ._common import call_op, check_tensor, heads_view, sm_count, use_triton
+from ._common import call_op, cdiv, check_tensor, heads_view, next_pow2, sm_count, use_triton
 from ._kv_checks import check_cache, check_new_kv
+from ._launch import launch, meta_key
 from ._rotary_jit import cos_sin_rows, rotate_heads
 from .rotary import RotaryConfig, apply_rotary_ref, rotary_config
 
@@ -91,8 +93,13 @@ def append_config(tokens: int, heads: int, half: int, device: torch.device) -> R
     ``rotary_config``'s 2 tokens x 32 heads at 8 warps. Fewer tokens
     (a decode step's 1-64) keep ``rotary_config``, the best there (launch-bound, ~10%)."""
     if tokens >= sm_count(device):
-        return RotaryConfig(1, min(8, triton.next_power_of_2(max(heads, 1))), 4)
+        return _wide_config(heads)
     return rotary_config(tokens, heads, half, device)
+
+
+@functools.lru_cache(maxsize=4096)  # a launch asks at every call
+def _wide_config(heads: int) -> RotaryConfig:
+    return RotaryConfig(1, min(8, next_pow2(max(heads, 1))), 4)
 
 
 def _launch(q, k, v, k_cache, v_cache, cache_seqlens, cos, sin, block_table, interleaved: bool, config=None):
@@ -107,16 +114,24 @@ def _launch(q, k, v, k_cache, v_cache, cache_seqlens, cos, sin, block_table, int
     cfg = config or append_config(n_tokens, max(H, KVH), max(half, D // 2), q.device)
     tail = D - 2 * half
     paged = block_table is not None
-    return _append_kv_kernel[(triton.cdiv(n_tokens, cfg.block_t),)](
-        q, k, v, k_cache, v_cache, cos, sin, cache_seqlens, block_table if paged else cache_seqlens,
-        n_tokens, Q, H, KVH, half, tail, D,
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3],
-        cos.stride(0), sin.stride(0), block_table.stride(0) if paged else 0,
-        INTERLEAVED=interleaved, PAGED=paged, PAGE_SIZE=k_cache.shape[1] if paged else 1, COPY_TAIL=tail > 0,
-        BLOCK_T=cfg.block_t, BLOCK_H=cfg.block_h, BLOCK_HALF=triton.next_power_of_2(half),
-        BLOCK_TAIL=triton.next_power_of_2(max(tail, 1)), BLOCK_D=triton.next_power_of_2(D),
-        num_warps=cfg.num_warps,
-    )
+    args = (q, k, v, k_cache, v_cache, cos, sin, cache_seqlens, block_table if paged else cache_seqlens,
+            n_tokens, Q, H, KVH, half, tail, D,
+            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3],
+            cos.stride()[0], sin.stride()[0], block_table.stride()[0] if paged else 0)
+    # the config by its fields: a dataclass hashes in Python, ~0.5 us
+    meta, key = _meta(bool(interleaved), paged, k_cache.shape[1] if paged else 1, cfg.block_t, cfg.block_h,
+                      cfg.num_warps, half, tail, D)
+    return launch(_append_kv_kernel, (cdiv(n_tokens, cfg.block_t),), args, meta, key)
+
+
+@functools.lru_cache(maxsize=4096)
+def _meta(interleaved: bool, paged: bool, page_size: int, block_t: int, block_h: int, num_warps: int, half: int,
+          tail: int, head_dim: int) -> tuple[dict, int]:
+    """The kernel's constexprs and options, and their ``meta_key``: kept, as a launch needs them at every call."""
+    meta = dict(INTERLEAVED=interleaved, PAGED=paged, PAGE_SIZE=page_size, COPY_TAIL=tail > 0,
+                BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_HALF=next_pow2(half), BLOCK_TAIL=next_pow2(max(tail, 1)),
+                BLOCK_D=next_pow2(head_dim), num_warps=num_warps)
+    return meta, meta_key(meta)
 
 
 @torch.library.custom_op("onetrip::append_kv", mutates_args=("q", "k_cache", "v_cache"))

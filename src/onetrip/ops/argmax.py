@@ -21,12 +21,15 @@ their magnitude bits flipped), and the low word makes the smaller index win a ti
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
-from ._common import call_op, check_tensor, pdl_args, use_triton
+from ._common import call_op, cdiv, check_tensor, next_pow2, pdl_kwargs, pdl_on, use_triton
 from ._jit import pdl_start
+from ._launch import launch, meta_key
 
 # 2048 values per program: a 128256-wide row is 63 programs, about half an H200's SMs at
 # batch 1, each reading 4 KB (bf16); more rows fill the rest.
@@ -91,10 +94,25 @@ def tile_keys(x: torch.Tensor) -> torch.Tensor:
     (``_argmax_final_kernel``, or ``advance.py``'s, which folds it into the step's
     bookkeeping). The workspace depends on shapes alone: capturable in a CUDA graph."""
     rows, V = x.shape
-    n_tiles = triton.cdiv(V, BLOCK)
+    n_tiles = cdiv(V, BLOCK)
     ws = torch.empty((rows, n_tiles), dtype=torch.int64, device=x.device)
-    _argmax_tiles_kernel[(rows, n_tiles)](x, ws, V, x.stride(0), n_tiles, BLOCK=BLOCK, num_warps=4, **pdl_args(x))
+    meta, key = _tiles_meta(pdl_on(x))
+    launch(_argmax_tiles_kernel, (rows, n_tiles), (x, ws, V, x.stride()[0], n_tiles), meta, key)
     return ws
+
+
+@functools.lru_cache(maxsize=4)
+def _tiles_meta(pdl: bool) -> tuple[dict, int]:
+    """The tiles kernel's constexprs and options, and their ``meta_key``: kept, as a launch needs them at every call."""
+    meta = dict(BLOCK=BLOCK, num_warps=4, **pdl_kwargs(pdl))
+    return meta, meta_key(meta)
+
+
+@functools.lru_cache(maxsize=4096)
+def _final_meta(block_t: int, pdl: bool) -> tuple[dict, int]:
+    """The final kernel's constexprs and options, and their ``meta_key``."""
+    meta = dict(BLOCK_T=block_t, num_warps=4, **pdl_kwargs(pdl))
+    return meta, meta_key(meta)
 
 
 @torch.library.custom_op("onetrip::argmax", mutates_args=())
@@ -108,8 +126,8 @@ def _argmax_op(x: torch.Tensor) -> torch.Tensor:
         return torch.argmax(x, dim=-1)
     ws = tile_keys(x)
     n_tiles = ws.shape[1]
-    _argmax_final_kernel[(rows,)](ws, out, n_tiles, BLOCK_T=max(16, triton.next_power_of_2(n_tiles)),
-                                 num_warps=4, **pdl_args(x))
+    meta, key = _final_meta(max(16, next_pow2(n_tiles)), pdl_on(x))
+    launch(_argmax_final_kernel, (rows,), (ws, out, n_tiles), meta, key)
     return out
 
 

@@ -151,7 +151,8 @@ def _launch(x, target, scale, loss, lse, grad, ignore_index, smoothing, z_loss, 
         elif is_interpreting():  # programs run one at a time: pass 1 and pass 2 as two launches
             part = torch.empty((N, split, 3), dtype=torch.float32, device=x.device)
             for passes in (1, 2):
-                _ce_loop_kernel[(N * split,)](*args, part, *ints, SPLIT=split, CLUSTER=False, PASSES=passes, **meta)
+                launch(_ce_loop_kernel, (N * split,), (*args, part, *ints),
+                       dict(SPLIT=split, CLUSTER=False, PASSES=passes, **meta))
             return None
         split = 1
     return launch(_ce_loop_kernel, (N * split,), (*args, lse, *ints), dict(SPLIT=split, CLUSTER=False, PASSES=0, **meta))
