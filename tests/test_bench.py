@@ -250,3 +250,14 @@ def test_bench_shape_rotates_inputs_on_gpu():
         assert mine["ok"] and mine["median_ms"] > 0 and mine["error"] is None
         assert (mine["input_sets"], mine["calls"]) == timing_plan(case.bytes_moved(shape, torch.bfloat16), timing)
         assert mine["size_copy_gbs"] > 0 and mine["pct_of_size_copy"] > 0
+
+
+def test_prefill_flops_counts_by_hand():
+    """The TTFT floor's FLOPs on the tiny config (hidden 64, 2 layers, 4 heads of 16, 2 kv heads,
+    intermediate 128, vocab 256) at 10 tokens, counted by hand."""
+    from onetrip.bench.floors import prefill_flops
+    from onetrip.models import get_config
+
+    qkv, o, mlp = 64 * (4 + 2 * 2) * 16, 4 * 16 * 64, 3 * 64 * 128
+    per_layer = 2 * (qkv + o + mlp) * 10 + 2 * 10 * 10 * 16 * 4  # projections; causal QK^T and PV
+    assert prefill_flops(get_config("tiny"), 10) == 2 * per_layer + 2 * 256 * 64

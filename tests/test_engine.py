@@ -75,6 +75,25 @@ def test_paged_ragged_batch_matches_contiguous(backend, gen):
     assert [len(p) for p in engine.plan.pages] == [2, 1, 3] and engine.plan.pages_used == 6
 
 
+@pytest.mark.parametrize("backend, paged", [("eager", False), ("eager", True), ("fused", False)])
+def test_padded_prefill_matches_eager(backend, paged, gen):
+    """The graph prefill's padded forward (run without graphs on the CPU): prompts of 5, 1
+    and 11 tokens right-padded to one static length (the fused run at 16 to keep the
+    interpreter quick; the default 128 eagerly, with the padding's pages on the sink), told
+    their starts on the host: the same greedy tokens as the chunked eager prefill."""
+    model = _model("qwen2", backend, seed=4)
+    prompts = _prompts(gen, [5, 1, 11])
+    paging = dict(paged=True, page_size=8) if paged else {}
+    kw = dict(max_seq=160, max_batch=4, graphs=False, **paging)
+    new = 2 if backend == "fused" else 6
+    want = Engine(model, **kw).generate(prompts, new)
+    engine = Engine(model, **kw, prefill_graphs=True)
+    if backend == "fused":
+        engine._prefill.step = 16
+    assert engine._prefill.length_for(4, 11, 160) == (16 if backend == "fused" else 128)
+    assert engine.generate(prompts, new).tokens == want.tokens
+
+
 def test_paged_new_plan_each_batch(gen):
     """One pool, batches of other sizes and lengths in turn: each run gets a new plan
     written into the same table over the previous run's stale pages, and gives the tokens
@@ -190,6 +209,24 @@ def test_graphs_give_identical_tokens(backend, paged):
                 for g in (False, True)]
         assert runs[1].graphs and not runs[0].graphs
         assert runs[0].tokens == runs[1].tokens
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("backend", ["eager", "fused"])
+def test_prefill_graphs_give_identical_tokens(backend, paged):
+    """float32 on the GPU: prefills replayed from graphs (padded to 128, one graph a bucket and
+    length, captured on first use and replayed after) give the tokens of eager prefills, for
+    a ragged batch of 3 and then one prompt, twice each."""
+    model = _model("qwen3", backend, seed=8)
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    batches = [_prompts(gen, [9, 2, 30]), _prompts(gen, [200])] * 2
+    paging = dict(paged=True, page_size=16) if paged else {}
+    engines = [Engine(model, max_seq=256, max_batch=4, prefill_graphs=g, **paging) for g in (False, True)]
+    for prompts in batches:
+        runs = [e.generate(prompts, 8) for e in engines]
+        assert runs[0].tokens == runs[1].tokens
+    assert len(engines[1]._prefill._entries) == 2
 
 
 @pytest.mark.gpu

@@ -364,3 +364,14 @@ def test_matches_transformers(tmp_path, variant):
     with torch.no_grad():
         theirs = ref.to(torch.bfloat16)(tokens).logits  # .to() is in place: done last
     assert_close(f"{variant} bf16 logits", ours(tokens), want, theirs, atol=1e-3)
+
+
+def test_starts_must_match_the_batch():
+    """Model.forward's host copy of the cached lengths: one int >= 0 a sequence, else ValueError."""
+    model = Model.random(TINY, torch.float32, "cpu", seed=0)
+    model.setup_cache(2, 16)
+    tokens, lens = torch.ones(2, 3, dtype=torch.int64), torch.zeros(2, dtype=torch.int32)
+    for bad in ([0], [0, -1], [0, 1.0]):
+        with pytest.raises(ValueError, match="starts must be 2 ints >= 0"):
+            model(tokens, lens, starts=bad)
+    assert model(tokens, lens, starts=[0, 0]).shape == (2, 3, TINY.vocab_size)

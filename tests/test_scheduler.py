@@ -79,9 +79,9 @@ def _forwards(model):
     """Record (rows, width, prefill) of every Model.forward call (a prefill passes a logits_index)."""
     calls, forward = [], model.forward
 
-    def recorded(tokens, cache_seqlens=None, logits_index=None):
+    def recorded(tokens, cache_seqlens=None, logits_index=None, **kw):
         calls.append((*tokens.shape, logits_index is not None))
-        return forward(tokens, cache_seqlens, logits_index)
+        return forward(tokens, cache_seqlens, logits_index, **kw)
 
     model.forward = recorded
     return calls

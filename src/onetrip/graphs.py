@@ -16,10 +16,11 @@ import torch
 T = TypeVar("T")
 
 
-def capture(fn: Callable[[], T], warmup: int = 1) -> tuple[torch.cuda.CUDAGraph, T]:
+def capture(fn: Callable[[], T], warmup: int = 1, pool=None) -> tuple[torch.cuda.CUDAGraph, T]:
     """Call ``fn`` ``warmup`` times on a side stream, then capture one call in a CUDA graph
     on that stream. Returns (graph, what the captured call returned: tensors from the
-    graph's memory pool, rewritten by each replay)."""
+    graph's memory pool, rewritten by each replay). ``pool``: a memory pool shared with
+    other graphs (``torch.cuda.graph_pool_handle()``) that never replay at the same time."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -27,6 +28,6 @@ def capture(fn: Callable[[], T], warmup: int = 1) -> tuple[torch.cuda.CUDAGraph,
             fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=side):
+    with torch.cuda.graph(graph, pool=pool, stream=side):
         out = fn()
     return graph, out

@@ -76,11 +76,18 @@ def decode_section(gpu: str, runs: list[dict]) -> str:
         if ttft:
             tprovs = [p for p in DECODE_PROVIDERS if any(r["provider"] == p for r in ttft)]
             tby = {(r["preset"], r["prompt"], r["provider"]): r for r in ttft}
-            trows = [[f"{preset}, {prompt} tokens",
-                      *["—" if (preset, prompt, p) not in tby or not tby[(preset, prompt, p)].get("ttft_ms")
-                        else f"{tby[(preset, prompt, p)]['ttft_ms']:.1f}" for p in tprovs]]
-                     for preset, prompt in sorted({(r["preset"], r["prompt"]) for r in ttft})]
-            out += ["Time to first token, ms:", "", table(["prompt", *tprovs], trows), ""]
+            trows, rate = [], data["meta"].get("matmul_tflops")
+            for preset, prompt in sorted({(r["preset"], r["prompt"]) for r in ttft}):
+                floor = next((r["floor_ms"] for r in ttft if r["preset"] == preset and r["prompt"] == prompt
+                              and r.get("floor_ms")), None)
+                trows.append([f"{preset}, {prompt} tokens",
+                              *["—" if (preset, prompt, p) not in tby or not tby[(preset, prompt, p)].get("ttft_ms")
+                                else f"{tby[(preset, prompt, p)]['ttft_ms']:.1f}" for p in tprovs],
+                              *([] if not rate else ["—" if floor is None else f"{floor:.1f}"])])
+            note = (f" (floor: the prefill's FLOPs at the matmul rate measured in the run, {rate:.0f} TFLOP/s)"
+                    if rate else "")
+            out += [f"Time to first token, ms{note}:", "",
+                    table(["prompt", *tprovs, *(["floor"] if rate else [])], trows), ""]
     return "\n".join(out)
 
 

@@ -38,6 +38,7 @@ from ..engine.generate import Engine, common_prefix
 from ..models import Model, get_config
 from ..models.hf import decode_stepper
 from ..profile.run import kernels_per_step
+from .floors import matmul_tflops, prefill_flops
 from .harness import sync
 
 PROVIDERS = ("transformers", "gpt-fast", "onetrip-eager", "onetrip-fused", "onetrip-graphs", "onetrip-paged")
@@ -194,20 +195,29 @@ def bench_case(case: DecodeCase, model: Model, hf, providers, bandwidth: Optiona
     return records
 
 
-TTFT_PROVIDERS = ("transformers", "onetrip-eager", "onetrip-fused")  # gpt-fast's prefill is the eager one
+# gpt-fast's prefill is the eager one; onetrip-graphs: the fused prefill replayed from a CUDA graph
+TTFT_PROVIDERS = ("transformers", "onetrip-eager", "onetrip-fused", "onetrip-graphs")
 
 
-def ttft(model: Model, hf, preset: str, prompt_lens=(512, 2048)) -> list[dict]:
+def ttft(model: Model, hf, preset: str, prompt_lens=(512, 2048), tflops: Optional[float] = None) -> list[dict]:
     """Time to first token at batch 1 (median of 3 after a warm-up) per provider: the
-    prefill forward and the first token's argmax. gpt-fast and onetrip-graphs prefill like
-    onetrip-eager and onetrip-fused (their graphs only serve decode steps)."""
+    prefill forward and the first token's argmax. gpt-fast prefills like onetrip-eager. The
+    onetrip engines are made once a prompt length (as a server keeps its engine): the warm-up
+    captures onetrip-graphs' prefill graph where the length takes one (``engine._prefill``:
+    up to 1024 padded tokens), longer prompts prefill as onetrip-fused does. With ``tflops``
+    (the run's measured matmul rate) each record holds the compute floor, ``floor_ms``."""
     out = []
     for n in prompt_lens:
         prompts = _prompts(1, n, model.config.vocab_size, seed=1)
         for name in TTFT_PROVIDERS:
             rec = {"preset": preset, "prompt": n, "provider": name}
+            if tflops:
+                rec["floor_ms"] = prefill_flops(model.config, n) / (tflops * 1e12) * 1e3
             try:
                 times = []
+                if name in ("onetrip-fused", "onetrip-graphs"):
+                    model.backend = "fused"
+                    eng = Engine(model, max_seq=n + 8, graphs=name == "onetrip-graphs")
                 for _ in range(4):
                     if name == "transformers":
                         if hf is None:
@@ -217,8 +227,6 @@ def ttft(model: Model, hf, preset: str, prompt_lens=(512, 2048)) -> list[dict]:
                         model.backend = "eager"
                         times.append(_static_loop(model, prompts, 1, None)[1])
                     else:
-                        model.backend = "fused"
-                        eng = Engine(model, max_seq=n + 8, graphs=False)
                         times.append(eng.generate(prompts.tolist(), 1).prefill_ms / 1e3)
                 rec["ttft_ms"] = sorted(times[1:])[1] * 1e3
             except Exception as exc:
@@ -263,6 +271,7 @@ def bench_decode(out_dir, *, presets=("llama-3.2-1b", "llama-3.1-8b"), batches=(
     device = "cuda"
     meta = device_info(device)
     meta["copy_gbs"] = copy_bandwidth_gbs(device)
+    meta["matmul_tflops"] = matmul_tflops(dtype) if ttft_prompts else None
     try:
         import transformers
         meta["transformers"] = transformers.__version__
@@ -280,7 +289,7 @@ def bench_decode(out_dir, *, presets=("llama-3.2-1b", "llama-3.1-8b"), batches=(
             con.print(f"{preset} batch {case.batch} ...")
             records += bench_case(case, model, hf, providers, meta["copy_gbs"])
         if ttft_prompts:
-            ttfts += ttft(model, hf, preset, ttft_prompts)
+            ttfts += ttft(model, hf, preset, ttft_prompts, meta["matmul_tflops"])
         del model, hf
         torch.cuda.empty_cache()
     stem = Path(out_dir) / f"decode-{slug(meta['gpu'])}-{meta['dtype']}-{utc_now():%Y%m%d}"

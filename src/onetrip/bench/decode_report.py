@@ -54,12 +54,15 @@ def print_decode_table(con, records: list[dict], ttfts: list[dict], meta: dict) 
                   "rounding (another GEMM split) flips a pick within a few tokens; float32 runs on the CPU "
                   "agree token for token (tests/test_engine.py).")
     if ttfts:
-        t = Table(title="time to first token, batch 1 (ms)")
-        for col in ("preset", "prompt", "provider", "TTFT ms"):
+        rate = meta.get("matmul_tflops")
+        t = Table(title="time to first token, batch 1 (ms); floor: the prefill's FLOPs at the measured "
+                        + (f"matmul rate ({rate:.0f} TFLOP/s)" if rate else "matmul rate (not measured)"))
+        for col in ("preset", "prompt", "provider", "TTFT ms", "floor ms"):
             t.add_column(col)
         for r in ttfts:
             t.add_row(str(r["preset"]), str(r["prompt"]), r["provider"],
-                      f"[red]{r['error'][:60]}[/]" if "error" in r else f"{r['ttft_ms']:.1f}")
+                      f"[red]{r['error'][:60]}[/]" if "error" in r else f"{r['ttft_ms']:.1f}",
+                      f"{r['floor_ms']:.1f}" if r.get("floor_ms") else "—")
         con.print(t)
 
 

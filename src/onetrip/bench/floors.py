@@ -114,3 +114,26 @@ def read_chain_ms(tensors: list[torch.Tensor], flush: torch.Tensor | None = None
         return harness.time_ms(call, flush=flush).median_ms
     except (RuntimeError, torch.cuda.OutOfMemoryError):
         return None
+
+
+def matmul_tflops(dtype: torch.dtype = torch.bfloat16, n: int = 8192) -> float | None:
+    """TFLOP/s of one n x n x n matmul of ``dtype`` through torch (cuBLAS) on the current GPU:
+    the compute roof a prefill's floor is reckoned against, measured in the same run (an
+    H200's bf16 ~750). None without a GPU."""
+    if not torch.cuda.is_available():
+        return None
+    a = torch.randn(n, n, device="cuda", dtype=dtype)
+    b = torch.randn(n, n, device="cuda", dtype=dtype)
+    ms = triton.testing.do_bench(lambda: a @ b, warmup=50, rep=200)
+    return 2 * n**3 / (ms * 1e-3) / 1e12
+
+
+def prefill_flops(config, tokens: int) -> float:
+    """FLOPs of a batch-1 prefill of ``tokens`` that returns the last token's logits: every
+    layer's projections (2 x their parameters a token), causal attention (QK^T and PV over
+    half the square: 2 x tokens^2 x head_dim a head), the LM head for one token."""
+    c = config
+    h = c.hidden_size
+    layer = h * c.qkv_size + c.num_heads * c.head_dim * h + 3 * h * c.intermediate_size
+    attention = 2 * tokens * tokens * c.head_dim * c.num_heads
+    return c.num_layers * (2 * layer * tokens + attention) + 2 * c.vocab_size * h

@@ -54,6 +54,7 @@ from ..models.layers import KVCache
 from ..models.llama import Model
 from ..models.paged import SINK, PagedKVCache, PagePlan, pages_for, plan_pages
 from ..ops.advance import advance_greedy, advance_ref, advance_tokens
+from ._prefill import PrefillGraphs
 from .sampling import SamplingParams, sample, sample_tp
 
 
@@ -126,6 +127,10 @@ class Engine:
         bounding the activations of one forward.
     check_every: decode steps between two host reads of the "all done" flag.
     paged: a paged KV cache (module docstring) instead of a contiguous one (the default).
+    prefill_graphs: replay short prefills (at most ``_prefill.MAX_TOKENS`` padded tokens)
+        from CUDA graphs, one a batch bucket and length padded to a multiple of 128
+        (``engine._prefill``). Default: with ``graphs``, but not for a tensor-parallel
+        shard. True on the CPU runs the same padded prefill without graphs.
     page_size: tokens per page when paged (default 64).
     num_pages: pages in each layer's pool when paged, one of them the sink that unowned
         table entries point at. Default: max_batch x ceil(max_seq / page_size) + 1, room
@@ -138,7 +143,8 @@ class Engine:
 
     def __init__(self, model: Model, *, max_seq: int = 2048, max_batch: int = 1, graphs: bool = True,
                  prefill_chunk: int = 2048, check_every: int = 16, paged: bool = False,
-                 page_size: Optional[int] = None, num_pages: Optional[int] = None):
+                 page_size: Optional[int] = None, num_pages: Optional[int] = None,
+                 prefill_graphs: Optional[bool] = None):
         for name, value in (("max_seq", max_seq), ("max_batch", max_batch), ("prefill_chunk", prefill_chunk),
                             ("check_every", check_every)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -147,6 +153,11 @@ class Engine:
         self.max_seq = max_seq
         self.max_batch = bucket_for(max_batch)
         self.graphs = bool(graphs) and model.device.type == "cuda"
+        if prefill_graphs is not None and not isinstance(prefill_graphs, bool):
+            raise TypeError(f"prefill_graphs must be a bool or None, got {prefill_graphs!r}")
+        if prefill_graphs is None:  # tensor-parallel prefills stay eager: their collectives are sized for decode
+            prefill_graphs = self.graphs and model.tp is None
+        self._prefill = PrefillGraphs(capture_graphs=self.graphs) if prefill_graphs else None
         self.prefill_chunk = prefill_chunk
         self.check_every = check_every
         self.paged, self.page_size, self.num_pages = self._paging(paged, page_size, num_pages)
@@ -239,7 +250,8 @@ class Engine:
             self._decode_step(slot, sampling)
             return
         # The sampler's part of the params only: a new max_tokens or stop list reuses the graph.
-        key = (sampling.sampler_key(), self.model.backend, self.model.fused_options)
+        key = (sampling.sampler_key(), self.model.backend, self.model.fused_options,
+               self.model._rope_for(0)[0].data_ptr())  # a larger max_seq elsewhere re-makes the tables
         if slot.graph is None or slot.graph_key != key:
             slot.graph = self._capture(slot, sampling)
             slot.graph_key = key
@@ -301,21 +313,37 @@ class Engine:
         padded = rows + [rows[0]] * (bucket - len(rows))
         p_lens = lens + [lens[0]] * (bucket - len(rows))
         width = max(p_lens)
-        tokens = torch.tensor([p + [0] * (width - len(p)) for p in padded], dtype=torch.int64, device=dev)
-        last = torch.tensor(p_lens, dtype=torch.int64, device=dev) - 1
         slot.lens.zero_()
         slot.step.zero_()
         slot.done.zero_()
+        length = None
+        if self._prefill is not None and width <= self.prefill_chunk:
+            length = self._prefill.length_for(bucket, width, self.max_seq)
+        if length is not None:
+            key = (self.model.backend, self.model.fused_options, self.model._rope_for(0)[0].data_ptr())
+            logits = self._prefill.run(self.model, padded, slot.lens, length, key)
+        else:
+            logits = self._prefill_eager(slot, padded, p_lens)
+        slot.lens.copy_(torch.tensor(p_lens, dtype=torch.int32, device=dev))
+        self._advance(slot, logits[:, -1], sampling)
+        return slot, rows, lens
+
+    def _prefill_eager(self, slot: _Slot, padded: list[list[int]], p_lens: list[int]) -> torch.Tensor:
+        """Logits (bucket, 1, vocab) at each row's last prompt token: the right-padded prompts in
+        chunks of ``prefill_chunk`` tokens, every row starting at the chunk's start (told to the
+        forward on the host, so it reads nothing back)."""
+        dev, width = self.model.device, max(p_lens)
+        tokens = torch.tensor([p + [0] * (width - len(p)) for p in padded], dtype=torch.int64, device=dev)
+        last = torch.tensor(p_lens, dtype=torch.int64, device=dev) - 1
         logits = None
         for lo in range(0, width, self.prefill_chunk):
             hi = min(lo + self.prefill_chunk, width)
             inside = (last >= lo) & (last < hi)  # sequences whose last prompt token is in this chunk
-            chunk_logits = self.model(tokens[:, lo:hi], slot.lens, logits_index=(last - lo).clamp(0, hi - lo - 1))
+            chunk_logits = self.model(tokens[:, lo:hi], slot.lens, logits_index=(last - lo).clamp(0, hi - lo - 1),
+                                      starts=[lo] * len(padded))
             logits = chunk_logits if logits is None else torch.where(inside[:, None, None], chunk_logits, logits)
             slot.lens += hi - lo
-        slot.lens.copy_(torch.tensor(p_lens, dtype=torch.int32, device=dev))
-        self._advance(slot, logits[:, -1], sampling)
-        return slot, rows, lens
+        return logits
 
     @torch.no_grad()
     def stepper(self, prompts, max_steps: int, *, sampling: SamplingParams = SamplingParams()) -> Callable[[], None]:

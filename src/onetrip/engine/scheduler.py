@@ -387,7 +387,8 @@ class Scheduler:
         # eager backend gathers and masks every column, not only the prompt's.
         reach = pages_for(max(r.filled for r in block) + width, self.page_size)
         self._use(self._views(k, min(1 << (reach - 1).bit_length(), self._rows.dev["table"].shape[1])))
-        logits = self.model(data[: k * width].view(k, width), start, logits_index=last)[:, -1]  # (k, vocab)
+        logits = self.model(data[: k * width].view(k, width), start, logits_index=last,
+                            starts=[r.filled for r in block])[:, -1]  # (k, vocab); no read of start back
         for r, n in zip(block, sizes):
             r.filled += n
         done = [r for r in block if r.filled == len(r.context)]

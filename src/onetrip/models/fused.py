@@ -235,15 +235,16 @@ def _prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
 
 def forward_fused(model: Decoder, tokens: torch.Tensor, cache_seqlens: Optional[torch.Tensor],
                   positions: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
-                  logits_index: Optional[torch.Tensor] = None, options: FusedOptions = FusedOptions()
-                  ) -> torch.Tensor:
+                  logits_index: Optional[torch.Tensor] = None, options: FusedOptions = FusedOptions(),
+                  starts: Optional[Sequence[int]] = None) -> torch.Tensor:
     """Logits (batch, seq, vocab) of ``tokens`` (batch, seq) through onetrip's kernels.
 
     Called by ``Model.forward`` after its argument checks, with ``positions`` (batch, seq)
     int64 (None with a cache: append_kv takes them from cache_seqlens), the float32 rotary
     tables ``cos, sin`` (max_pos, head_dim / 2), the optional ``logits_index`` (see
     ``Model.forward``) and the model's ``FusedOptions``. No host synchronisation on the
-    decode path (seq <= MAX_Q_LEN with a cache): capturable.
+    decode path (seq <= MAX_Q_LEN with a cache), nor on a prefill given ``starts`` (the
+    cached lengths as host ints): capturable.
     """
     c = model.config
     b, s = tokens.shape
@@ -259,7 +260,10 @@ def forward_fused(model: Decoder, tokens: torch.Tensor, cache_seqlens: Optional[
     residual = None
     # A prefill reads the lengths on the host once here, not once a layer: each read waits
     # for the GPU to drain, so with one a layer the host's launches never ran ahead of it.
-    starts = lens.tolist() if lens is not None and s > MAX_Q_LEN else None
+    if lens is None or s <= MAX_Q_LEN:
+        starts = None
+    elif starts is None:
+        starts = lens.tolist()
     for layer in model.layers:
         normed, residual = _add_norm(model, x, residual, layer.attn_norm, c.rms_norm_eps)
         x = _attention(layer.attn, normed, cos, sin, lens, lens_after, positions, starts, options)

@@ -16,7 +16,7 @@ block table; the engine sets it up with ``Engine(..., paged=True)``): both backe
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -146,7 +146,8 @@ class Model(nn.Module):
         return self._rope
 
     def forward(self, tokens: torch.Tensor, cache_seqlens: Optional[torch.Tensor] = None,
-                logits_index: Optional[torch.Tensor] = None) -> torch.Tensor:
+                logits_index: Optional[torch.Tensor] = None, *, starts: Optional[Sequence[int]] = None
+                ) -> torch.Tensor:
         """Logits (batch, seq, vocab) in the model dtype for ``tokens`` (batch, seq) int.
 
         Without a cache (``setup_cache`` not called): a causal forward of the whole
@@ -163,6 +164,12 @@ class Model(nn.Module):
         ``logits_index`` (batch,) int64: return only the logits at position
         ``logits_index[b]`` of each sequence, (batch, 1, vocab), so a prefill of a long or
         right-padded prompt does not compute (or hold) seq x vocab logits.
+
+        ``starts``: ``cache_seqlens`` as host ints, where the caller knows them (the engine
+        does). A fused prefill with a cache otherwise reads them from the device once, a
+        synchronisation that keeps the host from running ahead and a CUDA graph from
+        capturing the call; with them the call reads nothing back (they must equal the
+        device's: not checked, as that would be the read).
         """
         if tokens.ndim != 2 or tokens.is_floating_point():
             raise ValueError(f"tokens must be (batch, seq) integer ids, got {tuple(tokens.shape)} {tokens.dtype}")
@@ -178,11 +185,13 @@ class Model(nn.Module):
         if cached and (b != cache.batch or s > cache.max_seq):
             raise ValueError(f"tokens {tuple(tokens.shape)} do not fit the KV cache of batch {cache.batch} "
                              f"and max_seq {cache.max_seq}; call setup_cache(batch, max_seq) again")
+        if starts is not None and (len(starts) != b or any(type(n) is not int or n < 0 for n in starts)):
+            raise ValueError(f"starts must be {b} ints >= 0 (cache_seqlens on the host), got {starts!r}")
         if cached and self.backend == "fused":
             # append_kv derives the positions from cache_seqlens on the device: computing them
             # here would cost three kernels per decode step.
             cos, sin = self._rope_for(cache.max_seq)
-            return forward_fused(self, tokens, cache_seqlens, None, cos, sin, logits_index, self.fused_options)
+            return forward_fused(self, tokens, cache_seqlens, None, cos, sin, logits_index, self.fused_options, starts)
         offsets = torch.arange(s, device=tokens.device)[None, :]
         positions = offsets if cache_seqlens is None else cache_seqlens.long()[:, None] + offsets
         positions = positions.expand(b, s)  # (batch, seq) int64
