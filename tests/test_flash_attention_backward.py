@@ -18,7 +18,8 @@ from onetrip.testing import assert_grads_close
 from conftest import DEVICE, ON_GPU, assert_replay_matches, capture
 
 fa = importlib.import_module("onetrip.ops.flash_attention")  # onetrip.ops re-exports a function of that name
-ab = importlib.import_module("onetrip.ops._attention_backward_picks")
+ab = importlib.import_module("onetrip.ops._attention_backward")
+abp = importlib.import_module("onetrip.ops._attention_backward_picks")
 MODES = [pytest.param(True, id="deterministic"), pytest.param(False, id="atomic")]
 TINY = AttentionBackwardConfig(BackwardTile(16, 16, 4, 1), BackwardTile(16, 16, 4, 1))  # the atomic mode ignores dq
 
@@ -200,7 +201,7 @@ def test_cpu_fallback(gen, monkeypatch):
 
 
 def test_config_and_bad_input():
-    picks, fp32 = ab.BACKWARD_PICKS, ab.FLOAT32_PICKS  # by head dim padded to a power of two >= 64
+    picks, fp32 = abp.BACKWARD_PICKS, abp.FLOAT32_PICKS  # by head dim padded to a power of two >= 64
     assert backward_config(32) == backward_config(64) == picks[(True, 64)]
     assert backward_config(96, dtype=torch.float16, deterministic=False) == picks[(False, 128)]
     assert backward_config(64, dtype=torch.float32) == fp32[64]
