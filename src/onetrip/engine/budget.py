@@ -80,3 +80,20 @@ def decode_budget(config: ModelConfig, dtype: torch.dtype, batch: int, prompt_le
     total = w + kv
     limit = batch * bandwidth_gbs * 1e9 / total if bandwidth_gbs else None
     return DecodeBudget(batch, mean_ctx, w, kv, total, bandwidth_gbs, limit)
+
+
+def pool_pages(model, max_batch: int, max_seq: int, page_size: int, memory_fraction: float) -> int:
+    """KV pages (per layer, the sink included) for a paged pool: on a GPU, what
+    ``memory_fraction`` of the free memory holds, at most ``max_batch`` sequences of
+    ``max_seq``; on the CPU, those sequences. ValueError when not even two pages fit."""
+    c = model.config
+    room = max_batch * -(-max_seq // page_size) + 1
+    if model.device.type != "cuda":
+        return room
+    page_bytes = 2 * c.num_layers * page_size * c.num_kv_heads * c.head_dim * model.dtype.itemsize
+    free, _ = torch.cuda.mem_get_info(model.device)
+    fits = int(free * memory_fraction) // page_bytes
+    if fits < 2:
+        raise ValueError(f"{free / 2**30:.2f} GiB free x memory_fraction {memory_fraction} holds no KV page of "
+                         f"{page_bytes / 2**20:.1f} MiB; free GPU memory or pass num_pages")
+    return min(fits, room)

@@ -50,6 +50,8 @@ import torch
 from ..graphs import capture
 from ..models.llama import Model
 from ..models.paged import SINK, PagedKVCache, pages_for
+from ._prefill import PrefillGraphs
+from .budget import pool_pages
 from ._requests import RequestOutput, Request, StepOutput, pick_prefill
 from ._rows import Rows
 from .generate import bucket_for
@@ -72,6 +74,9 @@ class Scheduler:
         counted): the most tokens one step prefills, bounding how long it stalls the
         running decodes. A request's chunk is at most min(prefill_chunk, prefill_tokens).
     graphs: capture each decode bucket's step in a CUDA graph (GPU only; ignored on the CPU).
+    prefill_graphs: a block of fresh prompts of at most ``_prefill.MAX_TOKENS`` padded tokens
+        is prefilled from a CUDA graph (``engine._prefill``). Default: with ``graphs``. True
+        on the CPU runs the same padded forward without graphs.
     eos_ids: the model's end ids; a request stops at them unless ``ignore_eos``.
 
     Not thread-safe: one thread calls add_request, abort and step.
@@ -79,7 +84,8 @@ class Scheduler:
 
     def __init__(self, model: Model, *, max_batch: int = 64, max_seq: Optional[int] = None, page_size: int = 64,
                  num_pages: Optional[int] = None, prefill_chunk: int = 512, graphs: bool = True,
-                 eos_ids: Sequence[int] = (), memory_fraction: float = 0.9, prefill_tokens: int = 4096):
+                 eos_ids: Sequence[int] = (), memory_fraction: float = 0.9, prefill_tokens: int = 4096,
+                 prefill_graphs: Optional[bool] = None):
         if not isinstance(model, Model):
             raise TypeError(f"model must be an onetrip Model, got {type(model).__name__}")
         if model.tp is not None:
@@ -94,8 +100,9 @@ class Scheduler:
         if isinstance(memory_fraction, bool) or not isinstance(memory_fraction, (int, float)) \
                 or not 0 < memory_fraction <= 1:
             raise ValueError(f"memory_fraction must be in (0, 1], got {memory_fraction!r}")
-        if not isinstance(graphs, bool):
-            raise TypeError(f"graphs must be a bool, got {graphs!r}")
+        for name, value in (("graphs", graphs), ("prefill_graphs", True if prefill_graphs is None else prefill_graphs)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{name} must be a bool{' or None' if name == 'prefill_graphs' else ''}, got {value!r}")
         try:
             self.eos_ids = tuple(operator.index(i) for i in eos_ids)
         except TypeError:
@@ -106,8 +113,11 @@ class Scheduler:
         self.prefill_tokens = prefill_tokens
         self._chunk_cap = min(prefill_chunk, prefill_tokens)
         self.graphs = graphs and dev.type == "cuda"
+        use = self.graphs if prefill_graphs is None else prefill_graphs
+        self._prefill_graphs = PrefillGraphs(capture_graphs=self.graphs) if use else None
         if num_pages is None:
-            num_pages = self._default_pages(max_seq or c.max_position_embeddings, memory_fraction)
+            num_pages = pool_pages(model, max_batch, max_seq or c.max_position_embeddings, page_size,
+                                   memory_fraction)
         if max_seq is None:
             max_seq = min(c.max_position_embeddings, (num_pages - 1) * page_size)
         elif pages_for(max_seq, page_size) > num_pages - 1:
@@ -148,19 +158,6 @@ class Scheduler:
         self._runs: dict[tuple[int, str], object] = {}  # the eager step of each (bucket, mode)
         self._maybe_stop = np.zeros(c.vocab_size, dtype=bool)  # some request stops at this id
         self.num_preemptions = 0
-
-    def _default_pages(self, max_seq: int, memory_fraction: float) -> int:
-        c, model = self.model.config, self.model
-        room = self.max_batch * pages_for(max_seq, self.page_size) + 1
-        if model.device.type != "cuda":
-            return room
-        page_bytes = 2 * c.num_layers * self.page_size * c.num_kv_heads * c.head_dim * model.dtype.itemsize
-        free, _ = torch.cuda.mem_get_info(model.device)
-        fits = int(free * memory_fraction) // page_bytes
-        if fits < 2:
-            raise ValueError(f"{free / 2**30:.2f} GiB free x memory_fraction {memory_fraction} holds no KV page of "
-                             f"{page_bytes / 2**20:.1f} MiB; free GPU memory or pass num_pages")
-        return min(fits, room)
 
     # -- the API ---------------------------------------------------------------------------------
 
@@ -375,20 +372,19 @@ class Scheduler:
         self._block = block
         self._rows.dirty.update(range(mb, mb + k))
         self._upload()  # the block's tables and sampling rows
-        flat = []  # tokens (k, width), then the starts (k,) and each row's last real index (k,)
-        for r, n in zip(block, sizes):
-            flat += r.context[r.filled: r.filled + n]
-            flat += [0] * (width - n)
-        flat += [r.filled for r in block]
-        flat += [n - 1 for n in sizes]
-        data = self._h2d(flat, torch.int64)  # one copy
-        start, last = data[k * width:].view(2, k)
-        # The table's columns up to the block's reach (a power of two, few view sets): the
-        # eager backend gathers and masks every column, not only the prompt's.
-        reach = pages_for(max(r.filled for r in block) + width, self.page_size)
-        self._use(self._views(k, min(1 << (reach - 1).bit_length(), self._rows.dev["table"].shape[1])))
-        logits = self.model(data[: k * width].view(k, width), start, logits_index=last,
-                            starts=[r.filled for r in block])[:, -1]  # (k, vocab); no read of start back
+        logits = self._block_graph(block, sizes, width) if self._prefill_graphs is not None else None
+        if logits is None:
+            flat = []  # tokens (k, width), then the starts (k,) and each row's last real index (k,)
+            for r, n in zip(block, sizes):
+                flat += r.context[r.filled: r.filled + n]
+                flat += [0] * (width - n)
+            flat += [r.filled for r in block]
+            flat += [n - 1 for n in sizes]
+            data = self._h2d(flat, torch.int64)  # one copy
+            start, last = data[k * width:].view(2, k)
+            self._use(self._views(k, self._reach(max(r.filled for r in block) + width)))
+            logits = self.model(data[: k * width].view(k, width), start, logits_index=last,
+                                starts=[r.filled for r in block])[:, -1]  # (k, vocab); no read of start back
         for r, n in zip(block, sizes):
             r.filled += n
         done = [r for r in block if r.filled == len(r.context)]
@@ -405,6 +401,28 @@ class Scheduler:
                 self._modes[r.mode] += 1
                 self._rows.dirty.add(r.row)
         return done
+
+    def _reach(self, positions: int) -> int:
+        """The table's columns a block addressing ``positions`` reads: a power of two (few view
+        sets), at most the table's. The eager backend gathers and masks every column."""
+        reach = pages_for(positions, self.page_size)
+        return min(1 << (reach - 1).bit_length(), self._rows.dev["table"].shape[1])
+
+    def _block_graph(self, block: list[Request], sizes: list[int], width: int) -> Optional[torch.Tensor]:
+        """Logits (k, vocab) of a block of fresh prompts (each whole in its chunk) replayed from
+        its (rows, padded length) graph; None for a block that prefills eagerly."""
+        table_positions = self._rows.dev["table"].shape[1] * self.page_size
+        if any(r.filled or n != len(r.context) for r, n in zip(block, sizes)):
+            return None
+        length = self._prefill_graphs.length_for(len(block), width, table_positions)
+        if length is None:
+            return None
+        k, cols, mb = len(block), self._reach(length), self.max_batch
+        self._use(self._views(k, cols))
+        key = (cols, self.model.backend, self.model.fused_options, self.model._rope_for(0)[0].data_ptr())
+        # the block's rows have length 0 on the device (Rows.write), their padding's table entries the sink
+        return self._prefill_graphs.run(self.model, [r.context for r in block], self._rows.dev["lens"][mb: mb + k],
+                                        length, key)[:, -1]
 
     def _views(self, rows: int, cols: int) -> list[PagedKVCache]:
         """The pools through the first ``cols`` columns of table rows max_batch..max_batch+rows-1
