@@ -261,3 +261,15 @@ def test_prefill_flops_counts_by_hand():
     qkv, o, mlp = 64 * (4 + 2 * 2) * 16, 4 * 16 * 64, 3 * 64 * 128
     per_layer = 2 * (qkv + o + mlp) * 10 + 2 * 10 * 10 * 16 * 4  # projections; causal QK^T and PV
     assert prefill_flops(get_config("tiny"), 10) == 2 * per_layer + 2 * 256 * 64
+
+
+@pytest.mark.skipif(ON_GPU, reason="the CPU's check of the cases; the GPU times them (onetrip bench host)")
+def test_host_cases_run_on_the_cpu():
+    """Every case of ``bench host`` runs (the ops through the interpreter on its tiny tensors)."""
+    from onetrip.bench.host import cases
+
+    kinds = {}
+    for name, (kind, fn) in cases("cpu").items():
+        fn()
+        kinds[kind] = kinds.get(kind, 0) + 1
+    assert kinds == {"torch": 4, "forward": 12, "step": 1, "fwd+bwd": 5}
