@@ -97,6 +97,20 @@ def test_all_rows_ignored(device, gen, reduction):
     assert torch.isnan(want) if reduction == "mean" else want == 0
     loss.backward()
     assert torch.equal(logits.grad, torch.zeros_like(logits))
+    plain = cross_entropy(logits.detach(), target, ignore_index=7, reduction=reduction)  # the total kernel counts
+    assert torch.isnan(plain) if reduction == "mean" else plain == 0
+
+
+def test_mean_without_grad_counts_in_the_total(device, gen):
+    """Without a gradient the mean's count of rows not ignored comes from the total's kernel:
+    the same loss as with a gradient (where a count kernel runs first) and as PyTorch's."""
+    logits = strided_like((37, 111), torch.float32, device, generator=gen)
+    target = torch.randint(0, 111, (37,), device=device, generator=gen)
+    target[::3] = -100
+    plain = cross_entropy(logits, target)
+    with_grad = cross_entropy(logits.clone().requires_grad_(), target)
+    torch.testing.assert_close(plain, with_grad.detach(), rtol=0, atol=0)
+    torch.testing.assert_close(plain, cross_entropy_ref(logits.double(), target).float(), rtol=1e-6, atol=1e-6)
 
 
 def test_target_out_of_range_poisons_its_row(device, gen):

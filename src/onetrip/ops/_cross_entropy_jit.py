@@ -19,7 +19,7 @@ Two kernels, the same math:
     the gradient. Rows whose stride is not a multiple of 16 elements walk 16-byte aligned
     steps from just before the row's start, so every whole step is vector loads and stores.
 Three small kernels: the count of rows not ignored (``_count_kernel``), the loss total
-(``_loss_total_kernel``) and the backward's scaling (``_scale_kernel``), each one program or
+(``_loss_total_kernel``, which counts the rows itself in a forward without gradient) and the backward's scaling (``_scale_kernel``), each one program or
 one wave, so that no other launch of the step moves N x V bytes. ``_rows_unfused`` is the
 kernels' math in PyTorch (the CPU fallback).
 """
@@ -335,17 +335,27 @@ def _count_kernel(t_ptr, out_ptr, N, ignore_index, BLOCK: tl.constexpr, PDL: tl.
 
 
 @triton.jit
-def _loss_total_kernel(loss_ptr, n_ptr, out_ptr, N, BLOCK: tl.constexpr, MEAN: tl.constexpr, PDL: tl.constexpr):
-    """out = sum of the N float32 losses, divided by n_ptr[0] when MEAN; one program."""
+def _loss_total_kernel(loss_ptr, n_ptr, out_ptr, N, ignore_index, BLOCK: tl.constexpr, MEAN: tl.constexpr,
+                       COUNT: tl.constexpr, PDL: tl.constexpr):
+    """out = sum of the N float32 losses, divided when MEAN by n_ptr[0], or with COUNT by the
+    count of the N targets at n_ptr that are not ignore_index (a forward without gradient
+    needs no count before its rows); one program."""
     if PDL:
         gdc_wait()
     acc = tl.zeros((BLOCK,), tl.float32)
+    valid = tl.zeros((BLOCK,), tl.int32)
     for start in range(0, N, BLOCK):
         idx = start + tl.arange(0, BLOCK)
         acc += tl.load(loss_ptr + idx, mask=idx < N, other=0.0)
+        if COUNT:
+            t = tl.load(n_ptr + idx, mask=idx < N, other=ignore_index)
+            valid += (t != ignore_index).to(tl.int32)
     total = tl.sum(acc)
     if MEAN:
-        n = tl.load(n_ptr)
+        if COUNT:
+            n = tl.sum(valid).to(tl.float32)
+        else:
+            n = tl.load(n_ptr)
         total = tl.where(n > 0, total / tl.maximum(n, 1.0), float("nan"))  # PyTorch's 0 / 0
     tl.store(out_ptr, total)
 

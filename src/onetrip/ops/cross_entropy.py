@@ -240,21 +240,27 @@ def _(target, out, ignore_index):
 
 
 @torch.library.custom_op("onetrip::loss_total", mutates_args=("out",))
-def _total_op(loss_rows: torch.Tensor, n_valid: Optional[torch.Tensor], out: torch.Tensor, overlap: bool) -> None:
-    """out () float32 = sum of loss_rows (N,) float32, over n_valid (float32, one element) if given."""
+def _total_op(loss_rows: torch.Tensor, n_valid: Optional[torch.Tensor], target: Optional[torch.Tensor],
+              out: torch.Tensor, overlap: bool, ignore_index: int) -> None:
+    """out () float32 = sum of loss_rows (N,) float32, over n_valid (float32, one element) if
+    given, else over the count of target (N,) not ignore_index if given."""
     N = loss_rows.shape[0]
     if use_triton(loss_rows) and N <= ONE_PROGRAM_ROWS:
         pdl = overlap and pdl_on(loss_rows)
-        launch(_loss_total_kernel, (1,), (loss_rows, loss_rows if n_valid is None else n_valid, out, N),
-               dict(BLOCK=SMALL_BLOCK, MEAN=n_valid is not None, PDL=int(pdl), num_warps=4,
+        count = n_valid is None and target is not None
+        n_ptr = n_valid if n_valid is not None else target if count else loss_rows
+        launch(_loss_total_kernel, (1,), (loss_rows, n_ptr, out, N, ignore_index),
+               dict(BLOCK=SMALL_BLOCK, MEAN=n_valid is not None or count, COUNT=count, PDL=int(pdl), num_warps=4,
                     **({"launch_pdl": True} if pdl else {})))
         return
     total = loss_rows.sum()
+    if n_valid is None and target is not None:
+        n_valid = (target != ignore_index).sum().float()
     out.copy_(total if n_valid is None else (total / n_valid).reshape(()))
 
 
 @_total_op.register_fake
-def _(loss_rows, n_valid, out, overlap):
+def _(loss_rows, n_valid, target, out, overlap, ignore_index):
     return None
 
 
@@ -403,15 +409,21 @@ def mean_scale(target: torch.Tensor, ignore_index: int) -> tuple[torch.Tensor, t
 
 
 def reduce_loss(loss_rows: torch.Tensor, reduction: str, n_valid: Optional[torch.Tensor],
-                overlap: bool = False) -> torch.Tensor:
+                overlap: bool = False, target: Optional[torch.Tensor] = None, ignore_index: int = -100
+                ) -> torch.Tensor:
     """Sum, or sum / n_valid (nan with every row ignored, as PyTorch gives), of float32 rows,
-    in one kernel; ``overlap``: the kernel launched just before wrote ``loss_rows`` (PDL)."""
+    in one kernel; ``overlap``: the kernel launched just before wrote ``loss_rows`` (PDL).
+    "mean" without ``n_valid`` counts the (N,) contiguous ``target`` rows that are not
+    ``ignore_index`` in the same kernel."""
     out = torch.empty((), dtype=torch.float32, device=loss_rows.device)
     n = None
-    if reduction == "mean":
+    if reduction == "mean" and n_valid is not None:
         n = n_valid.float()
         n = n if n.dim() == 1 else n.reshape(1)
-    call_op(_total_op, loss_rows, n, out, overlap)
+    elif reduction == "mean" and target is None:
+        raise ValueError("reduce_loss: reduction='mean' needs n_valid or target")
+    call_op(_total_op, loss_rows, n, target if reduction == "mean" and n is None else None, out, overlap,
+            ignore_index)
     return out
 
 
@@ -525,8 +537,7 @@ def cross_entropy(
     if reduction == "none":
         loss = loss_rows.view(target.shape)
     else:
-        n_valid = mean_scale(t1, ignore_index)[1] if reduction == "mean" else None
-        loss = reduce_loss(loss_rows, reduction, n_valid)
+        loss = reduce_loss(loss_rows, reduction, None, target=t1, ignore_index=ignore_index)  # counts for a mean
     return (loss, lse.view(target.shape)) if return_lse else loss
 
 

@@ -276,7 +276,7 @@ def linear_cross_entropy(
         if reduction == "none":
             loss = loss_rows.view(target.shape)
         else:
-            loss = reduce_loss(loss_rows, reduction, (t1 != ignore_index).sum() if reduction == "mean" else None)
+            loss = reduce_loss(loss_rows, reduction, None, target=t1, ignore_index=ignore_index)  # counts for a mean
     return (loss, lse) if return_lse else loss
 
 
