@@ -81,6 +81,8 @@ def _forwards(model):
 
     def recorded(tokens, cache_seqlens=None, logits_index=None, **kw):
         calls.append((*tokens.shape, logits_index is not None))
+        # the host's starts must be the device's lengths (a wrong one shifts the causal diagonal)
+        assert kw.get("starts") is None or kw["starts"] == cache_seqlens.tolist()
         return forward(tokens, cache_seqlens, logits_index, **kw)
 
     model.forward = recorded

@@ -34,6 +34,7 @@ from typing import Callable, Optional
 import torch
 
 from ..engine.budget import decode_budget
+from ..engine._prefill import STEP as PREFILL_STEP
 from ..engine.generate import Engine, common_prefix
 from ..models import Model, get_config
 from ..models.hf import decode_stepper
@@ -217,7 +218,9 @@ def ttft(model: Model, hf, preset: str, prompt_lens=(512, 2048), tflops: Optiona
                 times = []
                 if name in ("onetrip-fused", "onetrip-graphs"):
                     model.backend = "fused"
-                    eng = Engine(model, max_seq=n + 8, graphs=name == "onetrip-graphs")
+                    # room for the padded length too, so the graph prefill takes any n up to its limit
+                    eng = Engine(model, max_seq=max(n + 8, -(-n // PREFILL_STEP) * PREFILL_STEP),
+                                 graphs=name == "onetrip-graphs")
                 for _ in range(4):
                     if name == "transformers":
                         if hf is None:

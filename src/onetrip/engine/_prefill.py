@@ -15,8 +15,9 @@ call costs one launch. What makes it capturable:
 
 Padding costs GPU work (at most ``step - 1`` tokens a sequence), so only calls of at most
 ``max_tokens`` padded tokens (batch bucket x length) take this path: past that the GPU's
-share outgrows the host's. The graphs share one memory pool: they replay one at a time,
-and each keeps its outputs alive.
+share outgrows the host's. The graphs share one memory pool, captured on one stream (the
+allocator reuses a block only on its stream): they replay one at a time, and each keeps its
+outputs alive.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class _Entry:
     last: torch.Tensor     # (bucket,) int64: each row's last real position, static
     logits: Optional[torch.Tensor] = None  # (bucket, 1, vocab): the graph's output
     graph: Optional[torch.cuda.CUDAGraph] = None
+    rope: Optional[tuple] = None  # the rotary tables the graph reads, kept alive with it
 
 
 class PrefillGraphs:
@@ -48,6 +50,7 @@ class PrefillGraphs:
         self.capture_graphs = capture_graphs
         self.step, self.max_tokens = step, max_tokens
         self.pool = torch.cuda.graph_pool_handle() if capture_graphs else None
+        self.stream = torch.cuda.Stream() if capture_graphs else None  # every capture on it: the pool's blocks reused
         self._entries: dict[tuple, _Entry] = {}
 
     def length_for(self, bucket: int, width: int, max_seq: int) -> Optional[int]:
@@ -61,7 +64,7 @@ class PrefillGraphs:
     def run(self, model, rows: Sequence[Sequence[int]], lens: torch.Tensor, length: int, key: tuple) -> torch.Tensor:
         """Logits (bucket, 1, vocab) at each row's last token for ``rows`` (bucket prompts,
         each at most ``length`` tokens) into the model's current caches, whose ``lens`` (bucket,)
-        are zero. ``key``: what else the graph depends on (the backend, options, cache views)."""
+        are zero. ``key``: what else the graph depends on (``Model.graph_key()``, the cache views)."""
         bucket = len(rows)
         dev = lens.device
         entry = self._entries.get((bucket, length, key))
@@ -74,7 +77,9 @@ class PrefillGraphs:
             flat += r
             flat += [0] * (length - len(r))
             flat.append(len(r) - 1)
-        host = torch.tensor(flat, dtype=torch.int64).view(bucket, length + 1).to(dev)  # one copy
+        pinned = dev.type == "cuda"  # an asynchronous copy: the host goes on to the replay
+        host = torch.tensor(flat, dtype=torch.int64, pin_memory=pinned).view(bucket, length + 1)
+        host = host.to(dev, non_blocking=pinned)
         entry.tokens.copy_(host[:, :length])
         entry.last.copy_(host[:, length])
 
@@ -84,6 +89,7 @@ class PrefillGraphs:
         if not self.capture_graphs:
             return forward()
         if entry.graph is None:  # the warm-up runs the prefill; the captured call is only recorded
-            entry.graph, entry.logits = capture(forward, warmup=1, pool=self.pool)
+            entry.graph, entry.logits = capture(forward, warmup=1, pool=self.pool, stream=self.stream)
+            entry.rope = model.rope_tables
         entry.graph.replay()
         return entry.logits

@@ -116,6 +116,7 @@ class _Slot:
     eos: torch.Tensor        # (n_eos,) int64, or (1,) of -1 when there is none
     graph: Optional[torch.cuda.CUDAGraph] = None
     graph_key: Optional[tuple] = field(default=None)
+    rope: Optional[tuple] = None  # the rotary tables the graph reads, kept alive with it
 
 
 class Engine:
@@ -250,11 +251,10 @@ class Engine:
             self._decode_step(slot, sampling)
             return
         # The sampler's part of the params only: a new max_tokens or stop list reuses the graph.
-        key = (sampling.sampler_key(), self.model.backend, self.model.fused_options,
-               self.model._rope_for(0)[0].data_ptr())  # a larger max_seq elsewhere re-makes the tables
+        key = (sampling.sampler_key(), self.model.graph_key())
         if slot.graph is None or slot.graph_key != key:
             slot.graph = self._capture(slot, sampling)
-            slot.graph_key = key
+            slot.graph_key, slot.rope = key, self.model.rope_tables  # the tables stay where the graph reads them
         slot.graph.replay()
 
     def _capture(self, slot: _Slot, sampling: SamplingParams) -> torch.cuda.CUDAGraph:
@@ -316,12 +316,9 @@ class Engine:
         slot.lens.zero_()
         slot.step.zero_()
         slot.done.zero_()
-        length = None
-        if self._prefill is not None and width <= self.prefill_chunk:
-            length = self._prefill.length_for(bucket, width, self.max_seq)
-        if length is not None:
-            key = (self.model.backend, self.model.fused_options, self.model._rope_for(0)[0].data_ptr())
-            logits = self._prefill.run(self.model, padded, slot.lens, length, key)
+        length = None if self._prefill is None else self._prefill.length_for(bucket, width, self.max_seq)
+        if length is not None and length <= self.prefill_chunk:  # the chunk bounds one forward's activations
+            logits = self._prefill.run(self.model, padded, slot.lens, length, self.model.graph_key())
         else:
             logits = self._prefill_eager(slot, padded, p_lens)
         slot.lens.copy_(torch.tensor(p_lens, dtype=torch.int32, device=dev))

@@ -146,7 +146,7 @@ class Scheduler:
         model._rope_for(max_blocks * page_size)  # the rotary tables cover what the table addresses
         # The new tokens: the decode's at [:max_batch], the prefill's first tokens after them.
         self._reads = torch.zeros(2 * max_batch, dtype=torch.int64, device=dev)
-        self._graphs: dict[tuple[int, str], torch.cuda.CUDAGraph] = {}
+        self._graphs: dict[tuple, tuple] = {}  # (bucket, mode, model.graph_key()) -> (graph, rotary tables)
         self._free = list(range(num_pages - 1, 0, -1))  # page ids 1.. (0 is the sink); pop() gives 1 first
         self._waiting: collections.deque[Request] = collections.deque()
         self._prefilling: list[Request] = []  # admitted, prompt not all in the cache; admission order
@@ -419,7 +419,7 @@ class Scheduler:
             return None
         k, cols, mb = len(block), self._reach(length), self.max_batch
         self._use(self._views(k, cols))
-        key = (cols, self.model.backend, self.model.fused_options, self.model._rope_for(0)[0].data_ptr())
+        key = (cols, self.model.graph_key())
         # the block's rows have length 0 on the device (Rows.write), their padding's table entries the sink
         return self._prefill_graphs.run(self.model, [r.context for r in block], self._rows.dev["lens"][mb: mb + k],
                                         length, key)[:, -1]
@@ -442,10 +442,12 @@ class Scheduler:
         if run is None:
             run = self._runs[(bucket, mode)] = self._step_fn(bucket, mode)
         graph = None
-        if self.graphs:
-            graph = self._graphs.get((bucket, mode))
+        if self.graphs:  # keyed by what the captured forward reads too; the entry keeps the rotary tables alive
+            key = (bucket, mode, self.model.graph_key())
+            graph = self._graphs.get(key)
             if graph is None:
-                graph = self._graphs[(bucket, mode)] = self._capture(run, bucket)
+                graph = self._graphs[key] = (self._capture(run, bucket), self.model.rope_tables)
+            graph = graph[0]
         self._upload()
         if joined:
             self._rows.dev["tok"][n - joined: n, 0].copy_(self._reads[self.max_batch: self.max_batch + joined])

@@ -140,6 +140,19 @@ class Model(nn.Module):
         (rows,) zeros with -inf on the padding rows (``tp.py``)."""
         return None if self.lm_head is None else self.lm_head.bias
 
+    def graph_key(self) -> tuple:
+        """What a CUDA graph of this model's forward depends on beyond its arguments and caches:
+        the backend, the fused options and the rotary tables' addresses (made anew when a
+        larger max_seq asks for more positions). A graph keeps ``rope_tables`` alive beside
+        it, so those addresses are not reused while it may replay."""
+        rope = self._rope
+        return self.backend, self.fused_options, None if rope is None else (rope[0].data_ptr(), rope[1].data_ptr())
+
+    @property
+    def rope_tables(self) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+        """The float32 (positions, head_dim / 2) cos and sin tables the forward reads, or None before any."""
+        return self._rope
+
     def _rope_for(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self._rope is None or self._rope[0].shape[0] < n or self._rope[0].device != self.device:
             self._rope = rope_tables(self.config, max(n, 64), self.device)
