@@ -28,7 +28,6 @@ import sys
 import time
 
 os.environ["TRITON_INTERPRET"] = "1"  # before any kernel is defined; no launch runs anyway
-os.environ.setdefault("ONETRIP_AUTOTUNE", "0")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
 import torch  # noqa: E402
@@ -64,8 +63,9 @@ def per_call_us(fn, calls: int = 1000, loops: int = 15) -> float:
     return best
 
 
-def prefill_ms(tokens: int) -> float:
-    """Host ms of one eager fused prefill of ``tokens`` at batch 1 (module docstring)."""
+def prefill_ms(tokens: int) -> tuple[float, int]:
+    """(host ms of one eager fused prefill of ``tokens`` at batch 1, the model's layers)
+    (module docstring)."""
     from onetrip.engine.generate import Engine
     from onetrip.models import Model, get_config
     import onetrip.models.fused as fused
@@ -87,7 +87,7 @@ def prefill_ms(tokens: int) -> float:
     engine = Engine(model, max_seq=tokens + 8, graphs=False)
     for _ in range(3):
         engine.generate(prompt, 1)
-    return min(engine.generate(prompt, 1).prefill_ms for _ in range(10))
+    return min(engine.generate(prompt, 1).prefill_ms for _ in range(10)), config.num_layers
 
 
 def main() -> None:
@@ -98,7 +98,8 @@ def main() -> None:
     args = parser.parse_args()
     stub_launches()
     if args.prefill:
-        print(f"eager fused prefill, {args.prefill} tokens, 16 layers: {prefill_ms(args.prefill):.2f} ms of host time")
+        ms, layers = prefill_ms(args.prefill)
+        print(f"eager fused prefill, {args.prefill} tokens, {layers} layers: {ms:.2f} ms of host time")
         return
     from onetrip.bench.host import cases
 

@@ -30,20 +30,13 @@ import time
 
 import torch
 
+from onetrip.bench.harness import cpu_name
 from onetrip.engine.sampling import SamplingParams
 from onetrip.engine.scheduler import Scheduler
 from onetrip.models import Model, get_config
 
 PARTS = ("pre", "upload", "launch", "compute", "after", "host")
 TOKEN = 5  # every step's argmax: neither the EOS (2) nor the stop id (3)
-
-
-def _cpu() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown CPU"
 
 
 def _stub_model(vocab: int) -> Model:
@@ -114,7 +107,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     args = ap.parse_args()
     torch.set_num_threads(1)  # the host's own cost, not intra-op threads spinning
-    cpu, results = _cpu(), []
+    cpu, results = cpu_name() or platform.processor() or "unknown CPU", []
     print(f"Scheduler.step() host time, stub model, greedy, {args.tokens}+ tokens per request; "
           f"{cpu}, torch {torch.__version__}; us mean / p99")
     for vocab in args.vocab:

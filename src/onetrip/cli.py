@@ -375,6 +375,10 @@ def _checked(parse, ok, expected: str):
     return check
 
 
+# --bandwidth's value: a finite number of GB/s above 0
+_gbs = _checked(float, lambda v: 0 < v < float("inf"), "GB/s as a number above 0 (e.g. 3350)")
+
+
 _positive = _checked(int, lambda v: v >= 1, "an integer >= 1")
 _fraction = _checked(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 _port = _checked(int, lambda v: 0 <= v <= 65535, "a port in [0, 65535] (0: any free one)")
@@ -554,17 +558,6 @@ def _bench_serve(args: argparse.Namespace) -> int:
     from .bench.serve import main as bench_serve
 
     return bench_serve(args)
-
-
-def _gbs(text: str) -> float:
-    """``--bandwidth``'s value: a finite number of GB/s above 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected GB/s as a number above 0 (e.g. 3350), got {text!r}")
-    return value
 
 
 def _profile(args: argparse.Namespace) -> int:

@@ -47,6 +47,15 @@ def _package_version(*names: str) -> str | None:
     return None
 
 
+def cpu_name() -> str | None:
+    """The host CPU's model name (host-side figures depend on it), from /proc/cpuinfo where there is one."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+    except OSError:
+        return None
+
+
 def device_info(device: torch.device | str) -> dict:
     """Facts a benchmark result must carry: the GPU, its size, and every version involved.
 

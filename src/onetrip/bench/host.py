@@ -11,7 +11,6 @@ op, as an eager training loop runs it). torch's own ops of the same shapes are t
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from ..ops._launch import launch_mode
 from . import harness
 
 CALLS = 1000
@@ -103,7 +103,7 @@ def run_host_bench(out_dir: Path, console=None) -> list[dict]:
     meta = {**harness.device_info("cuda"), "suite": "host", "calls": CALLS, "repeats": REPEATS,
             "timing": f"wall time of {CALLS} back-to-back eager calls on tiny tensors and one synchronisation, "
                       f"per call, median of {REPEATS}",
-            "launch": os.environ.get("ONETRIP_LAUNCH") or "fast", "cpu": _cpu_name()}  # ops/_launch.py's modes
+            "launch": launch_mode(), "cpu": harness.cpu_name()}
     records = []
     for name, (kind, fn) in cases().items():
         rec = {"case": name, "kind": kind, "host_us": None, "error": None}
@@ -124,12 +124,3 @@ def run_host_bench(out_dir: Path, console=None) -> list[dict]:
     print(json.dumps({"bench": "host", "gpu": meta["gpu"], "results": str(json_path),
                       "us": {r["case"]: r["host_us"] and round(r["host_us"], 1) for r in records}}), flush=True)
     return records
-
-
-def _cpu_name() -> str | None:
-    """The host CPU's model name (its speed sets these figures), from /proc/cpuinfo where there is one."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
-    except OSError:
-        return None

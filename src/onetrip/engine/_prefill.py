@@ -53,11 +53,12 @@ class PrefillGraphs:
         self.stream = torch.cuda.Stream() if capture_graphs else None  # every capture on it: the pool's blocks reused
         self._entries: dict[tuple, _Entry] = {}
 
-    def length_for(self, bucket: int, width: int, max_seq: int) -> Optional[int]:
+    def length_for(self, bucket: int, width: int, max_len: int) -> Optional[int]:
         """The padded length a prefill of ``bucket`` rows, the longest ``width`` tokens,
-        runs at, or None when it takes the eager path (too many tokens, or past the cache)."""
+        runs at, or None when it takes the eager path (too many tokens, or past ``max_len``:
+        the cache's positions, or a forward's most tokens a row)."""
         length = -(-width // self.step) * self.step
-        if bucket * length > self.max_tokens or length > max_seq:
+        if bucket * length > self.max_tokens or length > max_len:
             return None
         return length
 

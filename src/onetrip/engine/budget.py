@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from ..models.config import ModelConfig
+from ..models.paged import pages_for
 
 
 def weight_bytes(config: ModelConfig, dtype: torch.dtype, batch: int = 1) -> int:
@@ -87,7 +88,7 @@ def pool_pages(model, max_batch: int, max_seq: int, page_size: int, memory_fract
     ``memory_fraction`` of the free memory holds, at most ``max_batch`` sequences of
     ``max_seq``; on the CPU, those sequences. ValueError when not even two pages fit."""
     c = model.config
-    room = max_batch * -(-max_seq // page_size) + 1
+    room = max_batch * pages_for(max_seq, page_size) + 1
     if model.device.type != "cuda":
         return room
     page_bytes = 2 * c.num_layers * page_size * c.num_kv_heads * c.head_dim * model.dtype.itemsize

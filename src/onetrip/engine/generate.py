@@ -316,8 +316,10 @@ class Engine:
         slot.lens.zero_()
         slot.step.zero_()
         slot.done.zero_()
-        length = None if self._prefill is None else self._prefill.length_for(bucket, width, self.max_seq)
-        if length is not None and length <= self.prefill_chunk:  # the chunk bounds one forward's activations
+        # the padded length within the cache and the chunk (which bounds one forward's activations)
+        cap = min(self.max_seq, self.prefill_chunk)
+        length = None if self._prefill is None else self._prefill.length_for(bucket, width, cap)
+        if length is not None:
             logits = self._prefill.run(self.model, padded, slot.lens, length, self.model.graph_key())
         else:
             logits = self._prefill_eager(slot, padded, p_lens)

@@ -258,8 +258,8 @@ def forward_fused(model: Decoder, tokens: torch.Tensor, cache_seqlens: Optional[
     if b * s == 1 and _gemv(x) and lens is not None and model.tp is None:
         return _decode_one_row(model, x, cos, sin, lens, lens_after, options)
     residual = None
-    # A prefill reads the lengths on the host once here, not once a layer: each read waits
-    # for the GPU to drain, so with one a layer the host's launches never ran ahead of it.
+    # A prefill needs the lengths on the host: the caller's ``starts``, else one read here (not
+    # once a layer: each read waits for the GPU to drain, so the host never ran ahead of it).
     if lens is None or s <= MAX_Q_LEN:
         starts = None
     elif starts is None:

@@ -6,7 +6,7 @@ kernels are in ``_gemv_jit.py``."""
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
@@ -49,6 +49,12 @@ class SkinnyConfig:
 @functools.lru_cache(maxsize=4096)  # the custom ops rebuild their config from its list at every call
 def _from_tuple(v: tuple) -> SkinnyConfig:
     return SkinnyConfig(*v[:5], bool(v[5]), *v[6:8])
+
+
+@functools.lru_cache(maxsize=256)  # asked at every call: dataclasses.replace costs ~3 us
+def no_split(cfg: SkinnyConfig) -> SkinnyConfig:
+    """``cfg`` without split-K: the GEMVs whose prologue or epilogue needs whole rows."""
+    return replace(cfg, split_k=1)
 
 
 def skinny_config(M: int, N: int, K: int, sms: int, dtype: torch.dtype = torch.bfloat16, *,

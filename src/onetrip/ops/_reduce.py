@@ -11,15 +11,13 @@ programs that is a few MB against the GB the row pass itself moves.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from ._common import cdiv, next_pow2, use_triton
 from ._jit import cast_out
-from ._launch import launch, meta_key
+from ._launch import cached_meta, launch
 
 
 @triton.jit
@@ -63,13 +61,6 @@ def column_sum(partials: torch.Tensor, dtype: torch.dtype, *, out: torch.Tensor 
     if not use_triton(partials):
         return out.copy_(partials.sum(0))
     block_n = min(next_pow2(N), 256)
-    meta, key = _meta(min(next_pow2(P), 32), block_n)
+    meta, key = cached_meta(BLOCK_P=min(next_pow2(P), 32), BLOCK_N=block_n, num_warps=4)
     launch(_column_sum_kernel, (cdiv(N, block_n),), (partials, out, P, N, partials.stride(0)), meta, key)
     return out
-
-
-@functools.lru_cache(maxsize=64)
-def _meta(block_p: int, block_n: int) -> tuple[dict, int]:
-    """The kernel's constexprs and options, and their ``meta_key``: kept, as a launch needs them at every call."""
-    meta = dict(BLOCK_P=block_p, BLOCK_N=block_n, num_warps=4)
-    return meta, meta_key(meta)

@@ -28,7 +28,6 @@ Bytes an element, read + write (the floor; the kernel moves exactly these):
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -38,7 +37,7 @@ import triton.language as tl
 
 from ._common import cdiv, dtype_names
 from ._jit import cast_out
-from ._launch import launch, meta_key
+from ._launch import cached_meta, launch
 
 BLOCK = 2048  # elements a program; the elementwise ops' measured tile (_common.tile_config), not retuned here
 NUM_WARPS = 4
@@ -316,7 +315,7 @@ def bump_steps(steps: torch.Tensor, found_inf: Optional[torch.Tensor] = None) ->
     n = steps.numel()
     if n:
         launch(_bump_steps_kernel, (cdiv(n, 1024),), (steps, n, found_inf if found_inf is not None else steps),
-               *_meta(HAS_FOUND=found_inf is not None, BLOCK=1024, num_warps=4))
+               *cached_meta(HAS_FOUND=found_inf is not None, BLOCK=1024, num_warps=4))
 
 
 def find_nonfinite(t: AdamWTable, found_inf: torch.Tensor, grad_scale: Optional[torch.Tensor] = None) -> None:
@@ -325,7 +324,7 @@ def find_nonfinite(t: AdamWTable, found_inf: torch.Tensor, grad_scale: Optional[
     if t.n_work:
         launch(_nonfinite_kernel, (t.n_work,),
                (t.table, t.work, grad_scale if grad_scale is not None else found_inf, found_inf),
-               *_meta(PARAM_DTYPE=_TL_DTYPES[t.dtype], HAS_SCALE=grad_scale is not None, ALIGNED=t.aligned,
+               *cached_meta(PARAM_DTYPE=_TL_DTYPES[t.dtype], HAS_SCALE=grad_scale is not None, ALIGNED=t.aligned,
                       BLOCK=t.block, num_warps=NUM_WARPS))
 
 
@@ -358,16 +357,9 @@ def adamw_launch(
             lr_f, 1.0 - lr_f * float(weight_decay),  # decay in float64 on the host, as torch computes it
             float(beta1), 1.0 - float(beta1), float(beta2), 1.0 - float(beta2), float(eps), float(weight_decay))
     launch(_adamw_kernel, (t.n_work,), args,
-           *_meta(PARAM_DTYPE=_TL_DTYPES[t.dtype], MASTER=t.master, AMSGRAD=t.amsgrad, MAXIMIZE=bool(maximize),
+           *cached_meta(PARAM_DTYPE=_TL_DTYPES[t.dtype], MASTER=t.master, AMSGRAD=t.amsgrad, MAXIMIZE=bool(maximize),
                   LR_TENSOR=lr_tensor, HAS_SCALE=grad_scale is not None, HAS_FOUND=found_inf is not None,
                   ALIGNED=t.aligned, BLOCK=t.block, num_warps=NUM_WARPS))
-
-
-@functools.lru_cache(maxsize=256)
-def _meta(**meta) -> tuple[dict, int]:
-    """``meta`` and its ``meta_key``, kept: a launch needs both at every step. A call site
-    passes its names in one order (the key keeps it)."""
-    return meta, meta_key(meta)
 
 
 def adamw_ref(

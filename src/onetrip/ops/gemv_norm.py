@@ -25,7 +25,6 @@ stream) and its statistic is taken of the rounded values, as the unfused norm se
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Optional
 
 import torch
@@ -34,7 +33,7 @@ import triton
 
 from ._common import (call_op, check_dtype_match, check_same_device, check_shape, check_tensor, gpu_name, pdl_args,
                       sm_count, use_triton)
-from ._gemv_launch import SkinnyConfig, launch_skinny, skinny_config
+from ._gemv_launch import SkinnyConfig, launch_skinny, no_split, skinny_config
 from ._gemv_picks import GEMV_PICKS, GemvPicks
 
 
@@ -58,7 +57,7 @@ def _config(n: int, k: int, device: torch.device, dtype: torch.dtype, fusion: st
     if not isinstance(picks, GemvPicks):
         raise TypeError(f"picks must be a GemvPicks, got {type(picks).__name__}")
     cfg = skinny_config(1, n, k, sm_count(device), dtype, fusion=fusion, gpu=gpu_name(device), picks=picks)
-    return dataclasses.replace(cfg, split_k=1)
+    return no_split(cfg)
 
 
 def _residual_config(n: int, k: int, device: torch.device, dtype: torch.dtype, silu_mul: bool,

@@ -113,6 +113,7 @@ def glu_tile_config(M: int, N: int, tile_warps: tuple[int, int]) -> TileConfig:
     return tile_config(M, N, tile=tile, num_warps=warps, per_thread=tile // (32 * warps))
 
 
+@functools.lru_cache(maxsize=4096)  # a launch asks at every call: the GPU table lookup costs ~0.8 us
 def _default_tile(M: int, N: int, device: torch.device) -> TileConfig:
     """The forward's tile for (M, N) on ``device`` (GLU_TILE_GPU for this GPU model, else
     GLU_TILE); the backward takes the same."""

@@ -24,8 +24,6 @@ measured batch-1 launches (``GemvPicks``) in ``_gemv_picks.py``.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 from typing import Optional
 
 import torch
@@ -44,7 +42,7 @@ from ._common import (
     sm_count,
     use_triton,
 )
-from ._gemv_launch import GEMV_FUSIONS, SkinnyConfig, launch_skinny, skinny_config
+from ._gemv_launch import GEMV_FUSIONS, SkinnyConfig, launch_skinny, no_split, skinny_config
 from ._gemv_picks import GEMV_PICKS, GemvPicks
 from .glu import silu_mul as glu_silu_mul  # the unfused path of silu_mul_matmul
 
@@ -189,13 +187,7 @@ def silu_mul_matmul(
         return out
     cfg = config or _pick(gate_up, 1, N, F_, picks)
     return _into_rows(out, N, lambda y2: call_op(_skinny_op, x2, weight, bias, y2,
-                                                 _one_split(cfg), True))
-
-
-@functools.lru_cache(maxsize=256)  # asked at every call: dataclasses.replace costs ~2-3 us
-def _one_split(cfg: SkinnyConfig) -> list[int]:
-    """``cfg`` without split-K (SwiGLU in the prologue needs whole rows), as the op's list."""
-    return dataclasses.replace(cfg, split_k=1).as_list()
+                                                 no_split(cfg).as_list(), True))
 
 
 def skinny_matmul_ref(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
