@@ -175,6 +175,8 @@ def test_candidates_are_deterministic_nonempty_and_fit(head_dim, dtype):
     assert len(set(cands)) == len(cands)
     elem = torch.empty((), dtype=dtype).element_size()
     assert all(_tile_fits(c, head_dim, elem) for c in cands[1:])
+    if head_dim == 64:  # the tile that faults when causal on an H200 (Triton 3.6) is never timed
+        assert AttentionConfig(128, 32, 4, 2) not in cands
     assert all(c.block_m in (64, 128) and c.num_warps in (4, 8) for c in cands)
     # a tuned dict turns back into the config it came from
     assert [AttentionConfig(**asdict(c)) for c in cands] == cands

@@ -263,7 +263,8 @@ def test_gpu_deterministic_and_graph_capture():
 
     def fn():
         out = flash_attention(q, k, v, causal=True, deterministic=True)
-        return (out, *torch.autograd.grad(out, (q, k, v), dout))
+        # detached: a kept autograd graph would tie a captured backward to the legacy stream
+        return (out.detach(), *torch.autograd.grad(out, (q, k, v), dout))
 
     first, second = fn(), fn()
     for a, b in zip(first, second):
@@ -280,7 +281,7 @@ def test_gpu_atomic_graph_capture():
 
     def fn():
         out = flash_attention(q, k, v, causal=True, deterministic=False)
-        return (out, *torch.autograd.grad(out, (q, k, v), dout))
+        return (out.detach(), *torch.autograd.grad(out, (q, k, v), dout))
 
     eager = fn()
     graph, captured = capture(fn)

@@ -53,10 +53,6 @@ input dtype).
 
 # What changed in the code since a curated run, where it moves a figure of that run (one line each)
 CAVEATS = {
-    ("h200", "serve"): "Not in this run (2026-11-29): transformers-cb, whose attempt in the same job failed at its "
-                       "start on `Inplace update to inference tensor outside InferenceMode` (the bench held the "
-                       "manager in inference mode; fixed since, not re-measured yet); and the Scheduler's batched "
-                       "prefill (under way): in this run the Scheduler prefilled one request a step.",
     ("h200", "attention-backward"): "This run reached the GQA cell and stopped at its time limit before the "
                                     "varlen cell (and the plot); the dense cells are complete.",
     ("h100", "ops"): "Since this run, layer_norm's 256K pick no longer asks the L2 for its weight and bias "

@@ -14,8 +14,12 @@ weights for every provider: transformers' `generate`, a gpt-fast-style decoder u
 `torch.compile(mode="reduce-overhead")`, and onetrip's engine eager (op by op), fused (onetrip's
 kernels) and fused with the whole decode step replayed as one CUDA graph (contiguous and paged
 KV cache). Limit: copy bandwidth / bytes read per token (the weights, plus the KV cache);
-`% limit` is tok/s against it. Time to first token (TTFT) at batch 1 for 512- and 2048-token
-prompts.
+`% limit` is tok/s against it. Time to first token (TTFT) at batch 1 (the prefill forward and
+the first token's argmax; median of 3 after a warm-up), with onetrip-graphs replaying prompts of
+up to 2,048 padded tokens from a CUDA graph, beside the compute floor: the prefill's FLOPs
+(2 x parameters x tokens plus attention's) at the bf16 matmul rate measured in the same run.
+A run with only some providers or batches (`decode-ttft.json`: the TTFT run, batch 1) shows
+what it measured.
 """
 
 GEMV_TEXT = """\
@@ -88,7 +92,25 @@ def decode_section(gpu: str, runs: list[dict]) -> str:
                     if rate else "")
             out += [f"Time to first token, ms{note}:", "",
                     table(["prompt", *tprovs, *(["floor"] if rate else [])], trows), ""]
+            bars = _ttft_bars(tby)
+            if bars:
+                out += ["Against the bar (onetrip-graphs' TTFT at most the larger of half of transformers' and "
+                        "1.25x the floor): " + "; ".join(bars) + ".", ""]
     return "\n".join(out)
+
+
+def _ttft_bars(tby: dict) -> list[str]:
+    """One clause a (preset, prompt) that has onetrip-graphs, transformers and a floor."""
+    out = []
+    for preset, prompt in sorted({(k[0], k[1]) for k in tby}):
+        ours, hf = tby.get((preset, prompt, "onetrip-graphs")), tby.get((preset, prompt, "transformers"))
+        if not ours or not hf or not ours.get("ttft_ms") or not hf.get("ttft_ms") or not ours.get("floor_ms"):
+            continue
+        bar = max(hf["ttft_ms"] / 2, 1.25 * ours["floor_ms"])
+        verdict = "met" if ours["ttft_ms"] <= bar else "not met"
+        out.append(f"{preset} at {prompt} tokens {ours['ttft_ms']:.1f} ms against {bar:.1f} "
+                   f"({ours['ttft_ms'] / ours['floor_ms']:.2f}x the floor): {verdict}")
+    return out
 
 
 def gemv_section(gpu: str, data: dict) -> str:

@@ -205,7 +205,7 @@ def ttft(model: Model, hf, preset: str, prompt_lens=(512, 2048), tflops: Optiona
     prefill forward and the first token's argmax. gpt-fast prefills like onetrip-eager. The
     onetrip engines are made once a prompt length (as a server keeps its engine): the warm-up
     captures onetrip-graphs' prefill graph where the length takes one (``engine._prefill``:
-    up to 1024 padded tokens), longer prompts prefill as onetrip-fused does. With ``tflops``
+    up to 2,048 padded tokens), longer prompts prefill as onetrip-fused does. With ``tflops``
     (the run's measured matmul rate) each record holds the compute floor, ``floor_ms``."""
     out = []
     for n in prompt_lens:

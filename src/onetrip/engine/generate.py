@@ -124,8 +124,11 @@ class Engine:
     positions for up to ``max_batch`` sequences.
 
     graphs: capture the decode step in a CUDA graph (GPU only; ignored on the CPU).
-    prefill_chunk: prompts longer than this are prefilled in chunks of this many tokens,
-        bounding the activations of one forward.
+    prefill_tokens: the most prompt tokens one prefill forward holds, over the batch
+        bucket (bucket x chunk): its activations' bound. A row's chunk is
+        ``prefill_tokens // bucket`` tokens (16,384 at batch 1: Llama-3.2-1B prefills 8,192
+        tokens in one forward, ~1 GiB of activations); longer prompts prefill chunk by chunk.
+    prefill_chunk: a fixed chunk a row instead (tokens), whatever the bucket.
     check_every: decode steps between two host reads of the "all done" flag.
     paged: a paged KV cache (module docstring) instead of a contiguous one (the default).
     prefill_graphs: replay short prefills (at most ``_prefill.MAX_TOKENS`` padded tokens)
@@ -143,10 +146,11 @@ class Engine:
     """
 
     def __init__(self, model: Model, *, max_seq: int = 2048, max_batch: int = 1, graphs: bool = True,
-                 prefill_chunk: int = 2048, check_every: int = 16, paged: bool = False,
+                 prefill_chunk: Optional[int] = None, check_every: int = 16, paged: bool = False,
                  page_size: Optional[int] = None, num_pages: Optional[int] = None,
-                 prefill_graphs: Optional[bool] = None):
-        for name, value in (("max_seq", max_seq), ("max_batch", max_batch), ("prefill_chunk", prefill_chunk),
+                 prefill_graphs: Optional[bool] = None, prefill_tokens: int = 16384):
+        for name, value in (("max_seq", max_seq), ("max_batch", max_batch), ("prefill_tokens", prefill_tokens),
+                            ("prefill_chunk", 1 if prefill_chunk is None else prefill_chunk),
                             ("check_every", check_every)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
@@ -159,7 +163,7 @@ class Engine:
         if prefill_graphs is None:  # tensor-parallel prefills stay eager: their collectives are sized for decode
             prefill_graphs = self.graphs and model.tp is None
         self._prefill = PrefillGraphs(capture_graphs=self.graphs) if prefill_graphs else None
-        self.prefill_chunk = prefill_chunk
+        self.prefill_chunk, self.prefill_tokens = prefill_chunk, prefill_tokens
         self.check_every = check_every
         self.paged, self.page_size, self.num_pages = self._paging(paged, page_size, num_pages)
         self.plan: Optional[PagePlan] = None
@@ -317,7 +321,7 @@ class Engine:
         slot.step.zero_()
         slot.done.zero_()
         # the padded length within the cache and the chunk (which bounds one forward's activations)
-        cap = min(self.max_seq, self.prefill_chunk)
+        cap = min(self.max_seq, self._chunk(bucket))
         length = None if self._prefill is None else self._prefill.length_for(bucket, width, cap)
         if length is not None:
             logits = self._prefill.run(self.model, padded, slot.lens, length, self.model.graph_key())
@@ -327,16 +331,20 @@ class Engine:
         self._advance(slot, logits[:, -1], sampling)
         return slot, rows, lens
 
+    def _chunk(self, bucket: int) -> int:
+        """Prompt tokens of one row per prefill forward."""
+        return self.prefill_chunk if self.prefill_chunk is not None else max(1, self.prefill_tokens // bucket)
+
     def _prefill_eager(self, slot: _Slot, padded: list[list[int]], p_lens: list[int]) -> torch.Tensor:
         """Logits (bucket, 1, vocab) at each row's last prompt token: the right-padded prompts in
-        chunks of ``prefill_chunk`` tokens, every row starting at the chunk's start (told to the
-        forward on the host, so it reads nothing back)."""
-        dev, width = self.model.device, max(p_lens)
+        chunks (``_chunk``), every row starting at the chunk's start (told to the forward on
+        the host, so it reads nothing back)."""
+        dev, width, chunk = self.model.device, max(p_lens), self._chunk(len(padded))
         tokens = torch.tensor([p + [0] * (width - len(p)) for p in padded], dtype=torch.int64, device=dev)
         last = torch.tensor(p_lens, dtype=torch.int64, device=dev) - 1
         logits = None
-        for lo in range(0, width, self.prefill_chunk):
-            hi = min(lo + self.prefill_chunk, width)
+        for lo in range(0, width, chunk):
+            hi = min(lo + chunk, width)
             inside = (last >= lo) & (last < hi)  # sequences whose last prompt token is in this chunk
             chunk_logits = self.model(tokens[:, lo:hi], slot.lens, logits_index=(last - lo).clamp(0, hi - lo - 1),
                                       starts=[lo] * len(padded))

@@ -74,7 +74,7 @@ class Scheduler:
         counted): the most tokens one step prefills, bounding how long it stalls the
         running decodes. A request's chunk is at most min(prefill_chunk, prefill_tokens).
     graphs: capture each decode bucket's step in a CUDA graph (GPU only; ignored on the CPU).
-    prefill_graphs: a block of fresh prompts of at most ``_prefill.MAX_TOKENS`` padded tokens
+    prefill_graphs: a block of fresh prompts of at most 1,024 padded tokens
         is prefilled from a CUDA graph (``engine._prefill``). Default: with ``graphs``. True
         on the CPU runs the same padded forward without graphs.
     eos_ids: the model's end ids; a request stops at them unless ``ignore_eos``.
@@ -114,7 +114,8 @@ class Scheduler:
         self._chunk_cap = min(prefill_chunk, prefill_tokens)
         self.graphs = graphs and dev.type == "cuda"
         use = self.graphs if prefill_graphs is None else prefill_graphs
-        self._prefill_graphs = PrefillGraphs(capture_graphs=self.graphs) if use else None
+        # each new (rows, length) block is a capture while serving: half the engine's limit keeps them few
+        self._prefill_graphs = PrefillGraphs(capture_graphs=self.graphs, max_tokens=1024) if use else None
         if num_pages is None:
             num_pages = pool_pages(model, max_batch, max_seq or c.max_position_embeddings, page_size,
                                    memory_fraction)

@@ -162,9 +162,9 @@ class TuneCache:
 
 def autotune_enabled() -> bool:
     """True when ``ONETRIP_AUTOTUNE`` is 1/true/on/yes. Off by default: on an H200 (Triton
-    3.6) one of flash_attention's candidates faults (an illegal address that poisons the
-    CUDA context) in the first-use tuning of (batch 1, seq 4096, 32/8 heads, head dim 64)
-    and (batch 4, seq 4096, 14/2 heads), which the heuristic config runs correctly."""
+    3.6) a flash_attention candidate faulted (an illegal address that poisons the CUDA
+    context) in first-use tuning; it is found and left out (``flash_attention._FAULTING``),
+    and tuning stays opt-in until a whole tuning run has passed on a GPU."""
     return os.environ.get(ENV_AUTOTUNE, "0").strip().lower() in ("1", "true", "on", "yes")
 
 
