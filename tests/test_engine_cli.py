@@ -18,10 +18,10 @@ cpu_only = pytest.mark.skipif(ON_GPU, reason="checks the CPU-only output")
 @cpu_only
 def test_generate_writes_a_summary(tmp_path, capsys):
     out = tmp_path / "g.json"
-    assert main(["generate", "--model", "tiny", "--max-new-tokens", "5", "--batch", "3", "--quiet",
-                 "--json", str(out)]) == 0
+    assert main(["generate", "--model", "tiny", "--max-new-tokens", "3", "--batch", "3", "--prompt-tokens", "9",
+                 "--quiet", "--json", str(out)]) == 0
     s = json.loads(out.read_text())
-    assert (s["batch"], s["new_tokens"], s["prompt_tokens"], s["backend"], s["page_size"]) == (3, 5, 32, "fused", None)
+    assert (s["batch"], s["new_tokens"], s["prompt_tokens"], s["backend"], s["page_size"]) == (3, 3, 9, "fused", None)
     assert s["decode_tok_s"] > 0 and s["pct_of_limit"] is None  # no bandwidth on a CPU
     out, err = capsys.readouterr()
     assert "No CUDA GPU: tiny runs on the CPU, the fused kernels through Triton's interpreter" in err

@@ -44,7 +44,7 @@ def _stub_model(vocab: int) -> Model:
     model = Model.random(config, torch.float32, "cpu")
     fixed = torch.zeros(256, 1, vocab)  # (rows, 1, vocab): enough rows for a prefill block or a bucket
     fixed[:, :, TOKEN] = 1.0
-    model.forward = lambda tokens, cache_seqlens=None, logits_index=None: fixed[: tokens.shape[0]]
+    model.forward = lambda tokens, cache_seqlens=None, logits_index=None, **kw: fixed[: tokens.shape[0]]
     return model
 
 

@@ -24,6 +24,9 @@ class Rows:
     (``RowParams``). Rows 0..max_batch-1 decode; rows max_batch..2 * max_batch - 1 hold a
     step's prefill block (its tables and sampling params).
 
+    ``dirty`` rows are rewritten whole from their request; ``grown`` rows only took pages, so
+    only their table row is written and uploaded.
+
     Host only (numpy, never uploaded; they let the step's checks run as array ops):
     ``limit`` int64, the row's max_tokens; ``cap`` int64, the positions its pages hold."""
 
@@ -49,12 +52,19 @@ class Rows:
         self.limit = np.zeros(rows, dtype=np.int64)
         self.cap = np.zeros(rows, dtype=np.int64)
         self.dirty: set[int] = set()
+        self.grown: set[int] = set()  # decode rows whose table alone changed (they took a page)
         self.copied: Optional[torch.cuda.Event] = None  # the last upload's end (GPU)
 
     def write(self, running: list[Request], block: list[Request], page_size: int) -> None:
         """The dirty rows of the host mirror from the requests' state: row i < max_batch from
         ``running[i]``, row max_batch + j from ``block[j]`` (the prefill block), padding past them."""
         h, mb = self.writable(), self.max_batch
+        self.grown -= self.dirty
+        for i in self.grown:  # the table row alone: steady decode's one change a step (~1 row at 64 rows)
+            req = running[i]
+            n = len(req.pages)
+            self.cap[i] = n * page_size
+            h["table"][i, :n] = req.pages
         for i in self.dirty:
             is_block = i >= mb
             rows, j = (block, i - mb) if is_block else (running, i)
@@ -85,14 +95,17 @@ class Rows:
             h["step"][i] = step
 
     def upload(self) -> None:
-        """Copy the dirty rows (runs of consecutive rows) of every buffer to the device."""
-        rows = sorted(self.dirty)
+        """Copy the dirty rows (runs of consecutive rows) of every buffer to the device, and
+        the grown rows' tables: one copy a run instead of ten, each ~8-15 us of an H200
+        host's time (cProfile of the 1B's steady decode at 64 rows: ~1 row takes a page a step)."""
+        for rows, names in ((self.dirty, self.dev.keys()), (self.grown, ("table",))):
+            for _, run in itertools.groupby(enumerate(sorted(rows)), lambda p: p[1] - p[0]):
+                run = [r for _, r in run]
+                lo, hi = run[0], run[-1] + 1
+                for name in names:
+                    self.dev[name][lo:hi].copy_(self.host[name][lo:hi], non_blocking=True)
         self.dirty.clear()
-        for _, run in itertools.groupby(enumerate(rows), lambda p: p[1] - p[0]):
-            run = [r for _, r in run]
-            lo, hi = run[0], run[-1] + 1
-            for name, dst in self.dev.items():
-                dst[lo:hi].copy_(self.host[name][lo:hi], non_blocking=True)
+        self.grown.clear()
         if self.dev["lens"].is_cuda:
             self.copied = torch.cuda.Event()
             self.copied.record()

@@ -285,7 +285,7 @@ class Scheduler:
             while len(req.pages) < need:
                 if self._free:
                     req.pages.append(self._free.pop())
-                    self._rows.dirty.add(req.row)
+                    self._rows.grown.add(req.row)
                     continue
                 victim = max([*self._running, *self._prefilling], key=lambda r: r.order)
                 self._preempt(victim)
@@ -341,7 +341,7 @@ class Scheduler:
     # -- the device ------------------------------------------------------------------------------
 
     def _upload(self) -> None:
-        if self._rows.dirty:
+        if self._rows.dirty or self._rows.grown:
             self._rows.write(self._running, self._block, self.page_size)
             self._rows.upload()
 
