@@ -389,6 +389,43 @@ def test_prefill_graphs_give_identical_tokens(backend, gen):
     assert runs[0] == runs[1] and sched._prefill_graphs._entries
 
 
+
+def test_warm_up(gen):
+    """warm_up runs its two requests through the prefill paths (on the CPU: no graphs to
+    capture) and leaves the scheduler idle with its pool whole; requests after it get
+    Engine.generate's tokens. Refused while requests are unfinished, and for a bad mode."""
+    model = _model()
+    prompts = _prompts(gen, [5, 11])
+    want = Engine(model, max_seq=48, max_batch=2, graphs=False).generate(prompts, 6).tokens
+    sched = Scheduler(model, max_batch=2, max_seq=48, page_size=4, prefill_chunk=8)
+    calls = []
+    assert sched.warm_up(progress=lambda done, total: calls.append((done, total))) == 0
+    assert calls == [(1, 2), (2, 2)] and not sched.has_unfinished() and sched.free_pages == sched.total_pages
+    got = _drain(sched, {0: [(str(i), p, SamplingParams(max_tokens=6)) for i, p in enumerate(prompts)]})
+    assert [got[str(i)][0] for i in range(2)] == want
+    with pytest.raises(ValueError, match=r"modes must be among \('greedy', 'sample', 'filter'\), got \['beam'\]"):
+        sched.warm_up(modes=("greedy", "beam"))
+    sched.add_request("x", prompts[0], SamplingParams(max_tokens=2))
+    with pytest.raises(RuntimeError, match="warm_up runs on an idle scheduler; it has 1 unfinished requests"):
+        sched.warm_up()
+
+
+@pytest.mark.gpu
+def test_warm_up_captures_every_bucket(gen):
+    """On the GPU warm_up captures a graph a (bucket, mode), and the tokens after it are those
+    of a scheduler that captures on first use (float32)."""
+    model = _model("fused", seed=9)
+    prompts = _prompts(gen, [9, 2, 30, 17, 5])
+    reqs = [(str(i), p, SamplingParams(max_tokens=12)) for i, p in enumerate(prompts)]
+    runs = []
+    for warm in (False, True):
+        sched = Scheduler(model, max_batch=4, max_seq=128, page_size=16, prefill_chunk=32)
+        if warm:
+            assert sched.warm_up() == len(sched._steps) == 3 * 3  # buckets 1, 2, 4 x three modes
+        runs.append(_drain(sched, {0: reqs[:3], 2: reqs[3:]}))
+        assert sched.free_pages == sched.total_pages
+    assert runs[0] == runs[1]
+
 @pytest.mark.skipif(ON_GPU, reason="the CPU's pool default")
 def test_default_pool_on_the_cpu():
     sched = Scheduler(_model(), max_batch=3, page_size=64)

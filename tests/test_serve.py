@@ -269,6 +269,17 @@ def test_cli_errors(monkeypatch, capsys):
     assert "pip install 'onetrip[serve]'" in capsys.readouterr().err
 
 
+
+def test_start_up_warm_up(capsys):
+    """onetrip serve warms the scheduler up before it listens, and says how long it took."""
+    from onetrip.serve.command import _warm_up
+
+    scheduler = Scheduler(Model.random(get_config("tiny"), torch.float32, "cpu"), max_batch=2, max_seq=64)
+    _warm_up(scheduler)
+    err = capsys.readouterr().err
+    assert "onetrip serve: warmed up in " in err and "(0 decode graphs captured)" in err
+    assert not scheduler.has_unfinished() and scheduler.free_pages == scheduler.total_pages
+
 @pytest.mark.gpu
 def test_gpu_fused_graphs_on_the_engine_thread():
     """The fused backend and CUDA graphs run on the engine thread (its own current device):

@@ -353,6 +353,9 @@ def _build_parser(op_names: tuple[str, ...], dtype_names: tuple[str, ...],
                        help="tokens a KV-cache page holds (default 64)")
     serve.add_argument("--memory-fraction", type=_fraction, default=0.9, metavar="F",
                        help="share of the GPU's free memory the KV-cache pool takes (default 0.9)")
+    serve.add_argument("--no-warm-up", dest="warm_up", action="store_false",
+                       help="skip the start-up warm-up (two prefills and every decode bucket's CUDA graph): "
+                       "the first requests then pay Triton's compiles and the captures")
     serve.set_defaults(func=_serve)
 
     env = commands.add_parser("env", help="the device, versions, and how kernels will run",

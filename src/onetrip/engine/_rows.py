@@ -118,3 +118,11 @@ class Rows:
             self.copied.synchronize()
             self.copied = None
         return self.np
+
+
+def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small host list on ``device``, copied asynchronously from page-locked memory on a GPU
+    (the caching host allocator keeps the block until the copy has run)."""
+    if device.type != "cuda":
+        return torch.tensor(values, dtype=dtype, device=device)
+    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)

@@ -47,13 +47,13 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from ..graphs import capture
 from ..models.llama import Model
-from ..models.paged import SINK, PagedKVCache, pages_for
+from ..models.paged import PagedKVCache, pages_for
+from ._decode_steps import DecodeSteps, use_views
 from ._prefill import PrefillGraphs
 from .budget import pool_pages
 from ._requests import RequestOutput, Request, StepOutput, pick_prefill
-from ._rows import Rows
+from ._rows import Rows, to_device
 from .generate import bucket_for
 from .sampling import ROW_MODES, SamplingParams, row_mode, row_values, sample_rows
 
@@ -136,18 +136,13 @@ class Scheduler:
         self._pools = [PagedKVCache(num_pages, page_size, c.num_kv_heads, c.head_dim, table, model.dtype, dev)
                        for _ in model.layers]
         self._prefill_views: dict[tuple[int, int], list[PagedKVCache]] = {}  # (rows, columns) of the block
-        self._bucket_views = {}
-        b, decode_table = 1, table[:, : pages_for(max_seq, page_size)]
-        while True:
-            b = min(b, max_batch)
-            self._bucket_views[b] = [kv.with_table(decode_table[:b]) for kv in self._pools]
-            if b == max_batch:
-                break
-            b *= 2
+        decode_table = table[:, : pages_for(max_seq, page_size)]
+        buckets = sorted({min(1 << i, max_batch) for i in range(max_batch.bit_length() + 1)})
         model._rope_for(max_blocks * page_size)  # the rotary tables cover what the table addresses
         # The new tokens: the decode's at [:max_batch], the prefill's first tokens after them.
         self._reads = torch.zeros(2 * max_batch, dtype=torch.int64, device=dev)
-        self._graphs: dict[tuple, tuple] = {}  # (bucket, mode, model.graph_key()) -> (graph, rotary tables)
+        self._steps = DecodeSteps(model, self._rows, self._reads, {
+            b: [kv.with_table(decode_table[:b]) for kv in self._pools] for b in buckets}, self.graphs)
         self._free = list(range(num_pages - 1, 0, -1))  # page ids 1.. (0 is the sink); pop() gives 1 first
         self._waiting: collections.deque[Request] = collections.deque()
         self._prefilling: list[Request] = []  # admitted, prompt not all in the cache; admission order
@@ -156,7 +151,6 @@ class Scheduler:
         self._requests: dict[str, Request] = {}  # every unfinished one
         self._admissions = itertools.count()
         self._modes = [0] * len(ROW_MODES)  # running requests per sampling mode
-        self._runs: dict[tuple[int, str], object] = {}  # the eager step of each (bucket, mode)
         self._maybe_stop = np.zeros(c.vocab_size, dtype=bool)  # some request stops at this id
         self.num_preemptions = 0
 
@@ -224,6 +218,32 @@ class Scheduler:
         del self._requests[request_id]
         req.finish_reason = reason
         return RequestOutput(req.id, len(req.prompt), [], list(req.tokens), True, reason)
+
+    @torch.no_grad()
+    def warm_up(self, modes: Sequence[str] = ROW_MODES, progress=None) -> int:
+        """Pay first use before serving: two requests through the prefill paths (a short
+        whole prompt, and a long one in chunks: Triton's compiles, the short prompt's prefill
+        graph), then every decode bucket's CUDA graph for each sampling mode in ``modes``.
+        Only while idle (RuntimeError otherwise). ``progress(done, total)`` after each part.
+        Returns the decode graphs captured (0 without ``graphs``)."""
+        if self._requests:
+            raise RuntimeError(f"warm_up runs on an idle scheduler; it has {len(self._requests)} unfinished requests")
+        bad = [m for m in modes if m not in ROW_MODES]
+        if bad:
+            raise ValueError(f"modes must be among {ROW_MODES}, got {bad}")
+        shapes = [(b, m) for b in self._steps.views for m in modes] if self.graphs else []
+        total, done = 2 + len(shapes), 0
+        for i, n in enumerate((min(64, self.max_seq - 2), min(2 * self._chunk_cap + 1, self.max_seq - 2))):
+            self.add_request(f"warm-up-{i}", [0] * max(n, 1), SamplingParams(max_tokens=2, ignore_eos=True))
+            while self.has_unfinished():
+                self.step()
+            done += 1
+            progress and progress(done, total)
+        for bucket, mode in shapes:
+            self._steps.get(bucket, mode)
+            done += 1
+            progress and progress(done, total)
+        return len(shapes)
 
     @torch.no_grad()
     def step(self) -> list[RequestOutput]:
@@ -345,18 +365,6 @@ class Scheduler:
             self._rows.write(self._running, self._block, self.page_size)
             self._rows.upload()
 
-    def _h2d(self, values: list, dtype: torch.dtype) -> torch.Tensor:
-        """A small host list on the model's device, copied asynchronously from page-locked
-        memory (the caching host allocator keeps the block until the copy has run)."""
-        dev = self.model.device
-        if dev.type != "cuda":
-            return torch.tensor(values, dtype=dtype, device=dev)
-        return torch.tensor(values, dtype=dtype, pin_memory=True).to(dev, non_blocking=True)
-
-    def _use(self, views) -> None:
-        for layer, kv in zip(self.model.layers, views):
-            layer.attn.cache = kv
-
     def _prefill(self) -> list[Request]:
         """One forward of the ``pick_prefill`` block, right-padded to its longest chunk, in table
         rows max_batch.. (the finishing rows first). Returns the requests whose prompt
@@ -381,9 +389,9 @@ class Scheduler:
                 flat += [0] * (width - n)
             flat += [r.filled for r in block]
             flat += [n - 1 for n in sizes]
-            data = self._h2d(flat, torch.int64)  # one copy
+            data = to_device(flat, torch.int64, self.model.device)  # one copy
             start, last = data[k * width:].view(2, k)
-            self._use(self._views(k, self._reach(max(r.filled for r in block) + width)))
+            use_views(self.model, self._views(k, self._reach(max(r.filled for r in block) + width)))
             logits = self.model(data[: k * width].view(k, width), start, logits_index=last,
                                 starts=[r.filled for r in block])[:, -1]  # (k, vocab); no read of start back
         for r, n in zip(block, sizes):
@@ -419,7 +427,7 @@ class Scheduler:
         if length is None:
             return None
         k, cols, mb = len(block), self._reach(length), self.max_batch
-        self._use(self._views(k, cols))
+        use_views(self.model, self._views(k, cols))
         key = (cols, self.model.graph_key())
         # the block's rows have length 0 on the device (Rows.write), their padding's table entries the sink
         return self._prefill_graphs.run(self.model, [r.context for r in block], self._rows.dev["lens"][mb: mb + k],
@@ -439,16 +447,7 @@ class Scheduler:
         last ``joined`` rows feed the first tokens the prefill drew."""
         bucket = min(bucket_for(n), self.max_batch)
         mode = ROW_MODES[max(i for i, k in enumerate(self._modes) if k)]  # the most general in the batch
-        run = self._runs.get((bucket, mode))
-        if run is None:
-            run = self._runs[(bucket, mode)] = self._step_fn(bucket, mode)
-        graph = None
-        if self.graphs:  # keyed by what the captured forward reads too; the entry keeps the rotary tables alive
-            key = (bucket, mode, self.model.graph_key())
-            graph = self._graphs.get(key)
-            if graph is None:
-                graph = self._graphs[key] = (self._capture(run, bucket), self.model.rope_tables)
-            graph = graph[0]
+        run, graph = self._steps.get(bucket, mode)
         self._upload()
         if joined:
             self._rows.dev["tok"][n - joined: n, 0].copy_(self._reads[self.max_batch: self.max_batch + joined])
@@ -456,33 +455,6 @@ class Scheduler:
             graph.replay()
         else:
             run()
-
-    def _step_fn(self, bucket: int, mode: str):
-        d = self._rows.dev
-        tok, lens, active, reads = d["tok"][:bucket], d["lens"][:bucket], d["active"][:bucket], self._reads[:bucket]
-        rows, views = self._rows.sampling.rows(0, bucket), self._bucket_views[bucket]
-
-        def run() -> None:
-            self._use(views)
-            logits = self.model(tok, lens)[:, -1]  # (bucket, vocab)
-            nxt = sample_rows(logits, rows, mode)
-            reads.copy_(nxt)
-            tok[:, 0].copy_(nxt)
-            lens.add_(active)
-            rows.step.add_(1)
-
-        return run
-
-    def _capture(self, run, bucket: int) -> torch.cuda.CUDAGraph:
-        """Capture ``run``; the warm-up and capture run real steps, so they run on sink rows
-        that do not grow, and every row of the bucket is rewritten from the host after."""
-        d = self._rows.dev
-        d["table"][:bucket].fill_(SINK)
-        d["lens"][:bucket].zero_()
-        d["active"][:bucket].zero_()
-        graph, _ = capture(run, warmup=2)
-        self._rows.dirty.update(range(bucket))
-        return graph
 
     # -- the host --------------------------------------------------------------------------------
 
