@@ -168,9 +168,10 @@ def _build_parser(op_names: tuple[str, ...], dtype_names: tuple[str, ...],
         "onetrip's patched model trains as transformers' does.")
     train.add_argument("--model", action="extend", nargs="+", choices=("llama-3.2-1b", "qwen2.5-0.5b"),
                        metavar="NAME", help="models (default: both): llama-3.2-1b qwen2.5-0.5b")
-    train.add_argument("--provider", action="extend", nargs="+", choices=("torch.compile", "liger", "onetrip"),
+    train.add_argument("--provider", action="extend", nargs="+",
+                       choices=("torch.compile", "liger", "onetrip", "onetrip-sdpa"),
                        metavar="NAME", help="providers besides eager, which always runs (default: torch.compile "
-                       "liger onetrip)")
+                       "liger onetrip onetrip-sdpa; onetrip-sdpa: onetrip.patch with attention=False)")
     train.add_argument("--seq", type=_positive, metavar="N", help="sequence length (default 4096)")
     train.add_argument("--budget-s", type=_positive, metavar="S",
                        help="what is not started by S seconds is recorded as skipped (default 540; --quick 240)")

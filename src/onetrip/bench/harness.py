@@ -235,6 +235,7 @@ PROVIDER_STYLE = {  # colour, marker
     "torch.compile": ("#1f77b4", "s"),
     "liger": ("#ff7f0e", "^"),
     "onetrip": ("#d62728", "D"),
+    "onetrip-sdpa": ("#9467bd", "v"),  # onetrip.patch without its attention (bench train)
 }
 
 

@@ -20,6 +20,8 @@ model.zero_grad(set_to_none=True)`` (the torch default, as transformers' Trainer
                    (RMSNorm, SwiGLU, RoPE, fused linear cross-entropy)
     onetrip        onetrip.patch.patch(model) (norms, SwiGLU, RoPE, attention, fused linear
                    cross-entropy) and onetrip.optim.AdamW
+    onetrip-sdpa   the same with attention=False: SDPA's attention (whichever backend torch
+                   picks), onetrip's everything else
 
 Precision, one scheme for all: bf16 parameters, activations and gradients; float32 master
 weights and AdamW state (16 bytes a parameter: 2 param + 2 grad + 4 master + 8 moments; lr 3e-4,
@@ -77,7 +79,7 @@ from . import harness
 from .train_report import bars, plot, print_table, relate
 
 MODELS = ("llama-3.2-1b", "qwen2.5-0.5b")  # onetrip presets, built as transformers models
-PROVIDERS = ("eager", "torch.compile", "liger", "onetrip")
+PROVIDERS = ("eager", "torch.compile", "liger", "onetrip", "onetrip-sdpa")
 ADAMW = dict(lr=3e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 SUBSET = 4096  # token ids the data draws from
 MASTER_CHUNK = 1 << 26  # elements MasterAdamW converts to float32 at once: 256 MiB of grads
@@ -210,7 +212,7 @@ def preflight(name: str) -> None:
     """Raise Skip (Liger not installed) or RuntimeError (no onetrip.patch) before a model is built."""
     if name == "liger" and importlib.util.find_spec("liger_kernel") is None:
         raise Skip("liger-kernel is not installed")
-    if name == "onetrip" and importlib.util.find_spec("onetrip.patch") is None:
+    if name.startswith("onetrip") and importlib.util.find_spec("onetrip.patch") is None:
         raise RuntimeError("onetrip.patch is not available (no module onetrip.patch)")
 
 
@@ -238,11 +240,11 @@ def setup(name: str, model) -> tuple[Callable, object, Callable[[], None]]:
                     setattr(module, key, value)
 
         return model, MasterAdamW(model.parameters(), **ADAMW), undo
-    if name == "onetrip":
+    if name in ("onetrip", "onetrip-sdpa"):
         from onetrip.optim import AdamW
 
         patch = importlib.import_module("onetrip.patch")
-        model = patch.patch(model)
+        model = patch.patch(model, attention=name == "onetrip")
         return model, AdamW(model.parameters(), master_weights=True, **ADAMW), lambda: patch.unpatch(model)
     raise ValueError(f"provider {name!r}; allowed: {', '.join(PROVIDERS)}")
 
@@ -493,7 +495,8 @@ def run_train_bench(out_dir: Path, quick: bool = False, models=MODELS, providers
             "peak": "torch.cuda.max_memory_allocated over the loss steps (weights, grads, state, activations)",
             "allocator": os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or "default"}
     stem = Path(out_dir) / f"train-{harness.slug(meta['gpu'])}-{meta['date'][:10].replace('-', '')}"
-    order = [(m, p) for m in models for p in ("eager", "onetrip", "liger") if p in providers or p == "eager"]
+    order = [(m, p) for m in models for p in ("eager", "onetrip", "liger", "onetrip-sdpa")
+             if p in providers or p == "eager"]
     order += [(m, "torch.compile") for m in models if "torch.compile" in providers]
     records = []
     columns = (SpinnerColumn(), TextColumn("{task.description:<60}"), TextColumn("{task.completed}/{task.total}"),
