@@ -126,8 +126,9 @@ class Engine:
     graphs: capture the decode step in a CUDA graph (GPU only; ignored on the CPU).
     prefill_tokens: the most prompt tokens one prefill forward holds, over the batch
         bucket (bucket x chunk): its activations' bound. A row's chunk is
-        ``prefill_tokens // bucket`` tokens (16,384 at batch 1: Llama-3.2-1B prefills 8,192
-        tokens in one forward, ~1 GiB of activations); longer prompts prefill chunk by chunk.
+        ``prefill_tokens // bucket`` tokens; longer prompts prefill chunk by chunk. 32,768:
+        512 a row at batch 64 (bench serve's static batches of 64-511-token prompts in one
+        forward), 32,768 at batch 1; ~4 GB of activations for Llama-3.1-8B.
     prefill_chunk: a fixed chunk a row instead (tokens), whatever the bucket.
     check_every: decode steps between two host reads of the "all done" flag.
     paged: a paged KV cache (module docstring) instead of a contiguous one (the default).
@@ -148,7 +149,7 @@ class Engine:
     def __init__(self, model: Model, *, max_seq: int = 2048, max_batch: int = 1, graphs: bool = True,
                  prefill_chunk: Optional[int] = None, check_every: int = 16, paged: bool = False,
                  page_size: Optional[int] = None, num_pages: Optional[int] = None,
-                 prefill_graphs: Optional[bool] = None, prefill_tokens: int = 16384):
+                 prefill_graphs: Optional[bool] = None, prefill_tokens: int = 32768):
         for name, value in (("max_seq", max_seq), ("max_batch", max_batch), ("prefill_tokens", prefill_tokens),
                             ("prefill_chunk", 1 if prefill_chunk is None else prefill_chunk),
                             ("check_every", check_every)):
