@@ -232,17 +232,22 @@ class Scheduler:
         if bad:
             raise ValueError(f"modes must be among {ROW_MODES}, got {bad}")
         shapes = [(b, m) for b in self._steps.views for m in modes] if self.graphs else []
-        total, done = 2 + len(shapes), 0
-        for i, n in enumerate((min(64, self.max_seq - 2), min(2 * self._chunk_cap + 1, self.max_seq - 2))):
-            self.add_request(f"warm-up-{i}", [0] * max(n, 1), SamplingParams(max_tokens=2, ignore_eos=True))
+        # prompt + 2 tokens within max_seq (a context under 3 tokens has no prefill to warm)
+        top = self.max_seq - 2
+        lengths = [min(64, top), min(2 * self._chunk_cap + 1, top)] if top >= 1 else []
+        total, done = len(lengths) + len(shapes), 0
+        for i, n in enumerate(lengths):
+            self.add_request(f"warm-up-{i}", [0] * n, SamplingParams(max_tokens=2, ignore_eos=True))
             while self.has_unfinished():
                 self.step()
             done += 1
-            progress and progress(done, total)
+            if progress is not None:
+                progress(done, total)
         for bucket, mode in shapes:
             self._steps.get(bucket, mode)
             done += 1
-            progress and progress(done, total)
+            if progress is not None:
+                progress(done, total)
         return len(shapes)
 
     @torch.no_grad()
