@@ -204,7 +204,17 @@ def test_thousand_requests_with_aborts():
     in waves, a tenth aborted while queued or running, 32 rows on a pool that forces
     preemptions: every other request finishes with its max_tokens ("length") or at an EOS
     ("stop"), and the pool ends whole."""
-    model = _model(seed=6)
+    _thousand_requests(_model(seed=6))
+
+
+@pytest.mark.gpu
+def test_gpu_thousand_requests_with_aborts():
+    """The same on the GPU with the fused backend, its decode steps replayed from CUDA graphs
+    and fresh prompts prefilled from them."""
+    _thousand_requests(_model("fused", seed=6, dtype=torch.bfloat16))
+
+
+def _thousand_requests(model):
     rng = random.Random(0)
     sched = Scheduler(model, max_batch=32, max_seq=28, page_size=4, num_pages=20, prefill_chunk=16, eos_ids=(5, 77))
     reqs = []
