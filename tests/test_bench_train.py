@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from onetrip.bench import train, train_check, train_report
-from onetrip.cli import _build_parser, _bench_train
+from onetrip.cli import _build_parser
+from onetrip.cli_bench import _bench_train
 
 GIB = 2**30
 

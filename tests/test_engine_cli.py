@@ -138,7 +138,7 @@ def test_static_providers_return_a_callable_step():
 def test_decode_provider_names_agree():
     """The CLI spells the decode providers without importing torch; they must stay the bench's."""
     from onetrip.bench.decode import PROVIDERS
-    from onetrip.cli import DECODE_PROVIDERS
+    from onetrip.cli_bench import DECODE_PROVIDERS
 
     assert DECODE_PROVIDERS == PROVIDERS
 
