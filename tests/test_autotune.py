@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from onetrip.ops import autotune
-from onetrip.ops.flash_attention import (AttentionConfig, MAX_TUNED_SEQ, _tile_fits, attention_bucket,
-                                         attention_candidates, attention_config)
+from onetrip.ops._attention_picks import (AttentionConfig, MAX_TUNED_SEQ, _tile_fits, attention_bucket,
+                                          attention_candidates, attention_config)
 
 HEAD_DIMS = [32, 64, 80, 96, 128, 192, 256]
 KEY = autotune.TuneKey("toy", "NVIDIA H100 80GB HBM3", "sm_90", "3.9.0", (128, True, 4096, 4, "bfloat16"))

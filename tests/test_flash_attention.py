@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from onetrip.ops.flash_attention import AttentionConfig, attention_config, attention_ref, flash_attention
+from onetrip.ops._attention_tma import TMA_TILES
 from onetrip.testing import assert_close, poison_, upcast
 
 from conftest import DEVICE, ON_GPU, assert_replay_matches
@@ -199,7 +200,7 @@ def test_tma_tiles_on_gpu(tma_calls, head_dim, causal):
     against the reference; then one captured in a CUDA graph and replayed."""
     g = torch.Generator(device="cuda").manual_seed(head_dim + causal)
     q, k, v = _qkv(2, 1000, 1011, 8, 2, head_dim, torch.bfloat16, g)
-    tiles = fa.TMA_TILES[max(16, 2 ** math.ceil(math.log2(head_dim)))]
+    tiles = TMA_TILES[max(16, 2 ** math.ceil(math.log2(head_dim)))]
     for bm, bn, w, st in tiles:
         out, lse = _launch_forced(q, k, v, AttentionConfig(bm, bn, w, st, use_tma=True), causal)
         _check(f"tma {bm}x{bn} {w} warps {st} stages", q, k, v, out, lse, causal=causal)

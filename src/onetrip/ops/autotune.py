@@ -163,7 +163,7 @@ class TuneCache:
 def autotune_enabled() -> bool:
     """True when ``ONETRIP_AUTOTUNE`` is 1/true/on/yes. Off by default: on an H200 (Triton
     3.6) a flash_attention candidate faulted (an illegal address that poisons the CUDA
-    context) in first-use tuning; it is found and left out (``flash_attention._FAULTING``),
+    context) in first-use tuning; it is found and left out (``_attention_picks._FAULTING``),
     and tuning stays opt-in until a whole tuning run has passed on a GPU."""
     return os.environ.get(ENV_AUTOTUNE, "0").strip().lower() in ("1", "true", "on", "yes")
 
