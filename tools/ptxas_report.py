@@ -218,9 +218,9 @@ def _norm_meta(cfg, phase: int, is_rms: bool, residual: bool, width: int) -> dic
 
 
 def norm_report(phase: int, is_rms: bool, residual: bool, cfg, width: int = 65536, rows: int = 1024) -> str:
-    """Registers and spills of the norm kernel at ``phase`` (norm._ROWS .. _LOOP) launched with
+    """Registers and spills of the norm kernel at ``phase`` (_norm_kernel._ROWS .. _LOOP) launched with
     NormConfig ``cfg`` on ``rows`` dense bf16 rows of ``width`` (``_norm_meta``)."""
-    fn = importlib.import_module("onetrip.ops.norm")._norm_kernel
+    fn = importlib.import_module("onetrip.ops._norm_kernel")._norm_kernel
     const = _norm_meta(cfg, phase, is_rms, residual, width)
     split, seg = importlib.import_module("onetrip.ops._norm_picks").segments(width, cfg)
     ints = dict(M=rows, N=width, C=triton.cdiv(width, cfg.block_n), seg_n=seg, stride_xm=width, stride_rm=width,
