@@ -15,12 +15,6 @@ from ._rows import Rows
 from .sampling import sample_rows
 
 
-def use_views(model: Model, views: list[PagedKVCache]) -> None:
-    """Point every layer's attention at its cache view."""
-    for layer, kv in zip(model.layers, views):
-        layer.attn.cache = kv
-
-
 class DecodeSteps:
     """``get(bucket, mode)``: (the eager step, its graph or None without ``graphs``). A step
     reads the rows' tokens, lengths and sampling rows, writes each row's new token into
@@ -56,7 +50,7 @@ class DecodeSteps:
         rows, views, model = self.rows.sampling.rows(0, bucket), self.views[bucket], self.model
 
         def run() -> None:
-            use_views(model, views)
+            model.use_caches(views)
             logits = model(tok, lens)[:, -1]  # (bucket, vocab)
             nxt = sample_rows(logits, rows, mode)
             reads.copy_(nxt)

@@ -29,6 +29,7 @@ from typing import Optional, Sequence
 import torch
 
 from ..graphs import capture
+from ._rows import to_device
 
 STEP = 128  # padded lengths are multiples of this: at most 127 padded tokens a sequence
 MAX_TOKENS = 2048  # batch bucket x padded length at most (the module docstring's 1B figures); more prefills eagerly
@@ -79,9 +80,7 @@ class PrefillGraphs:
             flat += r
             flat += [0] * (length - len(r))
             flat.append(len(r) - 1)
-        pinned = dev.type == "cuda"  # an asynchronous copy: the host goes on to the replay
-        host = torch.tensor(flat, dtype=torch.int64, pin_memory=pinned).view(bucket, length + 1)
-        host = host.to(dev, non_blocking=pinned)
+        host = to_device(flat, torch.int64, dev).view(bucket, length + 1)  # asynchronous: the replay goes on
         entry.tokens.copy_(host[:, :length])
         entry.last.copy_(host[:, length])
 

@@ -222,8 +222,7 @@ class Engine:
         if eos.shape != slot.eos.shape or not torch.equal(eos, slot.eos):
             slot.eos = eos
             slot.graph = None  # the graph captured the old tensor
-        for layer, kv in zip(model.layers, slot.caches):
-            layer.attn.cache = kv
+        model.use_caches(slot.caches)
         return slot
 
     # -- the step ------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ import torch
 
 from ..models.llama import Model
 from ..models.paged import PagedKVCache, pages_for
-from ._decode_steps import DecodeSteps, use_views
+from ._decode_steps import DecodeSteps
 from ._prefill import PrefillGraphs
 from .budget import pool_pages
 from ._requests import RequestOutput, Request, StepOutput, pick_prefill
@@ -396,7 +396,7 @@ class Scheduler:
             flat += [n - 1 for n in sizes]
             data = to_device(flat, torch.int64, self.model.device)  # one copy
             start, last = data[k * width:].view(2, k)
-            use_views(self.model, self._views(k, self._reach(max(r.filled for r in block) + width)))
+            self.model.use_caches(self._views(k, self._reach(max(r.filled for r in block) + width)))
             logits = self.model(data[: k * width].view(k, width), start, logits_index=last,
                                 starts=[r.filled for r in block])[:, -1]  # (k, vocab); no read of start back
         for r, n in zip(block, sizes):
@@ -425,14 +425,14 @@ class Scheduler:
     def _block_graph(self, block: list[Request], sizes: list[int], width: int) -> Optional[torch.Tensor]:
         """Logits (k, vocab) of a block of fresh prompts (each whole in its chunk) replayed from
         its (rows, padded length) graph; None for a block that prefills eagerly."""
-        table_positions = self._rows.dev["table"].shape[1] * self.page_size
         if any(r.filled or n != len(r.context) for r, n in zip(block, sizes)):
             return None
+        table_positions = self._rows.dev["table"].shape[1] * self.page_size
         length = self._prefill_graphs.length_for(len(block), width, table_positions)
         if length is None:
             return None
         k, cols, mb = len(block), self._reach(length), self.max_batch
-        use_views(self.model, self._views(k, cols))
+        self.model.use_caches(self._views(k, cols))
         key = (cols, self.model.graph_key())
         # the block's rows have length 0 on the device (Rows.write), their padding's table entries the sink
         return self._prefill_graphs.run(self.model, [r.context for r in block], self._rows.dev["lens"][mb: mb + k],

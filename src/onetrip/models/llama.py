@@ -129,6 +129,12 @@ class Model(nn.Module):
         for layer in self.layers:
             layer.attn.cache = None
 
+    def use_caches(self, caches) -> None:
+        """Point each layer's attention at its cache, one a layer in order (KVCache, or a
+        PagedKVCache view of a shared pool)."""
+        for layer, kv in zip(self.layers, caches):
+            layer.attn.cache = kv
+
     @property
     def head_weight(self) -> torch.Tensor:
         """The LM head's weight (vocab, hidden): the embedding's when the two are tied."""

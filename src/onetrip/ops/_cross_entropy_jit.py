@@ -19,8 +19,9 @@ Two kernels, the same math:
     the gradient. Rows whose stride is not a multiple of 16 elements walk 16-byte aligned
     steps from just before the row's start, so every whole step is vector loads and stores.
 Three small kernels: the count of rows not ignored (``_count_kernel``), the loss total
-(``_loss_total_kernel``, which counts the rows itself in a forward without gradient) and the backward's scaling (``_scale_kernel``), each one program or
-one wave, so that no other launch of the step moves N x V bytes. ``_rows_unfused`` is the
+(``_loss_total_kernel``, which counts the rows itself in a forward without gradient) and the
+backward's scaling (``_scale_kernel``), each one program or one wave, so that no other launch
+of the step moves N x V bytes. ``_rows_unfused`` is the
 kernels' math in PyTorch (the CPU fallback).
 """
 

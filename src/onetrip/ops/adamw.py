@@ -325,7 +325,7 @@ def find_nonfinite(t: AdamWTable, found_inf: torch.Tensor, grad_scale: Optional[
         launch(_nonfinite_kernel, (t.n_work,),
                (t.table, t.work, grad_scale if grad_scale is not None else found_inf, found_inf),
                *cached_meta(PARAM_DTYPE=_TL_DTYPES[t.dtype], HAS_SCALE=grad_scale is not None, ALIGNED=t.aligned,
-                      BLOCK=t.block, num_warps=NUM_WARPS))
+                            BLOCK=t.block, num_warps=NUM_WARPS))
 
 
 def adamw_launch(
@@ -358,8 +358,8 @@ def adamw_launch(
             float(beta1), 1.0 - float(beta1), float(beta2), 1.0 - float(beta2), float(eps), float(weight_decay))
     launch(_adamw_kernel, (t.n_work,), args,
            *cached_meta(PARAM_DTYPE=_TL_DTYPES[t.dtype], MASTER=t.master, AMSGRAD=t.amsgrad, MAXIMIZE=bool(maximize),
-                  LR_TENSOR=lr_tensor, HAS_SCALE=grad_scale is not None, HAS_FOUND=found_inf is not None,
-                  ALIGNED=t.aligned, BLOCK=t.block, num_warps=NUM_WARPS))
+                        LR_TENSOR=lr_tensor, HAS_SCALE=grad_scale is not None, HAS_FOUND=found_inf is not None,
+                        ALIGNED=t.aligned, BLOCK=t.block, num_warps=NUM_WARPS))
 
 
 def adamw_ref(
